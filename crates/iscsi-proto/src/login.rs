@@ -1,0 +1,498 @@
+//! The target side of the login phase (RFC 7143 §6, §11.12, §11.13, §13).
+//!
+//! ```text
+//!            first request (CSG=0)            (CSG=1)
+//!   Start ─────────────────────► Security ───────────► Operational
+//!     │                              │  T=1,NSG=1            │
+//!     │ first request (CSG=1)        └──────────────────────►│
+//!     └─────────────────────────────────────────────────────►│
+//!                                    T=1,NSG=3 from either    ▼
+//!                                    ───────────────────► FullFeature
+//! ```
+//!
+//! [`TargetLogin::handle`] takes one Login Request and returns the response
+//! to send and whether login continues, completes or fails. Keys are
+//! negotiated by their RFC 7143 §13 rule (boolean OR/AND, numerical
+//! minimum/maximum, list selection, declarative); unknown keys are answered
+//! `NotUnderstood`, malformed values `Reject`. Authentication (CHAP) will
+//! plug into the security stage; today AuthMethod=None is the only method.
+
+use std::collections::HashSet;
+
+use iscsi_wire::pdu::{stage, Itt, LoginReq, LoginResp, SnTriple};
+use iscsi_wire::text::{self, Continuation};
+use iscsi_wire::Sn;
+
+use crate::params::{DigestPolicy, Limits, SessionParams, SessionType};
+
+/// A target as the login phase needs to know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetInfo {
+    pub name: String,
+    pub alias: Option<String>,
+    /// Target portal group tag of the portal the login came through.
+    pub tpgt: u16,
+}
+
+/// Looks targets up by name for the portal a connection arrived on.
+pub trait TargetDirectory {
+    /// The target called `name`, if it exists and the initiator may use it.
+    fn find(&self, name: &str, initiator: &str) -> Option<TargetInfo>;
+}
+
+/// Login status classes and details (RFC 7143 §11.13.5).
+pub mod status {
+    pub const SUCCESS: (u8, u8) = (0, 0);
+    pub const INITIATOR_ERROR: (u8, u8) = (2, 0);
+    pub const AUTH_FAILED: (u8, u8) = (2, 1);
+    pub const FORBIDDEN: (u8, u8) = (2, 2);
+    pub const NOT_FOUND: (u8, u8) = (2, 3);
+    pub const TARGET_REMOVED: (u8, u8) = (2, 4);
+    pub const UNSUPPORTED_VERSION: (u8, u8) = (2, 5);
+    pub const TOO_MANY_CONNECTIONS: (u8, u8) = (2, 6);
+    pub const MISSING_PARAMETER: (u8, u8) = (2, 7);
+    pub const CANT_INCLUDE_IN_SESSION: (u8, u8) = (2, 8);
+    pub const SESSION_TYPE_UNSUPPORTED: (u8, u8) = (2, 9);
+    pub const SESSION_DOES_NOT_EXIST: (u8, u8) = (2, 10);
+    pub const INVALID_DURING_LOGIN: (u8, u8) = (2, 11);
+    pub const TARGET_ERROR: (u8, u8) = (3, 0);
+    pub const SERVICE_UNAVAILABLE: (u8, u8) = (3, 1);
+    pub const OUT_OF_RESOURCES: (u8, u8) = (3, 2);
+}
+
+/// What a completed login established.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoginOutcome {
+    pub params: SessionParams,
+    pub target: Option<TargetInfo>,
+    pub isid: [u8; 6],
+    /// TSIH the initiator sent (0 for a new session).
+    pub tsih: u16,
+    pub cid: u16,
+    /// The CmdSN the full feature phase expects next.
+    pub exp_cmd_sn: Sn,
+    /// The StatSN the next response will carry.
+    pub next_stat_sn: Sn,
+}
+
+/// The result of one Login Request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoginStep {
+    /// Send `resp` with `text`; more requests follow.
+    Continue { resp: LoginResp, text: Vec<u8> },
+    /// Send `resp` with `text` (after setting its TSIH); the connection is
+    /// in full feature phase.
+    Complete { resp: LoginResp, text: Vec<u8>, outcome: Box<LoginOutcome> },
+    /// Send `resp` and close the connection.
+    Fail { resp: LoginResp, reason: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Start,
+    Security,
+    Operational,
+}
+
+/// Login state of one connection.
+#[derive(Debug)]
+pub struct TargetLogin {
+    limits: Limits,
+    tpgt: u16,
+    stage: Stage,
+    params: SessionParams,
+    target: Option<TargetInfo>,
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+    itt: Itt,
+    cmd_sn: Sn,
+    stat_sn: Sn,
+    seen: HashSet<String>,
+    cont: Continuation,
+    declared_mrdsl: bool,
+    sent_tpgt: bool,
+}
+
+struct Fail((u8, u8), String);
+
+impl TargetLogin {
+    /// Login state for a connection that arrived on a portal of group `tpgt`.
+    pub fn new(limits: Limits, tpgt: u16) -> Self {
+        let mut params = SessionParams::rfc_defaults();
+        params.recv_max_data_segment = limits.max_recv_data_segment;
+        TargetLogin {
+            limits,
+            tpgt,
+            stage: Stage::Start,
+            params,
+            target: None,
+            isid: [0; 6],
+            tsih: 0,
+            cid: 0,
+            itt: Itt(0),
+            cmd_sn: Sn(0),
+            stat_sn: Sn(0),
+            seen: HashSet::new(),
+            cont: Continuation::default(),
+            declared_mrdsl: false,
+            sent_tpgt: false,
+        }
+    }
+
+    /// Handles one Login Request with its data segment.
+    pub fn handle(&mut self, req: &LoginReq, data: &[u8], dir: &dyn TargetDirectory) -> LoginStep {
+        let first = self.stage == Stage::Start;
+        if first {
+            self.isid = req.isid;
+            self.tsih = req.tsih;
+            self.cid = req.cid;
+            self.stat_sn = req.exp_stat_sn;
+        }
+        self.itt = req.itt;
+        self.cmd_sn = req.cmd_sn;
+        match self.step(req, data, dir, first) {
+            Ok(step) => step,
+            Err(Fail(code, reason)) => LoginStep::Fail { resp: self.response(req, false, code), reason },
+        }
+    }
+
+    fn response(&mut self, req: &LoginReq, transit: bool, code: (u8, u8)) -> LoginResp {
+        let stat_sn = self.stat_sn;
+        self.stat_sn = self.stat_sn.next();
+        LoginResp {
+            transit,
+            cont: false,
+            csg: req.csg,
+            nsg: if transit { req.nsg } else { 0 },
+            version_max: 0,
+            version_active: 0,
+            isid: self.isid,
+            tsih: self.tsih,
+            itt: req.itt,
+            sn: SnTriple {
+                stat_sn,
+                exp_cmd_sn: self.cmd_sn,
+                max_cmd_sn: self.cmd_sn.add(self.limits.queue_depth.max(1) - 1),
+            },
+            status_class: code.0,
+            status_detail: code.1,
+        }
+    }
+
+    fn step(&mut self, req: &LoginReq, data: &[u8], dir: &dyn TargetDirectory, first: bool) -> Result<LoginStep, Fail> {
+        if req.version_min > 0 {
+            return Err(Fail(status::UNSUPPORTED_VERSION, format!("version-min {}", req.version_min)));
+        }
+        if !first && (req.isid != self.isid || req.tsih != self.tsih || req.cid != self.cid) {
+            return Err(Fail(status::INVALID_DURING_LOGIN, "ISID/TSIH/CID changed during login".into()));
+        }
+        let csg = req.csg;
+        let expected = match self.stage {
+            Stage::Start => csg == stage::SECURITY || csg == stage::OPERATIONAL,
+            Stage::Security => csg == stage::SECURITY || csg == stage::OPERATIONAL,
+            Stage::Operational => csg == stage::OPERATIONAL,
+        };
+        if !expected {
+            return Err(Fail(status::INVALID_DURING_LOGIN, format!("CSG {csg} not valid now")));
+        }
+        if req.transit && (req.nsg <= csg || req.nsg == 2) {
+            return Err(Fail(status::INVALID_DURING_LOGIN, format!("transit from {csg} to {}", req.nsg)));
+        }
+        if req.transit && req.cont {
+            return Err(Fail(status::INVALID_DURING_LOGIN, "T and C both set".into()));
+        }
+        self.stage = if csg == stage::SECURITY { Stage::Security } else { Stage::Operational };
+
+        let whole = match self.cont.push(data, req.cont) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                let resp = self.response(req, false, status::SUCCESS);
+                return Ok(LoginStep::Continue { resp, text: Vec::new() });
+            }
+            Err(e) => return Err(Fail(status::INITIATOR_ERROR, e.to_string())),
+        };
+        let pairs = text::parse(&whole).map_err(|e| Fail(status::INITIATOR_ERROR, e.to_string()))?;
+
+        let mut out = Vec::new();
+        for (k, v) in &pairs {
+            if !self.seen.insert(k.clone()) {
+                return Err(Fail(status::INITIATOR_ERROR, format!("key {k} negotiated twice")));
+            }
+            self.negotiate(k, v, csg, &mut out)?;
+        }
+
+        if first {
+            if self.params.initiator_name.is_empty() {
+                return Err(Fail(status::MISSING_PARAMETER, "no InitiatorName".into()));
+            }
+            if self.params.session_type == SessionType::Normal {
+                let name = pairs.iter().find(|(k, _)| k == "TargetName").map(|(_, v)| v.as_str());
+                let Some(name) = name else {
+                    return Err(Fail(status::MISSING_PARAMETER, "no TargetName".into()));
+                };
+                let Some(t) = dir.find(name, &self.params.initiator_name) else {
+                    return Err(Fail(status::NOT_FOUND, format!("no target {name}")));
+                };
+                self.params.target_name = t.name.clone();
+                self.target = Some(t);
+            }
+        }
+        if self.params.session_type == SessionType::Normal && !self.sent_tpgt {
+            text::push(&mut out, "TargetPortalGroupTag", &self.tpgt.to_string());
+            self.sent_tpgt = true;
+        }
+        if csg == stage::OPERATIONAL && !self.declared_mrdsl {
+            text::push(&mut out, "MaxRecvDataSegmentLength", &self.limits.max_recv_data_segment.to_string());
+            self.declared_mrdsl = true;
+        }
+
+        let transit = req.transit;
+        if transit && req.nsg == stage::FULL_FEATURE {
+            if let Some(alias) = self.target.as_ref().and_then(|t| t.alias.clone()) {
+                if !self.seen.contains("TargetAlias") {
+                    text::push(&mut out, "TargetAlias", &alias);
+                }
+            }
+            // Keep FirstBurstLength within MaxBurstLength (§13.14).
+            self.params.first_burst = self.params.first_burst.min(self.params.max_burst);
+            let resp = self.response(req, true, status::SUCCESS);
+            let outcome = LoginOutcome {
+                params: self.params.clone(),
+                target: self.target.clone(),
+                isid: self.isid,
+                tsih: self.tsih,
+                cid: self.cid,
+                exp_cmd_sn: self.cmd_sn,
+                next_stat_sn: self.stat_sn,
+            };
+            return Ok(LoginStep::Complete { resp, text: out, outcome: Box::new(outcome) });
+        }
+        if transit {
+            self.stage = Stage::Operational;
+        }
+        let resp = self.response(req, transit, status::SUCCESS);
+        Ok(LoginStep::Continue { resp, text: out })
+    }
+
+    fn negotiate(&mut self, key: &str, val: &str, csg: u8, out: &mut Vec<u8>) -> Result<(), Fail> {
+        let l = self.limits.clone();
+        let p = &mut self.params;
+        let is_answer = matches!(val, "NotUnderstood" | "Irrelevant" | "Reject");
+        if is_answer {
+            return Ok(());
+        }
+        match key {
+            "InitiatorName" => {
+                if val.is_empty() || val.len() > 223 {
+                    return Err(Fail(status::INITIATOR_ERROR, "bad InitiatorName".into()));
+                }
+                p.initiator_name = val.to_string();
+            }
+            "InitiatorAlias" => p.initiator_alias = Some(val.to_string()),
+            "TargetName" => {
+                if val.len() > 223 {
+                    return Err(Fail(status::INITIATOR_ERROR, "TargetName too long".into()));
+                }
+            }
+            "SessionType" => match val {
+                "Normal" => p.session_type = SessionType::Normal,
+                "Discovery" => p.session_type = SessionType::Discovery,
+                _ => return Err(Fail(status::SESSION_TYPE_UNSUPPORTED, format!("SessionType {val}"))),
+            },
+            "AuthMethod" => {
+                if csg != stage::SECURITY {
+                    text::push(out, key, "Irrelevant");
+                } else if val.split(',').any(|m| m == "None") {
+                    text::push(out, key, "None");
+                } else {
+                    return Err(Fail(status::AUTH_FAILED, format!("no acceptable AuthMethod in {val}")));
+                }
+            }
+            "HeaderDigest" | "DataDigest" => {
+                let policy = if key == "HeaderDigest" { l.header_digest } else { l.data_digest };
+                let pick = val.split(',').find(|d| match (*d, policy) {
+                    ("None", DigestPolicy::Off | DigestPolicy::Allowed) => true,
+                    ("CRC32C", DigestPolicy::Allowed | DigestPolicy::Required) => true,
+                    _ => false,
+                });
+                match pick {
+                    Some(d) => {
+                        let on = d == "CRC32C";
+                        if key == "HeaderDigest" {
+                            p.header_digest = on;
+                        } else {
+                            p.data_digest = on;
+                        }
+                        text::push(out, key, d);
+                    }
+                    None => {
+                        return Err(Fail(status::INITIATOR_ERROR, format!("{key}={val} not acceptable")));
+                    }
+                }
+            }
+            "MaxConnections" => {
+                let v = num(val, 1, 65535);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.max_connections = v.min(1) as u16;
+                text::push(out, key, &p.max_connections.to_string());
+            }
+            "InitialR2T" => {
+                let v = boolean(val);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.initial_r2t = v || l.initial_r2t;
+                text::push(out, key, yes_no(p.initial_r2t));
+            }
+            "ImmediateData" => {
+                let v = boolean(val);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.immediate_data = v && l.immediate_data;
+                text::push(out, key, yes_no(p.immediate_data));
+            }
+            "DataPDUInOrder" => {
+                let v = boolean(val);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                let _ = v;
+                p.data_pdu_in_order = true;
+                text::push(out, key, yes_no(p.data_pdu_in_order));
+            }
+            "DataSequenceInOrder" => {
+                let v = boolean(val);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                let _ = v;
+                p.data_sequence_in_order = true;
+                text::push(out, key, yes_no(p.data_sequence_in_order));
+            }
+            "MaxRecvDataSegmentLength" => {
+                let v = num(val, 512, (1 << 24) - 1);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.send_max_data_segment = v as u32;
+            }
+            "MaxBurstLength" => {
+                let v = num(val, 512, (1 << 24) - 1);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.max_burst = (v as u32).min(l.max_burst);
+                text::push(out, key, &p.max_burst.to_string());
+            }
+            "FirstBurstLength" => {
+                let v = num(val, 512, (1 << 24) - 1);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.first_burst = (v as u32).min(l.first_burst);
+                text::push(out, key, &p.first_burst.to_string());
+            }
+            "DefaultTime2Wait" => {
+                let v = num(val, 0, 3600);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.time2wait = (v as u16).max(l.time2wait);
+                text::push(out, key, &p.time2wait.to_string());
+            }
+            "DefaultTime2Retain" => {
+                let v = num(val, 0, 3600);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.time2retain = (v as u16).min(l.time2retain);
+                text::push(out, key, &p.time2retain.to_string());
+            }
+            "MaxOutstandingR2T" => {
+                let v = num(val, 1, 65535);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.max_outstanding_r2t = (v as u16).min(l.max_outstanding_r2t);
+                text::push(out, key, &p.max_outstanding_r2t.to_string());
+            }
+            "ErrorRecoveryLevel" => {
+                let v = num(val, 0, 2);
+                let Some(_) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                p.error_recovery_level = 0;
+                text::push(out, key, "0");
+            }
+            "IFMarker" | "OFMarker" => {
+                let v = boolean(val);
+                let Some(_) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                text::push(out, key, "No");
+            }
+            "IFMarkInt" | "OFMarkInt" => text::push(out, key, "Irrelevant"),
+            "iSCSIProtocolLevel" => {
+                let v = num(val, 0, 31);
+                let Some(v) = v else {
+                    text::push(out, key, "Reject");
+                    return Ok(());
+                };
+                text::push(out, key, &v.min(1).to_string());
+            }
+            "TaskReporting" => text::push(out, key, "RFC3720"),
+            "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => text::push(out, key, "Irrelevant"),
+            _ => text::push(out, key, "NotUnderstood"),
+        }
+        Ok(())
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "Yes"
+    } else {
+        "No"
+    }
+}
+
+fn boolean(v: &str) -> Option<bool> {
+    match v {
+        "Yes" => Some(true),
+        "No" => Some(false),
+        _ => None,
+    }
+}
+
+/// A numerical value (decimal, or hex with 0x) within `lo..=hi`.
+fn num(v: &str, lo: u64, hi: u64) -> Option<u64> {
+    let n = if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16).ok()?
+    } else {
+        if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        v.parse().ok()?
+    };
+    (lo..=hi).contains(&n).then_some(n)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,772 @@
+//! The full feature phase of one connection, target side (RFC 7143 §4.2,
+//! §11). One connection per session (MaxConnections=1), ErrorRecoveryLevel 0.
+//!
+//! [`Session::handle_pdu`] takes each received PDU and either answers it at
+//! once into the [`Outbox`] (NOP, text, task management, logout, Reject,
+//! R2T) or emits [`Event::Execute`] when a SCSI command has all its
+//! data-out. The driver runs the command and calls [`Session::complete`],
+//! which sends Data-In (status in the last PDU, §11.7.4) or a SCSI Response.
+//!
+//! # Command numbering (§4.2.2.1)
+//! Non-immediate commands are delivered in CmdSN order. A command whose
+//! CmdSN is ahead of ExpCmdSN but inside the window is held until the gap
+//! is filled; one outside the window, or a duplicate, is silently dropped.
+//! The window is the session's queue depth: `MaxCmdSN = ExpCmdSN + free
+//! slots − 1`, where a slot is taken by every non-immediate SCSI command
+//! until its status is sent, so MaxCmdSN advances as commands complete and
+//! never moves backwards.
+//!
+//! # Write data (§4.2.4.2, §11.8)
+//! Immediate data (ImmediateData=Yes) and unsolicited Data-Out
+//! (InitialR2T=No) cover up to FirstBurstLength; the rest is requested by
+//! R2Ts of at most MaxBurstLength, MaxOutstandingR2T at a time. Data must
+//! arrive in order (DataPDUInOrder=Yes, DataSequenceInOrder=Yes), with
+//! DataSN counting from 0 in each sequence.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use bytes::{Bytes, BytesMut};
+use iscsi_wire::outbox::Digests;
+use iscsi_wire::pdu::*;
+use iscsi_wire::text::{self, Continuation};
+use iscsi_wire::{Outbox, RawPdu, Sn};
+
+use crate::params::{Limits, SessionParams, SessionType};
+
+/// A CDB: 16 bytes from the BHS, or longer with an extended-CDB AHS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cdb {
+    Short([u8; 16]),
+    Long(Box<[u8]>),
+}
+
+impl Cdb {
+    /// The CDB bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Cdb::Short(b) => b,
+            Cdb::Long(b) => b,
+        }
+    }
+}
+
+/// A SCSI command ready to run: all its data-out has arrived.
+#[derive(Clone, Debug)]
+pub struct ExecRequest {
+    pub itt: Itt,
+    pub lun: Lun,
+    pub cdb: Cdb,
+    /// The data-out received (empty for commands without one).
+    pub data_out: Bytes,
+    /// Expected data transfer length from the command PDU.
+    pub edtl: u32,
+    pub read: bool,
+    pub write: bool,
+}
+
+/// The result of a command, handed back to [`Session::complete`].
+#[derive(Clone, Debug, Default)]
+pub struct Completion {
+    /// SCSI status.
+    pub status: u8,
+    /// Sense data (sent in the SCSI Response's data segment).
+    pub sense: Option<Bytes>,
+    /// Data-in, exactly what the command transfers per its CDB; the part
+    /// beyond EDTL is not sent and reported as residual overflow.
+    pub data_in: Bytes,
+    /// The data-out length the CDB called for, for residuals of writes.
+    pub data_out_wanted: u32,
+}
+
+/// Task management the driver must carry out beyond this session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmfAction {
+    /// LOGICAL UNIT RESET of this LUN.
+    LunReset(Lun),
+    /// TARGET WARM RESET, or COLD RESET (then connections are dropped).
+    TargetReset { cold: bool },
+}
+
+/// What the session asks of the driver.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Run this command, then call [`Session::complete`].
+    Execute(ExecRequest),
+    /// The initiator logged out: send what is queued, then close.
+    Logout,
+    /// Close the connection now (protocol violation, cold reset).
+    Close(&'static str),
+}
+
+/// What the session needs to know of the rest of the target.
+pub trait Host {
+    /// The SendTargets answer for `value` (see [`crate::discovery`]).
+    fn send_targets(&self, initiator: &str, value: &str, session_target: Option<&str>) -> Vec<u8>;
+    /// Whether `lun` exists in this session's target.
+    fn lun_exists(&self, lun: Lun) -> bool;
+    /// The data-out length the CDB itself calls for (SBC's transfer length
+    /// in bytes; 0 for commands without data-out or unknown LUNs). The
+    /// session solicits at most min(EDTL, this) bytes (RFC 7143 §11.4.5.1).
+    fn data_out_len(&self, lun: Lun, cdb: &[u8]) -> u32;
+    /// Carries out a reset on behalf of task management.
+    fn reset(&self, action: TmfAction);
+}
+
+#[derive(Default)]
+struct TagHasher(u64);
+
+impl Hasher for TagHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type TagMap<V> = HashMap<u32, V, BuildHasherDefault<TagHasher>>;
+
+#[derive(Debug)]
+struct R2tState {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    received: u32,
+    next_data_sn: u32,
+}
+
+#[derive(Debug)]
+struct WriteState {
+    req: ExecRequest,
+    buf: BytesMut,
+    /// Bytes the command will use: min(EDTL, the CDB's transfer length).
+    wanted: u32,
+    /// Bytes received so far, all contiguous from offset 0.
+    received: u32,
+    /// End of the unsolicited range.
+    unsolicited_end: u32,
+    unsolicited_data_sn: u32,
+    /// Offset the next R2T will ask for.
+    next_r2t_offset: u32,
+    r2ts: VecDeque<R2tState>,
+    r2t_sn: u32,
+    /// The command holds a slot of the command window.
+    counted: bool,
+}
+
+#[derive(Debug)]
+enum Task {
+    /// Waiting for Data-Out.
+    Receiving(Box<WriteState>),
+    /// Handed to the driver; `r2ts` R2Ts were sent for it.
+    Running { lun: Lun, edtl: u32, read: bool, counted: bool, r2ts: u32 },
+}
+
+/// The full feature phase state of one connection (= session).
+pub struct Session {
+    params: SessionParams,
+    limits: Limits,
+    dg: Digests,
+    exp_cmd_sn: Sn,
+    stat_sn: Sn,
+    depth: u32,
+    in_flight: u32,
+    held: BTreeMap<u32, RawPdu>,
+    tasks: TagMap<Task>,
+    next_ttt: u32,
+    text_in: Continuation,
+    text_out: Option<(Itt, Vec<u8>, usize, u32)>,
+    ping: Option<u32>,
+    closing: bool,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("initiator", &self.params.initiator_name)
+            .field("exp_cmd_sn", &self.exp_cmd_sn)
+            .field("stat_sn", &self.stat_sn)
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+fn rej_data(bhs: &Bhs) -> &[u8] {
+    bhs
+}
+
+impl Session {
+    /// A session entering full feature phase with the negotiated `params`.
+    pub fn new(params: SessionParams, limits: Limits, exp_cmd_sn: Sn, next_stat_sn: Sn) -> Self {
+        let depth = limits.queue_depth.clamp(1, crate::params::MAX_QUEUE_DEPTH);
+        Session {
+            dg: Digests { header: params.header_digest, data: params.data_digest },
+            params,
+            limits,
+            exp_cmd_sn,
+            stat_sn: next_stat_sn,
+            depth,
+            in_flight: 0,
+            held: BTreeMap::new(),
+            tasks: TagMap::default(),
+            next_ttt: 1,
+            text_in: Continuation::default(),
+            text_out: None,
+            ping: None,
+            closing: false,
+        }
+    }
+
+    /// The negotiated parameters.
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+
+    /// Commands received and not yet answered.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Digest settings for outgoing PDUs.
+    pub fn digests(&self) -> Digests {
+        self.dg
+    }
+
+    fn max_cmd_sn(&self) -> Sn {
+        let free = self.depth.saturating_sub(self.in_flight);
+        self.exp_cmd_sn.add(free).add(u32::MAX)
+    }
+
+    /// StatSN/ExpCmdSN/MaxCmdSN for a PDU that carries status (StatSN then
+    /// advances) or not.
+    fn sn(&mut self, advance: bool) -> SnTriple {
+        let t = SnTriple { stat_sn: self.stat_sn, exp_cmd_sn: self.exp_cmd_sn, max_cmd_sn: self.max_cmd_sn() };
+        if advance {
+            self.stat_sn = self.stat_sn.next();
+        }
+        t
+    }
+
+    fn fresh_ttt(&mut self) -> u32 {
+        let t = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        t
+    }
+
+    /// Sends a Reject of `bhs` with `reason`.
+    pub fn reject(&mut self, bhs: &Bhs, reason: u8, out: &mut Outbox) {
+        let r = Reject { reason, sn: self.sn(false), data_sn: 0 };
+        out.push(&r.encode(BHS_LEN_USIZE), rej_data(bhs), self.dg);
+    }
+
+    /// Handles one received PDU.
+    pub fn handle_pdu(&mut self, raw: RawPdu, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
+        if self.closing {
+            return;
+        }
+        if !raw.data_digest_ok {
+            // ERL 0: the PDU is discarded and the connection must go
+            // (§7.8); tell the initiator why first.
+            self.reject(&raw.bhs, reject_reason::DATA_DIGEST_ERROR, out);
+            self.closing = true;
+            ev.push(Event::Close("data digest error"));
+            return;
+        }
+        let op = opcode(&raw.bhs);
+        // Data-Out and SNACK are not numbered; everything else an initiator
+        // sends carries CmdSN.
+        let numbered = matches!(
+            op,
+            Opcode::ScsiCommand | Opcode::TaskMgmtReq | Opcode::TextReq | Opcode::LogoutReq | Opcode::NopOut
+        );
+        if !numbered || is_immediate(&raw.bhs) {
+            // Immediate commands do not consume a CmdSN (§3.2.2.1).
+            return self.dispatch(raw, host, out, ev);
+        }
+        let cmd_sn = Sn(u32::from_be_bytes(raw.bhs[24..28].try_into().expect("4 bytes")));
+        if cmd_sn == self.exp_cmd_sn {
+            self.exp_cmd_sn = self.exp_cmd_sn.next();
+            self.dispatch(raw, host, out, ev);
+            while let Some(next) = self.held.remove(&self.exp_cmd_sn.0) {
+                self.exp_cmd_sn = self.exp_cmd_sn.next();
+                self.dispatch(next, host, out, ev);
+                if self.closing {
+                    break;
+                }
+            }
+        } else if cmd_sn.gt(self.exp_cmd_sn) && !cmd_sn.gt(self.max_cmd_sn()) {
+            self.held.insert(cmd_sn.0, raw);
+        }
+        // Otherwise outside the window or a duplicate: silently ignored.
+    }
+
+    fn dispatch(&mut self, raw: RawPdu, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
+        let discovery = self.params.session_type == SessionType::Discovery;
+        match Pdu::parse(&raw.bhs) {
+            Pdu::ScsiCommand(c) if !discovery => self.scsi_command(c, raw, host, out, ev),
+            Pdu::DataOut(d) if !discovery => self.data_out(d, raw, out, ev),
+            Pdu::TaskMgmtReq(t) if !discovery => self.task_mgmt(t, host, out, ev),
+            Pdu::NopOut(n) => self.nop_out(n, raw, out),
+            Pdu::TextReq(t) => self.text(t, raw, host, out),
+            Pdu::LogoutReq(l) => self.logout(l, out, ev),
+            Pdu::SnackReq(_) => self.reject(&raw.bhs, reject_reason::SNACK_REJECT, out),
+            Pdu::ScsiCommand(_) | Pdu::DataOut(_) | Pdu::TaskMgmtReq(_) | Pdu::LoginReq(_) => {
+                self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out)
+            }
+            _ => self.reject(&raw.bhs, reject_reason::COMMAND_NOT_SUPPORTED, out),
+        }
+    }
+
+    fn check(&mut self, itt: Itt, lun: Lun, status: u8, sense: &[u8], counted: bool, out: &mut Outbox) {
+        if counted {
+            self.in_flight += 1;
+        }
+        self.tasks.insert(itt.0, Task::Running { lun, edtl: 0, read: false, counted, r2ts: 0 });
+        let c = Completion {
+            status,
+            sense: Some(Bytes::copy_from_slice(sense)),
+            data_in: Bytes::new(),
+            data_out_wanted: 0,
+        };
+        self.complete(itt, c, out);
+    }
+
+    fn scsi_command(&mut self, c: ScsiCommand, raw: RawPdu, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
+        let counted = !c.immediate;
+        if self.tasks.contains_key(&c.itt.0) {
+            return self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS, out);
+        }
+        let cdb = match extended_cdb(&c, &raw.ahs) {
+            Ok(cdb) => cdb,
+            Err(()) => return self.reject(&raw.bhs, reject_reason::INVALID_PDU_FIELD, out),
+        };
+        let imm = raw.data.len() as u32;
+        if imm > 0 && (!c.write || !self.params.immediate_data || imm > self.params.first_burst || imm > c.edtl) {
+            return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out);
+        }
+        if !c.final_ && (!c.write || self.params.initial_r2t) {
+            return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out);
+        }
+        if c.read && c.write {
+            // Bidirectional commands are not supported: INVALID FIELD IN CDB.
+            return self.check(c.itt, c.lun, 0x02, &SENSE_INVALID_FIELD_IN_CDB, counted, out);
+        }
+        if c.edtl > self.limits.max_transfer {
+            return self.check(c.itt, c.lun, 0x02, &SENSE_INVALID_FIELD_IN_CDB, counted, out);
+        }
+        if counted {
+            self.in_flight += 1;
+        }
+        let req = ExecRequest {
+            itt: c.itt,
+            lun: c.lun,
+            cdb,
+            data_out: Bytes::new(),
+            edtl: c.edtl,
+            read: c.read,
+            write: c.write,
+        };
+        // Data the command takes: what the CDB calls for, within EDTL.
+        // Immediate or unsolicited data beyond it is accepted and dropped.
+        let wanted = if c.write { c.edtl.min(host.data_out_len(c.lun, req.cdb.as_slice())) } else { 0 };
+        let unsolicited_end = if c.final_ { imm } else { self.params.first_burst.min(c.edtl) };
+        if imm >= wanted {
+            self.tasks.insert(c.itt.0, Task::Running { lun: c.lun, edtl: c.edtl, read: c.read, counted, r2ts: 0 });
+            let mut req = req;
+            req.data_out = raw.data.slice(..wanted as usize);
+            ev.push(Event::Execute(req));
+            // Unsolicited Data-Out still on its way for this task finds no
+            // task and is dropped.
+            return;
+        }
+        let mut buf = BytesMut::zeroed(wanted.max(unsolicited_end) as usize);
+        buf[..imm as usize].copy_from_slice(&raw.data);
+        let mut w = Box::new(WriteState {
+            req,
+            buf,
+            wanted,
+            received: imm,
+            unsolicited_end,
+            unsolicited_data_sn: 0,
+            next_r2t_offset: unsolicited_end,
+            r2ts: VecDeque::new(),
+            r2t_sn: 0,
+            counted,
+        });
+        self.send_r2ts(&mut w, out);
+        self.tasks.insert(c.itt.0, Task::Receiving(w));
+    }
+
+    fn send_r2ts(&mut self, w: &mut WriteState, out: &mut Outbox) {
+        let end = w.wanted;
+        while w.r2ts.len() < usize::from(self.params.max_outstanding_r2t) && w.next_r2t_offset < end {
+            let len = (end - w.next_r2t_offset).min(self.params.max_burst);
+            let ttt = self.fresh_ttt();
+            let r = R2t {
+                lun: w.req.lun,
+                itt: w.req.itt,
+                ttt,
+                sn: self.sn(false),
+                r2t_sn: w.r2t_sn,
+                buffer_offset: w.next_r2t_offset,
+                desired_len: len,
+            };
+            out.push(&r.encode(), &[], self.dg);
+            w.r2ts.push_back(R2tState { ttt, offset: w.next_r2t_offset, len, received: 0, next_data_sn: 0 });
+            w.r2t_sn += 1;
+            w.next_r2t_offset += len;
+        }
+    }
+
+    fn data_out(&mut self, d: DataOut, raw: RawPdu, out: &mut Outbox, ev: &mut Vec<Event>) {
+        let w = match self.tasks.remove(&d.itt.0) {
+            Some(Task::Receiving(w)) => w,
+            Some(t) => {
+                // Late unsolicited data for a task that already has all it
+                // needs: dropped.
+                self.tasks.insert(d.itt.0, t);
+                return;
+            }
+            // A task that completed or was aborted: dropped (§11.7 and
+            // libiscsi's handling of Rejects for unknown tasks).
+            None => return,
+        };
+        let mut w = w;
+        let len = raw.data.len() as u32;
+        let off = d.buffer_offset;
+        let in_range = off == w.received && off.checked_add(len).is_some_and(|e| e as usize <= w.buf.len());
+        let ok = if d.ttt == RESERVED_TAG {
+            let ok = in_range && off + len <= w.unsolicited_end && d.data_sn == w.unsolicited_data_sn;
+            w.unsolicited_data_sn += 1;
+            ok
+        } else {
+            match w.r2ts.iter_mut().find(|r| r.ttt == d.ttt) {
+                Some(r) => {
+                    let ok = in_range
+                        && off >= r.offset
+                        && off + len <= r.offset + r.len
+                        && d.data_sn == r.next_data_sn;
+                    r.next_data_sn += 1;
+                    if ok {
+                        r.received += len;
+                    }
+                    ok
+                }
+                None => false,
+            }
+        };
+        if !ok {
+            // Out of order, overlapping, past EDTL, or a wrong DataSN: at
+            // ERL 0 the data cannot be recovered, so the command fails.
+            self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out);
+            let counted = w.counted;
+            self.tasks.insert(
+                d.itt.0,
+                Task::Running { lun: w.req.lun, edtl: w.req.edtl, read: false, counted, r2ts: w.r2t_sn },
+            );
+            let c = Completion {
+                status: 0x02,
+                sense: Some(Bytes::from_static(&SENSE_DATA_PHASE_ERROR)),
+                ..Completion::default()
+            };
+            self.complete(d.itt, c, out);
+            return;
+        }
+        let start = off as usize;
+        w.buf[start..start + len as usize].copy_from_slice(&raw.data);
+        w.received += len;
+        if d.ttt != RESERVED_TAG && d.final_ {
+            if let Some(pos) = w.r2ts.iter().position(|r| r.ttt == d.ttt) {
+                w.r2ts.remove(pos);
+            }
+            self.send_r2ts(&mut w, out);
+        }
+        if w.received as usize == w.buf.len() {
+            let WriteState { mut req, buf, r2t_sn, counted, wanted, .. } = *w;
+            req.data_out = buf.freeze().slice(..wanted as usize);
+            self.tasks.insert(
+                req.itt.0,
+                Task::Running { lun: req.lun, edtl: req.edtl, read: req.read, counted, r2ts: r2t_sn },
+            );
+            ev.push(Event::Execute(req));
+        } else {
+            self.tasks.insert(d.itt.0, Task::Receiving(w));
+        }
+    }
+
+    /// Sends the result of a command handed out by [`Event::Execute`].
+    /// A command aborted meanwhile is dropped silently.
+    pub fn complete(&mut self, itt: Itt, c: Completion, out: &mut Outbox) {
+        let Some(Task::Running { lun, edtl, read, counted, r2ts }) = self.tasks.remove(&itt.0) else {
+            return;
+        };
+        if counted {
+            self.in_flight -= 1;
+        }
+        let good = c.status == 0 && c.sense.is_none();
+        let want = if read { c.data_in.len() as u32 } else { c.data_out_wanted };
+        let residual = if edtl == 0 && want == 0 { Residual::default() } else { Residual::of(edtl, want) };
+        let send = c.data_in.len().min(edtl as usize);
+        let mut data_sn = 0u32;
+        if read && send > 0 {
+            let seg = self.params.send_max_data_segment as usize;
+            let burst = self.params.max_burst as usize;
+            let mut off = 0usize;
+            while off < send {
+                let n = seg.min(send - off).min(burst - off % burst);
+                let last = off + n == send;
+                let status_here = last && good;
+                let d = DataIn {
+                    final_: last || (off + n) % burst == 0,
+                    ack: false,
+                    status: status_here.then_some(c.status),
+                    lun,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    sn: self.sn(status_here),
+                    data_sn,
+                    buffer_offset: off as u32,
+                    residual: if status_here { residual } else { Residual::default() },
+                };
+                out.push_bytes(&d.encode(n), c.data_in.slice(off..off + n), self.dg);
+                data_sn += 1;
+                off += n;
+            }
+            if good {
+                return;
+            }
+        }
+        let sense = c.sense.unwrap_or_default();
+        let mut data = Vec::with_capacity(if sense.is_empty() { 0 } else { 2 + sense.len() });
+        if !sense.is_empty() {
+            data.extend_from_slice(&(sense.len() as u16).to_be_bytes());
+            data.extend_from_slice(&sense);
+        }
+        let r = ScsiResponse {
+            response: 0,
+            status: c.status,
+            itt,
+            sn: self.sn(true),
+            exp_data_sn: if read { data_sn } else { r2ts },
+            residual,
+        };
+        out.push(&r.encode(data.len()), &data, self.dg);
+    }
+
+    fn nop_out(&mut self, n: NopOut, raw: RawPdu, out: &mut Outbox) {
+        if n.ttt != RESERVED_TAG {
+            if self.ping == Some(n.ttt) {
+                self.ping = None;
+            }
+            return;
+        }
+        if n.itt.0 == RESERVED_TAG {
+            return;
+        }
+        let r = NopIn { lun: n.lun, itt: n.itt, ttt: RESERVED_TAG, sn: self.sn(true) };
+        out.push_bytes(&r.encode(raw.data.len()), raw.data, self.dg);
+    }
+
+    /// Sends a NOP-In ping; the initiator must answer with a NOP-Out
+    /// carrying the same TTT (checked by [`Session::ping_outstanding`]).
+    pub fn ping(&mut self, out: &mut Outbox) {
+        let ttt = self.fresh_ttt();
+        self.ping = Some(ttt);
+        let r = NopIn { lun: Lun::default(), itt: Itt(RESERVED_TAG), ttt, sn: self.sn(false) };
+        out.push(&r.encode(0), &[], self.dg);
+    }
+
+    /// True while a ping is unanswered.
+    pub fn ping_outstanding(&self) -> bool {
+        self.ping.is_some()
+    }
+
+    fn text(&mut self, t: TextReq, raw: RawPdu, host: &dyn Host, out: &mut Outbox) {
+        // A continuation of a response we are still sending.
+        if t.ttt != RESERVED_TAG {
+            match self.text_out.take() {
+                Some((itt, body, pos, ttt)) if itt == t.itt && ttt == t.ttt && raw.data.is_empty() => {
+                    return self.send_text_chunk(itt, body, pos, out);
+                }
+                _ => return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out),
+            }
+        }
+        self.text_out = None;
+        let whole = match self.text_in.push(&raw.data, t.cont) {
+            Ok(Some(w)) => w,
+            Ok(None) => {
+                let ttt = self.fresh_ttt();
+                let r = TextResp { final_: false, cont: false, lun: t.lun, itt: t.itt, ttt, sn: self.sn(true) };
+                out.push(&r.encode(0), &[], self.dg);
+                return;
+            }
+            Err(_) => return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out),
+        };
+        let pairs = match text::parse(&whole) {
+            Ok(p) => p,
+            Err(_) => return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out),
+        };
+        let mut body = Vec::new();
+        for (k, v) in &pairs {
+            if k == "SendTargets" {
+                let own = (!self.params.target_name.is_empty()).then_some(self.params.target_name.as_str());
+                body.extend(host.send_targets(&self.params.initiator_name, v, own));
+            } else {
+                text::push(&mut body, k, "NotUnderstood");
+            }
+        }
+        self.send_text_chunk(t.itt, body, 0, out);
+    }
+
+    fn send_text_chunk(&mut self, itt: Itt, body: Vec<u8>, pos: usize, out: &mut Outbox) {
+        let max = self.params.send_max_data_segment as usize;
+        let end = (pos + max).min(body.len());
+        let more = end < body.len();
+        let ttt = if more { self.fresh_ttt() } else { RESERVED_TAG };
+        let r = TextResp { final_: !more, cont: more, lun: Lun::default(), itt, ttt, sn: self.sn(true) };
+        out.push(&r.encode(end - pos), &body[pos..end], self.dg);
+        if more {
+            self.text_out = Some((itt, body, end, ttt));
+        }
+    }
+
+    fn task_mgmt(&mut self, t: TaskMgmtReq, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
+        const COMPLETE: u8 = 0;
+        const NO_TASK: u8 = 1;
+        const NO_LUN: u8 = 2;
+        const REASSIGN_UNSUPPORTED: u8 = 4;
+        const UNSUPPORTED: u8 = 5;
+        const REJECTED: u8 = 255;
+        let response = match t.function {
+            TmfFunction::AbortTask => {
+                let found = matches!(self.tasks.get(&t.ref_task_tag.0), Some(task) if task_lun(task) == t.lun);
+                if found {
+                    self.abort(|itt, _| itt == t.ref_task_tag.0);
+                    COMPLETE
+                } else {
+                    // Completed already, or never received (RFC 3720
+                    // §10.6.1 c): "task does not exist".
+                    NO_TASK
+                }
+            }
+            TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet => {
+                if !host.lun_exists(t.lun) {
+                    NO_LUN
+                } else {
+                    self.abort(|_, task| task_lun(task) == t.lun);
+                    COMPLETE
+                }
+            }
+            TmfFunction::LogicalUnitReset => {
+                if !host.lun_exists(t.lun) {
+                    NO_LUN
+                } else {
+                    self.abort(|_, task| task_lun(task) == t.lun);
+                    host.reset(TmfAction::LunReset(t.lun));
+                    COMPLETE
+                }
+            }
+            TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
+                let cold = t.function == TmfFunction::TargetColdReset;
+                self.abort(|_, _| true);
+                host.reset(TmfAction::TargetReset { cold });
+                if cold {
+                    self.closing = true;
+                    ev.push(Event::Close("target cold reset"));
+                }
+                COMPLETE
+            }
+            TmfFunction::ClearAca => UNSUPPORTED,
+            TmfFunction::TaskReassign => REASSIGN_UNSUPPORTED,
+            TmfFunction::Unknown(_) => REJECTED,
+        };
+        let r = TaskMgmtResp { response, itt: t.itt, sn: self.sn(true) };
+        out.push(&r.encode(), &[], self.dg);
+    }
+
+    /// Aborts every task `f` selects: no response will be sent for them.
+    fn abort(&mut self, f: impl Fn(u32, &Task) -> bool) {
+        let victims: Vec<u32> = self.tasks.iter().filter(|(k, t)| f(**k, t)).map(|(k, _)| *k).collect();
+        for k in victims {
+            if let Some(t) = self.tasks.remove(&k) {
+                let counted = match t {
+                    Task::Receiving(w) => w.counted,
+                    Task::Running { counted, .. } => counted,
+                };
+                if counted {
+                    self.in_flight -= 1;
+                }
+            }
+        }
+    }
+
+    fn logout(&mut self, l: LogoutReq, out: &mut Outbox, ev: &mut Vec<Event>) {
+        let response = match l.reason {
+            0 | 1 => 0,
+            _ => 2,
+        };
+        let r = LogoutResp {
+            response,
+            itt: l.itt,
+            sn: self.sn(true),
+            time2wait: self.params.time2wait,
+            time2retain: self.params.time2retain,
+        };
+        out.push(&r.encode(), &[], self.dg);
+        if response == 0 {
+            self.closing = true;
+            ev.push(Event::Logout);
+        }
+    }
+}
+
+fn task_lun(t: &Task) -> Lun {
+    match t {
+        Task::Receiving(w) => w.req.lun,
+        Task::Running { lun, .. } => *lun,
+    }
+}
+
+const BHS_LEN_USIZE: usize = 48;
+
+/// Fixed-format sense: ILLEGAL REQUEST, INVALID FIELD IN CDB (24/00).
+const SENSE_INVALID_FIELD_IN_CDB: [u8; 18] = [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0];
+/// ABORTED COMMAND, DATA PHASE ERROR (4B/00).
+const SENSE_DATA_PHASE_ERROR: [u8; 18] = [0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x4b, 0, 0, 0, 0, 0];
+
+/// The CDB of a command, joined with its extended-CDB AHS (§11.3.5) if any.
+fn extended_cdb(c: &ScsiCommand, ahs: &Bytes) -> Result<Cdb, ()> {
+    if ahs.is_empty() {
+        return Ok(Cdb::Short(c.cdb));
+    }
+    let mut rest = &ahs[..];
+    while rest.len() >= 4 {
+        let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+        let kind = rest[2];
+        let total = (3 + len + 3) & !3;
+        if 3 + len > rest.len() || len == 0 {
+            return Err(());
+        }
+        if kind == 1 {
+            let ext = &rest[4..3 + len];
+            let mut v = Vec::with_capacity(16 + ext.len());
+            v.extend_from_slice(&c.cdb);
+            v.extend_from_slice(ext);
+            return Ok(Cdb::Long(v.into_boxed_slice()));
+        }
+        rest = &rest[total.min(rest.len())..];
+    }
+    Ok(Cdb::Short(c.cdb))
+}
+
+#[cfg(test)]
+mod tests;
