@@ -1,1 +1,204 @@
-fn main() {}
+//! The `ironsan` command: `serve` runs the iSCSI target.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use target::config::{
+    Config, DigestConfig, LunConfig, TargetConfig, DEFAULT_LISTEN, DEFAULT_TARGET,
+};
+use target::Server;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ironsan",
+    version,
+    about = "A software-defined SAN: iSCSI target, initiator and benchmarks"
+)]
+struct Cli {
+    /// Log filter (error, warn, info, debug, trace, or a tracing directive).
+    #[arg(long, global = true, default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Serve LUNs over iSCSI. With no options: a 1 GiB RAM LUN on 127.0.0.1:3260.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// A portal address to listen on (repeatable; each is its own portal group).
+    #[arg(long = "listen", value_name = "ADDR:PORT")]
+    listen: Vec<SocketAddr>,
+    /// The target's iSCSI name.
+    #[arg(long = "target", value_name = "IQN")]
+    target: Option<String>,
+    /// A LUN: mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE (repeatable; the first is LUN 0).
+    #[arg(long = "lun", value_name = "SPEC")]
+    lun: Vec<String>,
+    /// Logical block size of the --lun LUNs (512 or 4096).
+    #[arg(long, value_name = "BYTES")]
+    block_size: Option<u32>,
+    /// Write-back caching for --lun file LUNs (WCE=1; FUA and SYNCHRONIZE CACHE make data stable).
+    #[arg(long)]
+    write_back: bool,
+    /// Command window per session, 1..=8192 (MaxCmdSN - ExpCmdSN + 1).
+    #[arg(long, value_name = "N")]
+    queue_depth: Option<u32>,
+    /// Header and data digests: off, allowed or required.
+    #[arg(long, value_name = "POLICY", value_parser = parse_digest)]
+    digest: Option<DigestConfig>,
+    /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn parse_digest(s: &str) -> Result<DigestConfig, String> {
+    match s {
+        "off" => Ok(DigestConfig::Off),
+        "allowed" => Ok(DigestConfig::Allowed),
+        "required" => Ok(DigestConfig::Required),
+        _ => Err(format!("{s:?}: expected off, allowed or required")),
+    }
+}
+
+/// Builds the configuration from a file and/or the quick flags.
+fn build_config(a: &ServeArgs) -> Result<Config> {
+    let mut cfg = match &a.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config {
+            listen: vec![DEFAULT_LISTEN.parse().expect("valid")],
+            limits: Default::default(),
+            timeouts: Default::default(),
+            target: Vec::new(),
+        },
+    };
+    if !a.listen.is_empty() {
+        cfg.listen = a.listen.clone();
+    }
+    if !a.lun.is_empty() || cfg.target.is_empty() {
+        let specs = if a.lun.is_empty() {
+            vec!["mem:1G".to_string()]
+        } else {
+            a.lun.clone()
+        };
+        let mut luns = Vec::new();
+        for s in &specs {
+            let mut l = LunConfig::from_spec(s)?;
+            if let Some(bs) = a.block_size {
+                l.block_size = bs;
+            }
+            if a.write_back {
+                l.write_cache = target::config::CacheConfig::Back;
+            }
+            luns.push(l);
+        }
+        let name = a
+            .target
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TARGET.to_string());
+        let no_targets = cfg.target.is_empty();
+        match cfg.target.iter_mut().find(|t| t.name == name) {
+            Some(t) => t.lun = luns,
+            None if no_targets || a.target.is_some() => cfg.target.push(TargetConfig {
+                name,
+                alias: None,
+                lun: luns,
+            }),
+            None => bail!("--lun given with a config of several targets: name one with --target"),
+        }
+    } else if let Some(name) = &a.target {
+        if !cfg.target.iter().any(|t| &t.name == name) {
+            bail!("--target {name}: not in the configuration, and no --lun given for it");
+        }
+    }
+    if let Some(q) = a.queue_depth {
+        cfg.limits.queue_depth = q;
+    }
+    if let Some(d) = a.digest {
+        cfg.limits.header_digest = d;
+        cfg.limits.data_digest = d;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    let cfg = build_config(&a)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async {
+        let server = Server::bind(cfg.clone())
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let addrs = server.local_addrs();
+        for t in &cfg.target {
+            for (i, l) in t.lun.iter().enumerate() {
+                let what = match l.backend {
+                    target::config::BackendKind::Mem => {
+                        "RAM (volatile: for tests and benchmarks, lost at exit)".to_string()
+                    }
+                    target::config::BackendKind::Null => {
+                        "null (reads zeros, discards writes)".to_string()
+                    }
+                    target::config::BackendKind::File => format!(
+                        "file {} ({})",
+                        l.path
+                            .as_deref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default(),
+                        match l.write_cache {
+                            target::config::CacheConfig::Through => "write-through",
+                            target::config::CacheConfig::Back => "write-back",
+                        }
+                    ),
+                };
+                println!(
+                    "ironsan: {} LUN {i}: {what}, {} byte blocks",
+                    t.name, l.block_size
+                );
+            }
+        }
+        for a in &addrs {
+            println!("ironsan: listening on {a}");
+        }
+        if let (Some(a), Some(t)) = (addrs.first(), cfg.target.first()) {
+            println!(
+                "ironsan: try  iscsi-ls -s iscsi://{a}  or  iscsi-inq iscsi://{a}/{}/0",
+                t.name
+            );
+        }
+        server.run(shutdown_signal()).await;
+        Ok::<_, anyhow::Error>(())
+    })
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.cmd {
+        Cmd::Serve(a) => serve(a),
+    }
+}

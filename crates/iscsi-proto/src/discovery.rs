@@ -47,8 +47,17 @@ mod tests {
     #[test]
     fn lists_portals() {
         let t = vec![
-            Listing { name: "iqn.a".into(), portals: vec![("127.0.0.1:3260".parse().unwrap(), 1), ("[::1]:3261".parse().unwrap(), 2)] },
-            Listing { name: "iqn.b".into(), portals: vec![("127.0.0.1:3260".parse().unwrap(), 1)] },
+            Listing {
+                name: "iqn.a".into(),
+                portals: vec![
+                    ("127.0.0.1:3260".parse().unwrap(), 1),
+                    ("[::1]:3261".parse().unwrap(), 2),
+                ],
+            },
+            Listing {
+                name: "iqn.b".into(),
+                portals: vec![("127.0.0.1:3260".parse().unwrap(), 1)],
+            },
         ];
         let all = text::parse(&send_targets(&t, "All", None)).unwrap();
         assert_eq!(all.len(), 5);
@@ -58,6 +67,9 @@ mod tests {
         assert_eq!(one[0].1, "iqn.b");
         assert_eq!(one.len(), 2);
         assert!(send_targets(&t, "iqn.none", None).is_empty());
-        assert_eq!(text::parse(&send_targets(&t, "", Some("iqn.a"))).unwrap()[0].1, "iqn.a");
+        assert_eq!(
+            text::parse(&send_targets(&t, "", Some("iqn.a"))).unwrap()[0].1,
+            "iqn.a"
+        );
     }
 }

@@ -82,7 +82,11 @@ pub enum LoginStep {
     Continue { resp: LoginResp, text: Vec<u8> },
     /// Send `resp` with `text` (after setting its TSIH); the connection is
     /// in full feature phase.
-    Complete { resp: LoginResp, text: Vec<u8>, outcome: Box<LoginOutcome> },
+    Complete {
+        resp: LoginResp,
+        text: Vec<u8>,
+        outcome: Box<LoginOutcome>,
+    },
     /// Send `resp` and close the connection.
     Fail { resp: LoginResp, reason: String },
 }
@@ -153,7 +157,10 @@ impl TargetLogin {
         self.cmd_sn = req.cmd_sn;
         match self.step(req, data, dir, first) {
             Ok(step) => step,
-            Err(Fail(code, reason)) => LoginStep::Fail { resp: self.response(req, false, code), reason },
+            Err(Fail(code, reason)) => LoginStep::Fail {
+                resp: self.response(req, false, code),
+                reason,
+            },
         }
     }
 
@@ -173,19 +180,31 @@ impl TargetLogin {
             sn: SnTriple {
                 stat_sn,
                 exp_cmd_sn: self.cmd_sn,
-                max_cmd_sn: self.cmd_sn.add(self.limits.queue_depth.max(1) - 1),
+                max_cmd_sn: self.cmd_sn.plus(self.limits.queue_depth.max(1) - 1),
             },
             status_class: code.0,
             status_detail: code.1,
         }
     }
 
-    fn step(&mut self, req: &LoginReq, data: &[u8], dir: &dyn TargetDirectory, first: bool) -> Result<LoginStep, Fail> {
+    fn step(
+        &mut self,
+        req: &LoginReq,
+        data: &[u8],
+        dir: &dyn TargetDirectory,
+        first: bool,
+    ) -> Result<LoginStep, Fail> {
         if req.version_min > 0 {
-            return Err(Fail(status::UNSUPPORTED_VERSION, format!("version-min {}", req.version_min)));
+            return Err(Fail(
+                status::UNSUPPORTED_VERSION,
+                format!("version-min {}", req.version_min),
+            ));
         }
         if !first && (req.isid != self.isid || req.tsih != self.tsih || req.cid != self.cid) {
-            return Err(Fail(status::INVALID_DURING_LOGIN, "ISID/TSIH/CID changed during login".into()));
+            return Err(Fail(
+                status::INVALID_DURING_LOGIN,
+                "ISID/TSIH/CID changed during login".into(),
+            ));
         }
         let csg = req.csg;
         let expected = match self.stage {
@@ -194,30 +213,50 @@ impl TargetLogin {
             Stage::Operational => csg == stage::OPERATIONAL,
         };
         if !expected {
-            return Err(Fail(status::INVALID_DURING_LOGIN, format!("CSG {csg} not valid now")));
+            return Err(Fail(
+                status::INVALID_DURING_LOGIN,
+                format!("CSG {csg} not valid now"),
+            ));
         }
         if req.transit && (req.nsg <= csg || req.nsg == 2) {
-            return Err(Fail(status::INVALID_DURING_LOGIN, format!("transit from {csg} to {}", req.nsg)));
+            return Err(Fail(
+                status::INVALID_DURING_LOGIN,
+                format!("transit from {csg} to {}", req.nsg),
+            ));
         }
         if req.transit && req.cont {
-            return Err(Fail(status::INVALID_DURING_LOGIN, "T and C both set".into()));
+            return Err(Fail(
+                status::INVALID_DURING_LOGIN,
+                "T and C both set".into(),
+            ));
         }
-        self.stage = if csg == stage::SECURITY { Stage::Security } else { Stage::Operational };
+        self.stage = if csg == stage::SECURITY {
+            Stage::Security
+        } else {
+            Stage::Operational
+        };
 
         let whole = match self.cont.push(data, req.cont) {
             Ok(Some(t)) => t,
             Ok(None) => {
                 let resp = self.response(req, false, status::SUCCESS);
-                return Ok(LoginStep::Continue { resp, text: Vec::new() });
+                return Ok(LoginStep::Continue {
+                    resp,
+                    text: Vec::new(),
+                });
             }
             Err(e) => return Err(Fail(status::INITIATOR_ERROR, e.to_string())),
         };
-        let pairs = text::parse(&whole).map_err(|e| Fail(status::INITIATOR_ERROR, e.to_string()))?;
+        let pairs =
+            text::parse(&whole).map_err(|e| Fail(status::INITIATOR_ERROR, e.to_string()))?;
 
         let mut out = Vec::new();
         for (k, v) in &pairs {
             if !self.seen.insert(k.clone()) {
-                return Err(Fail(status::INITIATOR_ERROR, format!("key {k} negotiated twice")));
+                return Err(Fail(
+                    status::INITIATOR_ERROR,
+                    format!("key {k} negotiated twice"),
+                ));
             }
             self.negotiate(k, v, csg, &mut out)?;
         }
@@ -227,7 +266,10 @@ impl TargetLogin {
                 return Err(Fail(status::MISSING_PARAMETER, "no InitiatorName".into()));
             }
             if self.params.session_type == SessionType::Normal {
-                let name = pairs.iter().find(|(k, _)| k == "TargetName").map(|(_, v)| v.as_str());
+                let name = pairs
+                    .iter()
+                    .find(|(k, _)| k == "TargetName")
+                    .map(|(_, v)| v.as_str());
                 let Some(name) = name else {
                     return Err(Fail(status::MISSING_PARAMETER, "no TargetName".into()));
                 };
@@ -243,7 +285,11 @@ impl TargetLogin {
             self.sent_tpgt = true;
         }
         if csg == stage::OPERATIONAL && !self.declared_mrdsl {
-            text::push(&mut out, "MaxRecvDataSegmentLength", &self.limits.max_recv_data_segment.to_string());
+            text::push(
+                &mut out,
+                "MaxRecvDataSegmentLength",
+                &self.limits.max_recv_data_segment.to_string(),
+            );
             self.declared_mrdsl = true;
         }
 
@@ -266,7 +312,11 @@ impl TargetLogin {
                 exp_cmd_sn: self.cmd_sn,
                 next_stat_sn: self.stat_sn,
             };
-            return Ok(LoginStep::Complete { resp, text: out, outcome: Box::new(outcome) });
+            return Ok(LoginStep::Complete {
+                resp,
+                text: out,
+                outcome: Box::new(outcome),
+            });
         }
         if transit {
             self.stage = Stage::Operational;
@@ -298,7 +348,12 @@ impl TargetLogin {
             "SessionType" => match val {
                 "Normal" => p.session_type = SessionType::Normal,
                 "Discovery" => p.session_type = SessionType::Discovery,
-                _ => return Err(Fail(status::SESSION_TYPE_UNSUPPORTED, format!("SessionType {val}"))),
+                _ => {
+                    return Err(Fail(
+                        status::SESSION_TYPE_UNSUPPORTED,
+                        format!("SessionType {val}"),
+                    ))
+                }
             },
             "AuthMethod" => {
                 if csg != stage::SECURITY {
@@ -306,15 +361,24 @@ impl TargetLogin {
                 } else if val.split(',').any(|m| m == "None") {
                     text::push(out, key, "None");
                 } else {
-                    return Err(Fail(status::AUTH_FAILED, format!("no acceptable AuthMethod in {val}")));
+                    return Err(Fail(
+                        status::AUTH_FAILED,
+                        format!("no acceptable AuthMethod in {val}"),
+                    ));
                 }
             }
             "HeaderDigest" | "DataDigest" => {
-                let policy = if key == "HeaderDigest" { l.header_digest } else { l.data_digest };
-                let pick = val.split(',').find(|d| match (*d, policy) {
-                    ("None", DigestPolicy::Off | DigestPolicy::Allowed) => true,
-                    ("CRC32C", DigestPolicy::Allowed | DigestPolicy::Required) => true,
-                    _ => false,
+                let policy = if key == "HeaderDigest" {
+                    l.header_digest
+                } else {
+                    l.data_digest
+                };
+                let pick = val.split(',').find(|d| {
+                    matches!(
+                        (*d, policy),
+                        ("None", DigestPolicy::Off | DigestPolicy::Allowed)
+                            | ("CRC32C", DigestPolicy::Allowed | DigestPolicy::Required)
+                    )
                 });
                 match pick {
                     Some(d) => {
@@ -327,7 +391,10 @@ impl TargetLogin {
                         text::push(out, key, d);
                     }
                     None => {
-                        return Err(Fail(status::INITIATOR_ERROR, format!("{key}={val} not acceptable")));
+                        return Err(Fail(
+                            status::INITIATOR_ERROR,
+                            format!("{key}={val} not acceptable"),
+                        ));
                     }
                 }
             }
@@ -458,7 +525,9 @@ impl TargetLogin {
                 text::push(out, key, &v.min(1).to_string());
             }
             "TaskReporting" => text::push(out, key, "RFC3720"),
-            "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => text::push(out, key, "Irrelevant"),
+            "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => {
+                text::push(out, key, "Irrelevant")
+            }
             _ => text::push(out, key, "NotUnderstood"),
         }
         Ok(())

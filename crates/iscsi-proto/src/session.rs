@@ -165,7 +165,13 @@ enum Task {
     /// Waiting for Data-Out.
     Receiving(Box<WriteState>),
     /// Handed to the driver; `r2ts` R2Ts were sent for it.
-    Running { lun: Lun, edtl: u32, read: bool, counted: bool, r2ts: u32 },
+    Running {
+        lun: Lun,
+        edtl: u32,
+        read: bool,
+        counted: bool,
+        r2ts: u32,
+    },
 }
 
 /// The full feature phase state of one connection (= session).
@@ -206,7 +212,10 @@ impl Session {
     pub fn new(params: SessionParams, limits: Limits, exp_cmd_sn: Sn, next_stat_sn: Sn) -> Self {
         let depth = limits.queue_depth.clamp(1, crate::params::MAX_QUEUE_DEPTH);
         Session {
-            dg: Digests { header: params.header_digest, data: params.data_digest },
+            dg: Digests {
+                header: params.header_digest,
+                data: params.data_digest,
+            },
             params,
             limits,
             exp_cmd_sn,
@@ -240,13 +249,17 @@ impl Session {
 
     fn max_cmd_sn(&self) -> Sn {
         let free = self.depth.saturating_sub(self.in_flight);
-        self.exp_cmd_sn.add(free).add(u32::MAX)
+        self.exp_cmd_sn.plus(free).plus(u32::MAX)
     }
 
     /// StatSN/ExpCmdSN/MaxCmdSN for a PDU that carries status (StatSN then
     /// advances) or not.
     fn sn(&mut self, advance: bool) -> SnTriple {
-        let t = SnTriple { stat_sn: self.stat_sn, exp_cmd_sn: self.exp_cmd_sn, max_cmd_sn: self.max_cmd_sn() };
+        let t = SnTriple {
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn(),
+        };
         if advance {
             self.stat_sn = self.stat_sn.next();
         }
@@ -264,12 +277,22 @@ impl Session {
 
     /// Sends a Reject of `bhs` with `reason`.
     pub fn reject(&mut self, bhs: &Bhs, reason: u8, out: &mut Outbox) {
-        let r = Reject { reason, sn: self.sn(false), data_sn: 0 };
+        let r = Reject {
+            reason,
+            sn: self.sn(false),
+            data_sn: 0,
+        };
         out.push(&r.encode(BHS_LEN_USIZE), rej_data(bhs), self.dg);
     }
 
     /// Handles one received PDU.
-    pub fn handle_pdu(&mut self, raw: RawPdu, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
+    pub fn handle_pdu(
+        &mut self,
+        raw: RawPdu,
+        host: &dyn Host,
+        out: &mut Outbox,
+        ev: &mut Vec<Event>,
+    ) {
         if self.closing {
             return;
         }
@@ -286,13 +309,19 @@ impl Session {
         // sends carries CmdSN.
         let numbered = matches!(
             op,
-            Opcode::ScsiCommand | Opcode::TaskMgmtReq | Opcode::TextReq | Opcode::LogoutReq | Opcode::NopOut
+            Opcode::ScsiCommand
+                | Opcode::TaskMgmtReq
+                | Opcode::TextReq
+                | Opcode::LogoutReq
+                | Opcode::NopOut
         );
         if !numbered || is_immediate(&raw.bhs) {
             // Immediate commands do not consume a CmdSN (§3.2.2.1).
             return self.dispatch(raw, host, out, ev);
         }
-        let cmd_sn = Sn(u32::from_be_bytes(raw.bhs[24..28].try_into().expect("4 bytes")));
+        let cmd_sn = Sn(u32::from_be_bytes(
+            raw.bhs[24..28].try_into().expect("4 bytes"),
+        ));
         if cmd_sn == self.exp_cmd_sn {
             self.exp_cmd_sn = self.exp_cmd_sn.next();
             self.dispatch(raw, host, out, ev);
@@ -326,11 +355,28 @@ impl Session {
         }
     }
 
-    fn check(&mut self, itt: Itt, lun: Lun, status: u8, sense: &[u8], counted: bool, out: &mut Outbox) {
+    fn check(
+        &mut self,
+        itt: Itt,
+        lun: Lun,
+        status: u8,
+        sense: &[u8],
+        counted: bool,
+        out: &mut Outbox,
+    ) {
         if counted {
             self.in_flight += 1;
         }
-        self.tasks.insert(itt.0, Task::Running { lun, edtl: 0, read: false, counted, r2ts: 0 });
+        self.tasks.insert(
+            itt.0,
+            Task::Running {
+                lun,
+                edtl: 0,
+                read: false,
+                counted,
+                r2ts: 0,
+            },
+        );
         let c = Completion {
             status,
             sense: Some(Bytes::copy_from_slice(sense)),
@@ -340,7 +386,14 @@ impl Session {
         self.complete(itt, c, out);
     }
 
-    fn scsi_command(&mut self, c: ScsiCommand, raw: RawPdu, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
+    fn scsi_command(
+        &mut self,
+        c: ScsiCommand,
+        raw: RawPdu,
+        host: &dyn Host,
+        out: &mut Outbox,
+        ev: &mut Vec<Event>,
+    ) {
         let counted = !c.immediate;
         if self.tasks.contains_key(&c.itt.0) {
             return self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS, out);
@@ -350,7 +403,12 @@ impl Session {
             Err(()) => return self.reject(&raw.bhs, reject_reason::INVALID_PDU_FIELD, out),
         };
         let imm = raw.data.len() as u32;
-        if imm > 0 && (!c.write || !self.params.immediate_data || imm > self.params.first_burst || imm > c.edtl) {
+        if imm > 0
+            && (!c.write
+                || !self.params.immediate_data
+                || imm > self.params.first_burst
+                || imm > c.edtl)
+        {
             return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out);
         }
         if !c.final_ && (!c.write || self.params.initial_r2t) {
@@ -358,10 +416,24 @@ impl Session {
         }
         if c.read && c.write {
             // Bidirectional commands are not supported: INVALID FIELD IN CDB.
-            return self.check(c.itt, c.lun, 0x02, &SENSE_INVALID_FIELD_IN_CDB, counted, out);
+            return self.check(
+                c.itt,
+                c.lun,
+                0x02,
+                &SENSE_INVALID_FIELD_IN_CDB,
+                counted,
+                out,
+            );
         }
         if c.edtl > self.limits.max_transfer {
-            return self.check(c.itt, c.lun, 0x02, &SENSE_INVALID_FIELD_IN_CDB, counted, out);
+            return self.check(
+                c.itt,
+                c.lun,
+                0x02,
+                &SENSE_INVALID_FIELD_IN_CDB,
+                counted,
+                out,
+            );
         }
         if counted {
             self.in_flight += 1;
@@ -377,10 +449,27 @@ impl Session {
         };
         // Data the command takes: what the CDB calls for, within EDTL.
         // Immediate or unsolicited data beyond it is accepted and dropped.
-        let wanted = if c.write { c.edtl.min(host.data_out_len(c.lun, req.cdb.as_slice())) } else { 0 };
-        let unsolicited_end = if c.final_ { imm } else { self.params.first_burst.min(c.edtl) };
+        let wanted = if c.write {
+            c.edtl.min(host.data_out_len(c.lun, req.cdb.as_slice()))
+        } else {
+            0
+        };
+        let unsolicited_end = if c.final_ {
+            imm
+        } else {
+            self.params.first_burst.min(c.edtl)
+        };
         if imm >= wanted {
-            self.tasks.insert(c.itt.0, Task::Running { lun: c.lun, edtl: c.edtl, read: c.read, counted, r2ts: 0 });
+            self.tasks.insert(
+                c.itt.0,
+                Task::Running {
+                    lun: c.lun,
+                    edtl: c.edtl,
+                    read: c.read,
+                    counted,
+                    r2ts: 0,
+                },
+            );
             let mut req = req;
             req.data_out = raw.data.slice(..wanted as usize);
             ev.push(Event::Execute(req));
@@ -408,7 +497,8 @@ impl Session {
 
     fn send_r2ts(&mut self, w: &mut WriteState, out: &mut Outbox) {
         let end = w.wanted;
-        while w.r2ts.len() < usize::from(self.params.max_outstanding_r2t) && w.next_r2t_offset < end {
+        while w.r2ts.len() < usize::from(self.params.max_outstanding_r2t) && w.next_r2t_offset < end
+        {
             let len = (end - w.next_r2t_offset).min(self.params.max_burst);
             let ttt = self.fresh_ttt();
             let r = R2t {
@@ -421,7 +511,13 @@ impl Session {
                 desired_len: len,
             };
             out.push(&r.encode(), &[], self.dg);
-            w.r2ts.push_back(R2tState { ttt, offset: w.next_r2t_offset, len, received: 0, next_data_sn: 0 });
+            w.r2ts.push_back(R2tState {
+                ttt,
+                offset: w.next_r2t_offset,
+                len,
+                received: 0,
+                next_data_sn: 0,
+            });
             w.r2t_sn += 1;
             w.next_r2t_offset += len;
         }
@@ -443,9 +539,13 @@ impl Session {
         let mut w = w;
         let len = raw.data.len() as u32;
         let off = d.buffer_offset;
-        let in_range = off == w.received && off.checked_add(len).is_some_and(|e| e as usize <= w.buf.len());
+        let in_range = off == w.received
+            && off
+                .checked_add(len)
+                .is_some_and(|e| e as usize <= w.buf.len());
         let ok = if d.ttt == RESERVED_TAG {
-            let ok = in_range && off + len <= w.unsolicited_end && d.data_sn == w.unsolicited_data_sn;
+            let ok =
+                in_range && off + len <= w.unsolicited_end && d.data_sn == w.unsolicited_data_sn;
             w.unsolicited_data_sn += 1;
             ok
         } else {
@@ -471,7 +571,13 @@ impl Session {
             let counted = w.counted;
             self.tasks.insert(
                 d.itt.0,
-                Task::Running { lun: w.req.lun, edtl: w.req.edtl, read: false, counted, r2ts: w.r2t_sn },
+                Task::Running {
+                    lun: w.req.lun,
+                    edtl: w.req.edtl,
+                    read: false,
+                    counted,
+                    r2ts: w.r2t_sn,
+                },
             );
             let c = Completion {
                 status: 0x02,
@@ -491,11 +597,24 @@ impl Session {
             self.send_r2ts(&mut w, out);
         }
         if w.received as usize == w.buf.len() {
-            let WriteState { mut req, buf, r2t_sn, counted, wanted, .. } = *w;
+            let WriteState {
+                mut req,
+                buf,
+                r2t_sn,
+                counted,
+                wanted,
+                ..
+            } = *w;
             req.data_out = buf.freeze().slice(..wanted as usize);
             self.tasks.insert(
                 req.itt.0,
-                Task::Running { lun: req.lun, edtl: req.edtl, read: req.read, counted, r2ts: r2t_sn },
+                Task::Running {
+                    lun: req.lun,
+                    edtl: req.edtl,
+                    read: req.read,
+                    counted,
+                    r2ts: r2t_sn,
+                },
             );
             ev.push(Event::Execute(req));
         } else {
@@ -506,15 +625,30 @@ impl Session {
     /// Sends the result of a command handed out by [`Event::Execute`].
     /// A command aborted meanwhile is dropped silently.
     pub fn complete(&mut self, itt: Itt, c: Completion, out: &mut Outbox) {
-        let Some(Task::Running { lun, edtl, read, counted, r2ts }) = self.tasks.remove(&itt.0) else {
+        let Some(Task::Running {
+            lun,
+            edtl,
+            read,
+            counted,
+            r2ts,
+        }) = self.tasks.remove(&itt.0)
+        else {
             return;
         };
         if counted {
             self.in_flight -= 1;
         }
         let good = c.status == 0 && c.sense.is_none();
-        let want = if read { c.data_in.len() as u32 } else { c.data_out_wanted };
-        let residual = if edtl == 0 && want == 0 { Residual::default() } else { Residual::of(edtl, want) };
+        let want = if read {
+            c.data_in.len() as u32
+        } else {
+            c.data_out_wanted
+        };
+        let residual = if edtl == 0 && want == 0 {
+            Residual::default()
+        } else {
+            Residual::of(edtl, want)
+        };
         let send = c.data_in.len().min(edtl as usize);
         let mut data_sn = 0u32;
         if read && send > 0 {
@@ -526,7 +660,7 @@ impl Session {
                 let last = off + n == send;
                 let status_here = last && good;
                 let d = DataIn {
-                    final_: last || (off + n) % burst == 0,
+                    final_: last || (off + n).is_multiple_of(burst),
                     ack: false,
                     status: status_here.then_some(c.status),
                     lun,
@@ -535,7 +669,11 @@ impl Session {
                     sn: self.sn(status_here),
                     data_sn,
                     buffer_offset: off as u32,
-                    residual: if status_here { residual } else { Residual::default() },
+                    residual: if status_here {
+                        residual
+                    } else {
+                        Residual::default()
+                    },
                 };
                 out.push_bytes(&d.encode(n), c.data_in.slice(off..off + n), self.dg);
                 data_sn += 1;
@@ -572,7 +710,12 @@ impl Session {
         if n.itt.0 == RESERVED_TAG {
             return;
         }
-        let r = NopIn { lun: n.lun, itt: n.itt, ttt: RESERVED_TAG, sn: self.sn(true) };
+        let r = NopIn {
+            lun: n.lun,
+            itt: n.itt,
+            ttt: RESERVED_TAG,
+            sn: self.sn(true),
+        };
         out.push_bytes(&r.encode(raw.data.len()), raw.data, self.dg);
     }
 
@@ -581,7 +724,12 @@ impl Session {
     pub fn ping(&mut self, out: &mut Outbox) {
         let ttt = self.fresh_ttt();
         self.ping = Some(ttt);
-        let r = NopIn { lun: Lun::default(), itt: Itt(RESERVED_TAG), ttt, sn: self.sn(false) };
+        let r = NopIn {
+            lun: Lun::default(),
+            itt: Itt(RESERVED_TAG),
+            ttt,
+            sn: self.sn(false),
+        };
         out.push(&r.encode(0), &[], self.dg);
     }
 
@@ -594,7 +742,9 @@ impl Session {
         // A continuation of a response we are still sending.
         if t.ttt != RESERVED_TAG {
             match self.text_out.take() {
-                Some((itt, body, pos, ttt)) if itt == t.itt && ttt == t.ttt && raw.data.is_empty() => {
+                Some((itt, body, pos, ttt))
+                    if itt == t.itt && ttt == t.ttt && raw.data.is_empty() =>
+                {
                     return self.send_text_chunk(itt, body, pos, out);
                 }
                 _ => return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out),
@@ -605,7 +755,14 @@ impl Session {
             Ok(Some(w)) => w,
             Ok(None) => {
                 let ttt = self.fresh_ttt();
-                let r = TextResp { final_: false, cont: false, lun: t.lun, itt: t.itt, ttt, sn: self.sn(true) };
+                let r = TextResp {
+                    final_: false,
+                    cont: false,
+                    lun: t.lun,
+                    itt: t.itt,
+                    ttt,
+                    sn: self.sn(true),
+                };
                 out.push(&r.encode(0), &[], self.dg);
                 return;
             }
@@ -618,7 +775,8 @@ impl Session {
         let mut body = Vec::new();
         for (k, v) in &pairs {
             if k == "SendTargets" {
-                let own = (!self.params.target_name.is_empty()).then_some(self.params.target_name.as_str());
+                let own = (!self.params.target_name.is_empty())
+                    .then_some(self.params.target_name.as_str());
                 body.extend(host.send_targets(&self.params.initiator_name, v, own));
             } else {
                 text::push(&mut body, k, "NotUnderstood");
@@ -632,14 +790,27 @@ impl Session {
         let end = (pos + max).min(body.len());
         let more = end < body.len();
         let ttt = if more { self.fresh_ttt() } else { RESERVED_TAG };
-        let r = TextResp { final_: !more, cont: more, lun: Lun::default(), itt, ttt, sn: self.sn(true) };
+        let r = TextResp {
+            final_: !more,
+            cont: more,
+            lun: Lun::default(),
+            itt,
+            ttt,
+            sn: self.sn(true),
+        };
         out.push(&r.encode(end - pos), &body[pos..end], self.dg);
         if more {
             self.text_out = Some((itt, body, end, ttt));
         }
     }
 
-    fn task_mgmt(&mut self, t: TaskMgmtReq, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
+    fn task_mgmt(
+        &mut self,
+        t: TaskMgmtReq,
+        host: &dyn Host,
+        out: &mut Outbox,
+        ev: &mut Vec<Event>,
+    ) {
         const COMPLETE: u8 = 0;
         const NO_TASK: u8 = 1;
         const NO_LUN: u8 = 2;
@@ -689,13 +860,22 @@ impl Session {
             TmfFunction::TaskReassign => REASSIGN_UNSUPPORTED,
             TmfFunction::Unknown(_) => REJECTED,
         };
-        let r = TaskMgmtResp { response, itt: t.itt, sn: self.sn(true) };
+        let r = TaskMgmtResp {
+            response,
+            itt: t.itt,
+            sn: self.sn(true),
+        };
         out.push(&r.encode(), &[], self.dg);
     }
 
     /// Aborts every task `f` selects: no response will be sent for them.
     fn abort(&mut self, f: impl Fn(u32, &Task) -> bool) {
-        let victims: Vec<u32> = self.tasks.iter().filter(|(k, t)| f(**k, t)).map(|(k, _)| *k).collect();
+        let victims: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(k, t)| f(**k, t))
+            .map(|(k, _)| *k)
+            .collect();
         for k in victims {
             if let Some(t) = self.tasks.remove(&k) {
                 let counted = match t {
@@ -739,9 +919,13 @@ fn task_lun(t: &Task) -> Lun {
 const BHS_LEN_USIZE: usize = 48;
 
 /// Fixed-format sense: ILLEGAL REQUEST, INVALID FIELD IN CDB (24/00).
-const SENSE_INVALID_FIELD_IN_CDB: [u8; 18] = [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0];
+const SENSE_INVALID_FIELD_IN_CDB: [u8; 18] = [
+    0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0,
+];
 /// ABORTED COMMAND, DATA PHASE ERROR (4B/00).
-const SENSE_DATA_PHASE_ERROR: [u8; 18] = [0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x4b, 0, 0, 0, 0, 0];
+const SENSE_DATA_PHASE_ERROR: [u8; 18] = [
+    0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x4b, 0, 0, 0, 0, 0,
+];
 
 /// The CDB of a command, joined with its extended-CDB AHS (§11.3.5) if any.
 fn extended_cdb(c: &ScsiCommand, ahs: &Bytes) -> Result<Cdb, ()> {

@@ -162,7 +162,14 @@ mod tests {
         assert_eq!(o.len(), 48 + 8);
         let big = Bytes::from(vec![7u8; 4096]);
         bhs[5..8].copy_from_slice(&[0, 0x10, 0]);
-        o.push_bytes(&bhs, big, Digests { header: true, data: true });
+        o.push_bytes(
+            &bhs,
+            big,
+            Digests {
+                header: true,
+                data: true,
+            },
+        );
         assert_eq!(o.len(), 56 + 48 + 4 + 4096 + 4);
         let v = o.to_vec();
         assert_eq!(v.len(), o.len());

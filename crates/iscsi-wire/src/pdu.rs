@@ -369,7 +369,12 @@ impl TaskMgmtReq {
     }
 
     pub fn encode(&self) -> Bhs {
-        let mut b = new_bhs(Opcode::TaskMgmtReq, self.immediate, 0x80 | self.function.to_byte(), 0);
+        let mut b = new_bhs(
+            Opcode::TaskMgmtReq,
+            self.immediate,
+            0x80 | self.function.to_byte(),
+            0,
+        );
         b[8..16].copy_from_slice(&self.lun.0);
         put32(&mut b, 16, self.itt.0);
         put32(&mut b, 20, self.ref_task_tag.0);
@@ -507,7 +512,12 @@ impl LogoutReq {
     }
 
     pub fn encode(&self) -> Bhs {
-        let mut b = new_bhs(Opcode::LogoutReq, self.immediate, 0x80 | (self.reason & 0x7f), 0);
+        let mut b = new_bhs(
+            Opcode::LogoutReq,
+            self.immediate,
+            0x80 | (self.reason & 0x7f),
+            0,
+        );
         put32(&mut b, 16, self.itt.0);
         put16(&mut b, 20, self.cid);
         put32(&mut b, 24, self.cmd_sn.0);
@@ -557,8 +567,16 @@ impl Residual {
         use std::cmp::Ordering::*;
         match wanted.cmp(&expected) {
             Equal => Residual::default(),
-            Less => Residual { overflow: false, underflow: true, count: expected - wanted },
-            Greater => Residual { overflow: true, underflow: false, count: wanted - expected },
+            Less => Residual {
+                overflow: false,
+                underflow: true,
+                count: expected - wanted,
+            },
+            Greater => Residual {
+                overflow: true,
+                underflow: false,
+                count: wanted - expected,
+            },
         }
     }
 
@@ -596,7 +614,12 @@ impl ScsiResponse {
     }
 
     pub fn encode(&self, data_len: usize) -> Bhs {
-        let mut b = new_bhs(Opcode::ScsiResponse, false, 0x80 | self.residual.flags(), data_len);
+        let mut b = new_bhs(
+            Opcode::ScsiResponse,
+            false,
+            0x80 | self.residual.flags(),
+            data_len,
+        );
         b[2] = self.response;
         b[3] = self.status;
         put32(&mut b, 16, self.itt.0);
@@ -721,7 +744,12 @@ pub struct NopIn {
 
 impl NopIn {
     pub fn decode(b: &Bhs) -> Self {
-        NopIn { lun: lun_at(b), itt: itt(b), ttt: u32_at(b, 20), sn: SnTriple::get(b) }
+        NopIn {
+            lun: lun_at(b),
+            itt: itt(b),
+            ttt: u32_at(b, 20),
+            sn: SnTriple::get(b),
+        }
     }
 
     pub fn encode(&self, data_len: usize) -> Bhs {
@@ -747,7 +775,11 @@ pub struct TaskMgmtResp {
 
 impl TaskMgmtResp {
     pub fn decode(b: &Bhs) -> Self {
-        TaskMgmtResp { response: b[2], itt: itt(b), sn: SnTriple::get(b) }
+        TaskMgmtResp {
+            response: b[2],
+            itt: itt(b),
+            sn: SnTriple::get(b),
+        }
     }
 
     pub fn encode(&self) -> Bhs {
@@ -907,7 +939,11 @@ pub struct Reject {
 
 impl Reject {
     pub fn decode(b: &Bhs) -> Self {
-        Reject { reason: b[2], sn: SnTriple::get(b), data_sn: u32_at(b, 36) }
+        Reject {
+            reason: b[2],
+            sn: SnTriple::get(b),
+            data_sn: u32_at(b, 36),
+        }
     }
 
     pub fn encode(&self, data_len: usize) -> Bhs {

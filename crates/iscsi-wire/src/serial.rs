@@ -11,14 +11,14 @@ pub struct Sn(pub u32);
 impl Sn {
     /// The number `n` steps after this one (wrapping).
     #[must_use]
-    pub fn add(self, n: u32) -> Sn {
+    pub fn plus(self, n: u32) -> Sn {
         Sn(self.0.wrapping_add(n))
     }
 
     /// The next number.
     #[must_use]
     pub fn next(self) -> Sn {
-        self.add(1)
+        self.plus(1)
     }
 
     /// Serial comparison; `None` when the two are exactly 2^31 apart

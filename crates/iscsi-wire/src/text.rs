@@ -131,10 +131,13 @@ mod tests {
     fn parses_pairs() {
         let t = b"InitiatorName=iqn.x\0SessionType=Normal\0\0";
         let p = parse(t).unwrap();
-        assert_eq!(p, vec![
-            ("InitiatorName".to_string(), "iqn.x".to_string()),
-            ("SessionType".to_string(), "Normal".to_string())
-        ]);
+        assert_eq!(
+            p,
+            vec![
+                ("InitiatorName".to_string(), "iqn.x".to_string()),
+                ("SessionType".to_string(), "Normal".to_string())
+            ]
+        );
         assert_eq!(parse(b"a=b=c\0").unwrap()[0].1, "b=c");
     }
 
@@ -145,7 +148,10 @@ mod tests {
         let long_key = format!("{}=1\0", "k".repeat(64));
         assert_eq!(parse(long_key.as_bytes()), Err(TextError::KeyTooLong));
         let long_val = format!("k={}\0", "v".repeat(8193));
-        assert!(matches!(parse(long_val.as_bytes()), Err(TextError::ValueTooLong(_))));
+        assert!(matches!(
+            parse(long_val.as_bytes()),
+            Err(TextError::ValueTooLong(_))
+        ));
         assert_eq!(parse(&[0xff, b'=', b'1']), Err(TextError::NotUtf8));
     }
 

@@ -1,1 +1,60 @@
+//! The SCSI logical unit ironsan serves: a direct-access block device
+//! (peripheral device type 0) as SPC-4 and SBC-3 define it.
+//!
+//! Transport-independent and free of I/O scheduling: the target driver hands
+//! a [`Command`] (CDB, data-out bytes, the I_T nexus it came from) to
+//! [`LogicalUnit::execute`] and sends back the [`Outcome`] (status, sense,
+//! data-in). Whether `execute` runs on the event loop or on an I/O thread is
+//! the driver's choice, guided by [`LogicalUnit::may_block`].
+//!
+//! Every CDB is decoded and checked before the backend is touched: an
+//! opcode we do not implement answers CHECK CONDITION / ILLEGAL REQUEST /
+//! INVALID COMMAND OPERATION CODE (SPC-4 §4.5.6), a bad field INVALID FIELD
+//! IN CDB with the field pointer, an LBA range past the end LOGICAL BLOCK
+//! ADDRESS OUT OF RANGE.
+//!
+//! | module   | commands                                                    |
+//! |----------|-------------------------------------------------------------|
+//! | `lu`     | dispatch, TEST UNIT READY, REQUEST SENSE, READ CAPACITY(10/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
+//! | `rw`     | READ, WRITE, VERIFY, WRITE AND VERIFY, PRE-FETCH, SYNCHRONIZE CACHE |
+//! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, B0h, B1h               |
+//! | `mode`   | MODE SENSE / MODE SELECT (Caching, Control pages)           |
+//! | `ua`     | unit attention conditions per I_T nexus                     |
+//! | [`sense`]| sense keys, ASC/ASCQ table, fixed and descriptor formats    |
+//!
+//! REPORT LUNS is answered by the target (it knows every LUN), not here.
+//!
+//! Unit attentions: a LOGICAL UNIT RESET ([`LogicalUnit::reset`]) and a
+//! MODE SELECT that changes a parameter establish conditions for the other
+//! nexuses. POWER ON OCCURRED for a nexus's first command is available
+//! ([`LogicalUnit::with_power_on_unit_attention`]) but off by default.
 
+pub mod sense;
+
+mod cdb;
+mod lu;
+mod mode;
+mod rw;
+mod ua;
+mod vpd;
+
+pub use lu::{
+    Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan, MAX_SERIAL_LEN,
+    MAX_TRANSFER_BYTES, OPTIMAL_TRANSFER_BYTES,
+};
+pub use sense::{Asc, FieldPointer, Sense, SenseKey};
+
+/// SCSI status codes (SAM-5 §5.3).
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const CONDITION_MET: u8 = 0x04;
+    pub const BUSY: u8 = 0x08;
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+    pub const TASK_SET_FULL: u8 = 0x28;
+    pub const ACA_ACTIVE: u8 = 0x30;
+    pub const TASK_ABORTED: u8 = 0x40;
+}
+
+#[cfg(test)]
+mod tests;

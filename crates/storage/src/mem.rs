@@ -14,15 +14,20 @@ use crate::{check_range, BlockBackend, WriteCache};
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
 
+/// One 1 MiB chunk, allocated on first write.
+type Chunk = RwLock<Option<Box<[u8]>>>;
+
 /// A volatile in-memory store.
 pub struct MemBackend {
     size: u64,
-    chunks: Box<[RwLock<Option<Box<[u8]>>>]>,
+    chunks: Box<[Chunk]>,
 }
 
 impl std::fmt::Debug for MemBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemBackend").field("size", &self.size).finish()
+        f.debug_struct("MemBackend")
+            .field("size", &self.size)
+            .finish()
     }
 }
 
@@ -43,7 +48,11 @@ impl MemBackend {
 
     /// Calls `f(chunk_index, offset_in_chunk, range_in_buf)` for each chunk
     /// the range touches.
-    fn for_each_chunk(offset: u64, len: usize, mut f: impl FnMut(usize, usize, std::ops::Range<usize>)) {
+    fn for_each_chunk(
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(usize, usize, std::ops::Range<usize>),
+    ) {
         let mut done = 0usize;
         while done < len {
             let pos = offset + done as u64;

@@ -1,1 +1,15 @@
+//! The ironsan iSCSI target: configuration, portals, connection drivers.
+//!
+//! The protocol ([`iscsi_proto`]) and SCSI ([`scsi`]) crates make every
+//! decision; this crate moves bytes between them and sockets, runs backend
+//! I/O where it cannot block the event loop, and keeps the registry of
+//! sessions (for TSIH assignment and session reinstatement, RFC 7143 §6.3.5).
 
+pub mod config;
+mod conn;
+mod lunmap;
+mod server;
+pub mod size;
+
+pub use config::{Config, ConfigError};
+pub use server::{Server, ServerHandle};

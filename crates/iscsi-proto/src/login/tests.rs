@@ -4,7 +4,11 @@ use iscsi_wire::text;
 struct Dir;
 impl TargetDirectory for Dir {
     fn find(&self, name: &str, _i: &str) -> Option<TargetInfo> {
-        (name == "iqn.2026-11.t:x").then(|| TargetInfo { name: name.into(), alias: Some("x".into()), tpgt: 1 })
+        (name == "iqn.2026-11.t:x").then(|| TargetInfo {
+            name: name.into(),
+            alias: Some("x".into()),
+            tpgt: 1,
+        })
     }
 }
 
@@ -57,7 +61,14 @@ fn libiscsi_keys() -> Vec<u8> {
 fn operational_only_login_completes() {
     let mut l = TargetLogin::new(Limits::default(), 1);
     let step = l.handle(&req(1, 3, true), &libiscsi_keys(), &Dir);
-    let LoginStep::Complete { resp, text: t, outcome } = step else { panic!("{step:?}") };
+    let LoginStep::Complete {
+        resp,
+        text: t,
+        outcome,
+    } = step
+    else {
+        panic!("{step:?}")
+    };
     assert!(resp.transit);
     assert_eq!((resp.csg, resp.nsg), (1, 3));
     assert_eq!(resp.status_class, 0);
@@ -82,40 +93,83 @@ fn operational_only_login_completes() {
 #[test]
 fn security_then_operational() {
     let mut l = TargetLogin::new(Limits::default(), 2);
-    let k = keys(&[("InitiatorName", "iqn.i"), ("TargetName", "iqn.2026-11.t:x"), ("AuthMethod", "CHAP,None")]);
-    let LoginStep::Continue { resp, text: t } = l.handle(&req(0, 1, true), &k, &Dir) else { panic!() };
+    let k = keys(&[
+        ("InitiatorName", "iqn.i"),
+        ("TargetName", "iqn.2026-11.t:x"),
+        ("AuthMethod", "CHAP,None"),
+    ]);
+    let LoginStep::Continue { resp, text: t } = l.handle(&req(0, 1, true), &k, &Dir) else {
+        panic!()
+    };
     assert!(resp.transit);
     assert_eq!(resp.nsg, 1);
     let a = text::parse(&t).unwrap();
     assert!(a.contains(&("AuthMethod".into(), "None".into())));
-    let step = l.handle(&req(1, 3, true), &keys(&[("MaxRecvDataSegmentLength", "8192")]), &Dir);
+    let step = l.handle(
+        &req(1, 3, true),
+        &keys(&[("MaxRecvDataSegmentLength", "8192")]),
+        &Dir,
+    );
     assert!(matches!(step, LoginStep::Complete { .. }));
 }
 
 #[test]
 fn refusals_carry_the_right_status() {
     let cases: Vec<(Vec<u8>, LoginReq, (u8, u8))> = vec![
-        (keys(&[("TargetName", "iqn.2026-11.t:x")]), req(1, 3, true), status::MISSING_PARAMETER),
-        (keys(&[("InitiatorName", "iqn.i")]), req(1, 3, true), status::MISSING_PARAMETER),
-        (keys(&[("InitiatorName", "iqn.i"), ("TargetName", "iqn.nope")]), req(1, 3, true), status::NOT_FOUND),
         (
-            keys(&[("InitiatorName", "iqn.i"), ("InitiatorName", "iqn.j"), ("TargetName", "iqn.2026-11.t:x")]),
+            keys(&[("TargetName", "iqn.2026-11.t:x")]),
+            req(1, 3, true),
+            status::MISSING_PARAMETER,
+        ),
+        (
+            keys(&[("InitiatorName", "iqn.i")]),
+            req(1, 3, true),
+            status::MISSING_PARAMETER,
+        ),
+        (
+            keys(&[("InitiatorName", "iqn.i"), ("TargetName", "iqn.nope")]),
+            req(1, 3, true),
+            status::NOT_FOUND,
+        ),
+        (
+            keys(&[
+                ("InitiatorName", "iqn.i"),
+                ("InitiatorName", "iqn.j"),
+                ("TargetName", "iqn.2026-11.t:x"),
+            ]),
             req(1, 3, true),
             status::INITIATOR_ERROR,
         ),
         (
-            keys(&[("InitiatorName", "iqn.i"), ("TargetName", "iqn.2026-11.t:x"), ("AuthMethod", "CHAP")]),
+            keys(&[
+                ("InitiatorName", "iqn.i"),
+                ("TargetName", "iqn.2026-11.t:x"),
+                ("AuthMethod", "CHAP"),
+            ]),
             req(0, 1, true),
             status::AUTH_FAILED,
         ),
-        (b"InitiatorName\0".to_vec(), req(1, 3, true), status::INITIATOR_ERROR),
-        (keys(&[("InitiatorName", "iqn.i"), ("SessionType", "Bogus")]), req(1, 3, true), status::SESSION_TYPE_UNSUPPORTED),
+        (
+            b"InitiatorName\0".to_vec(),
+            req(1, 3, true),
+            status::INITIATOR_ERROR,
+        ),
+        (
+            keys(&[("InitiatorName", "iqn.i"), ("SessionType", "Bogus")]),
+            req(1, 3, true),
+            status::SESSION_TYPE_UNSUPPORTED,
+        ),
     ];
     for (k, r, want) in cases {
         let mut l = TargetLogin::new(Limits::default(), 1);
         match l.handle(&r, &k, &Dir) {
             LoginStep::Fail { resp, .. } => {
-                assert_eq!((resp.status_class, resp.status_detail), want, "{:?}", String::from_utf8_lossy(&k))
+                assert_eq!(
+                    (resp.status_class, resp.status_detail),
+                    want,
+                    "{:?}",
+                    String::from_utf8_lossy(&k)
+                )
             }
             other => panic!("accepted {:?}: {other:?}", String::from_utf8_lossy(&k)),
         }
@@ -123,9 +177,14 @@ fn refusals_carry_the_right_status() {
     let mut l = TargetLogin::new(Limits::default(), 1);
     let mut r = req(1, 3, true);
     r.version_min = 1;
-    assert!(matches!(l.handle(&r, &libiscsi_keys(), &Dir), LoginStep::Fail { resp, .. } if resp.status_detail == 5));
+    assert!(
+        matches!(l.handle(&r, &libiscsi_keys(), &Dir), LoginStep::Fail { resp, .. } if resp.status_detail == 5)
+    );
     let mut l = TargetLogin::new(Limits::default(), 1);
-    assert!(matches!(l.handle(&req(3, 0, false), &libiscsi_keys(), &Dir), LoginStep::Fail { .. }));
+    assert!(matches!(
+        l.handle(&req(3, 0, false), &libiscsi_keys(), &Dir),
+        LoginStep::Fail { .. }
+    ));
 }
 
 #[test]
@@ -138,7 +197,12 @@ fn odd_values_are_answered_not_fatal() {
         ("X-com.example.Foo", "1"),
         ("InitialR2T", "Maybe"),
     ]);
-    let LoginStep::Complete { text: t, outcome, .. } = l.handle(&req(1, 3, true), &k, &Dir) else { panic!() };
+    let LoginStep::Complete {
+        text: t, outcome, ..
+    } = l.handle(&req(1, 3, true), &k, &Dir)
+    else {
+        panic!()
+    };
     let a = text::parse(&t).unwrap();
     assert!(a.contains(&("MaxBurstLength".into(), "Reject".into())));
     assert!(a.contains(&("X-com.example.Foo".into(), "NotUnderstood".into())));
@@ -154,19 +218,32 @@ fn continued_text_is_joined() {
     let (a, b) = all.split_at(40);
     let mut r = req(1, 3, false);
     r.cont = true;
-    let LoginStep::Continue { resp, text: t } = l.handle(&r, a, &Dir) else { panic!() };
+    let LoginStep::Continue { resp, text: t } = l.handle(&r, a, &Dir) else {
+        panic!()
+    };
     assert!(!resp.transit && t.is_empty());
-    assert!(matches!(l.handle(&req(1, 3, true), b, &Dir), LoginStep::Complete { .. }));
+    assert!(matches!(
+        l.handle(&req(1, 3, true), b, &Dir),
+        LoginStep::Complete { .. }
+    ));
 }
 
 #[test]
 fn digest_policies() {
-    let mut lim = Limits::default();
-    lim.header_digest = DigestPolicy::Required;
+    let mut lim = Limits {
+        header_digest: DigestPolicy::Required,
+        ..Limits::default()
+    };
     let mut l = TargetLogin::new(lim.clone(), 1);
-    let LoginStep::Complete { outcome, .. } = l.handle(&req(1, 3, true), &libiscsi_keys(), &Dir) else { panic!() };
+    let LoginStep::Complete { outcome, .. } = l.handle(&req(1, 3, true), &libiscsi_keys(), &Dir)
+    else {
+        panic!()
+    };
     assert!(outcome.params.header_digest);
     lim.data_digest = DigestPolicy::Required;
     let mut l = TargetLogin::new(lim, 1);
-    assert!(matches!(l.handle(&req(1, 3, true), &libiscsi_keys(), &Dir), LoginStep::Fail { .. }));
+    assert!(matches!(
+        l.handle(&req(1, 3, true), &libiscsi_keys(), &Dir),
+        LoginStep::Fail { .. }
+    ));
 }

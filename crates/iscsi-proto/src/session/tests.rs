@@ -31,8 +31,10 @@ fn params(initial_r2t: bool) -> SessionParams {
 }
 
 fn session(initial_r2t: bool) -> Session {
-    let mut l = Limits::default();
-    l.queue_depth = 4;
+    let l = Limits {
+        queue_depth: 4,
+        ..Limits::default()
+    };
     Session::new(params(initial_r2t), l, Sn(10), Sn(100))
 }
 
@@ -58,13 +60,22 @@ fn cmd(itt: u32, sn: u32, cdb0: u8, len_blocks: u16, edtl: u32, data: &[u8]) -> 
 }
 
 fn raw(bhs: Bhs, data: &[u8]) -> RawPdu {
-    RawPdu { bhs, ahs: Bytes::new(), data: Bytes::copy_from_slice(data), data_digest_ok: true }
+    RawPdu {
+        bhs,
+        ahs: Bytes::new(),
+        data: Bytes::copy_from_slice(data),
+        data_digest_ok: true,
+    }
 }
 
 fn sent(out: &mut Outbox) -> Vec<(Pdu, Bytes)> {
     let mut buf = BytesMut::from(&out.to_vec()[..]);
     out.advance(out.len());
-    let lim = FrameLimits { header_digest: false, data_digest: false, max_data_segment: 1 << 24 };
+    let lim = FrameLimits {
+        header_digest: false,
+        data_digest: false,
+        max_data_segment: 1 << 24,
+    };
     let mut v = Vec::new();
     while let Ok(Some(n)) = frame_len(&buf, &lim) {
         let r = split_pdu(&mut buf, n, &lim).unwrap();
@@ -85,15 +96,28 @@ fn read_returns_data_with_status_in_last_data_in() {
     let mut s = session(false);
     let mut out = Outbox::new();
     let ev = run(&mut s, cmd(1, 10, 0x28, 4, 2048 * 5, &[]), &mut out);
-    let [Event::Execute(req)] = &ev[..] else { panic!("{ev:?}") };
+    let [Event::Execute(req)] = &ev[..] else {
+        panic!("{ev:?}")
+    };
     assert_eq!(s.in_flight(), 1);
     let data = Bytes::from(vec![9u8; 2048 * 5]);
-    s.complete(req.itt, Completion { data_in: data, ..Default::default() }, &mut out);
+    s.complete(
+        req.itt,
+        Completion {
+            data_in: data,
+            ..Default::default()
+        },
+        &mut out,
+    );
     let pdus = sent(&mut out);
     assert_eq!(pdus.len(), 2, "10 KiB in 8 KiB segments");
-    let Pdu::DataIn(first) = pdus[0].0 else { panic!() };
+    let Pdu::DataIn(first) = pdus[0].0 else {
+        panic!()
+    };
     assert!(first.status.is_none() && !first.final_);
-    let Pdu::DataIn(last) = pdus[1].0 else { panic!() };
+    let Pdu::DataIn(last) = pdus[1].0 else {
+        panic!()
+    };
     assert_eq!(last.status, Some(0));
     assert_eq!(last.data_sn, 1);
     assert_eq!(last.buffer_offset, 8192);
@@ -107,10 +131,23 @@ fn read_returns_data_with_status_in_last_data_in() {
 fn read_residuals() {
     let mut s = session(false);
     let mut out = Outbox::new();
-    for (sn, edtl, sent_len, over, count) in [(10, 200u32, 200usize, true, 312u32), (11, 0, 0, true, 512), (12, 10000, 512, false, 9488)] {
+    for (sn, edtl, sent_len, over, count) in [
+        (10, 200u32, 200usize, true, 312u32),
+        (11, 0, 0, true, 512),
+        (12, 10000, 512, false, 9488),
+    ] {
         let ev = run(&mut s, cmd(sn, sn, 0x28, 1, edtl, &[]), &mut out);
-        let [Event::Execute(req)] = &ev[..] else { panic!() };
-        s.complete(req.itt, Completion { data_in: Bytes::from(vec![1u8; 512]), ..Default::default() }, &mut out);
+        let [Event::Execute(req)] = &ev[..] else {
+            panic!()
+        };
+        s.complete(
+            req.itt,
+            Completion {
+                data_in: Bytes::from(vec![1u8; 512]),
+                ..Default::default()
+            },
+            &mut out,
+        );
         let pdus = sent(&mut out);
         let total: usize = pdus.iter().map(|(_, d)| d.len()).sum();
         assert_eq!(total, sent_len);
@@ -119,7 +156,10 @@ fn read_residuals() {
             Pdu::ScsiResponse(r) => r.residual,
             ref p => panic!("{p:?}"),
         };
-        assert_eq!((residual.overflow, residual.underflow, residual.count), (over, !over, count));
+        assert_eq!(
+            (residual.overflow, residual.underflow, residual.count),
+            (over, !over, count)
+        );
     }
 }
 
@@ -133,13 +173,21 @@ fn cmdsn_window_drops_and_holds() {
     // Ahead but in the window: held until the gap fills.
     assert!(run(&mut s, cmd(3, 11, 0x00, 0, 0, &[]), &mut out).is_empty());
     let ev = run(&mut s, cmd(4, 10, 0x00, 0, 0, &[]), &mut out);
-    let itts: Vec<u32> = ev.iter().map(|e| match e { Event::Execute(r) => r.itt.0, _ => 0 }).collect();
+    let itts: Vec<u32> = ev
+        .iter()
+        .map(|e| match e {
+            Event::Execute(r) => r.itt.0,
+            _ => 0,
+        })
+        .collect();
     assert_eq!(itts, vec![4, 3]);
     assert!(sent(&mut out).is_empty());
     // Window: 4 slots, 2 in flight.
     s.complete(Itt(4), Completion::default(), &mut out);
     let pdus = sent(&mut out);
-    let Pdu::ScsiResponse(r) = pdus[0].0 else { panic!() };
+    let Pdu::ScsiResponse(r) = pdus[0].0 else {
+        panic!()
+    };
     assert_eq!(r.sn.exp_cmd_sn, Sn(12));
     assert_eq!(r.sn.max_cmd_sn, Sn(14));
 }
@@ -150,7 +198,9 @@ fn write_solicited_by_r2t_with_datasn_checked() {
     let mut out = Outbox::new();
     assert!(run(&mut s, cmd(7, 10, 0x2a, 2, 1024, &[]), &mut out).is_empty());
     let pdus = sent(&mut out);
-    let Pdu::R2t(r2t) = pdus[0].0 else { panic!("{pdus:?}") };
+    let Pdu::R2t(r2t) = pdus[0].0 else {
+        panic!("{pdus:?}")
+    };
     assert_eq!((r2t.buffer_offset, r2t.desired_len), (0, 1024));
     let d = |sn: u32, off: u32, f: bool| DataOut {
         final_: f,
@@ -162,14 +212,22 @@ fn write_solicited_by_r2t_with_datasn_checked() {
         buffer_offset: off,
     };
     assert!(run(&mut s, raw(d(0, 0, false).encode(512), &[1; 512]), &mut out).is_empty());
-    let ev = run(&mut s, raw(d(1, 512, true).encode(512), &[2; 512]), &mut out);
-    let [Event::Execute(req)] = &ev[..] else { panic!() };
+    let ev = run(
+        &mut s,
+        raw(d(1, 512, true).encode(512), &[2; 512]),
+        &mut out,
+    );
+    let [Event::Execute(req)] = &ev[..] else {
+        panic!()
+    };
     assert_eq!(req.data_out.len(), 1024);
     assert_eq!(req.data_out[600], 2);
 
     // A wrong DataSN fails the command: Reject, then CHECK CONDITION.
     assert!(run(&mut s, cmd(8, 11, 0x2a, 1, 512, &[]), &mut out).is_empty());
-    let Pdu::R2t(r2t) = sent(&mut out)[0].0 else { panic!() };
+    let Pdu::R2t(r2t) = sent(&mut out)[0].0 else {
+        panic!()
+    };
     let mut bad = d(27, 0, true);
     bad.itt = Itt(8);
     bad.ttt = r2t.ttt;
@@ -218,21 +276,47 @@ fn task_management() {
         ref p => panic!("{p:?}"),
     };
     // A completed task does not exist any more.
-    run(&mut s, raw(tmf(TmfFunction::AbortTask, 1, 0).encode(), &[]), &mut out);
+    run(
+        &mut s,
+        raw(tmf(TmfFunction::AbortTask, 1, 0).encode(), &[]),
+        &mut out,
+    );
     assert_eq!(resp(&mut out), 1);
     // A write waiting for data is aborted and never answered.
     run(&mut s, cmd(5, 10, 0x2a, 1, 512, &[]), &mut out);
     sent(&mut out);
-    run(&mut s, raw(tmf(TmfFunction::AbortTask, 5, 0).encode(), &[]), &mut out);
+    run(
+        &mut s,
+        raw(tmf(TmfFunction::AbortTask, 5, 0).encode(), &[]),
+        &mut out,
+    );
     assert_eq!(resp(&mut out), 0);
     assert_eq!(s.in_flight(), 0);
     s.complete(Itt(5), Completion::default(), &mut out);
     assert!(sent(&mut out).is_empty());
-    run(&mut s, raw(tmf(TmfFunction::LogicalUnitReset, RESERVED_TAG, 3).encode(), &[]), &mut out);
+    run(
+        &mut s,
+        raw(
+            tmf(TmfFunction::LogicalUnitReset, RESERVED_TAG, 3).encode(),
+            &[],
+        ),
+        &mut out,
+    );
     assert_eq!(resp(&mut out), 2);
-    run(&mut s, raw(tmf(TmfFunction::LogicalUnitReset, RESERVED_TAG, 0).encode(), &[]), &mut out);
+    run(
+        &mut s,
+        raw(
+            tmf(TmfFunction::LogicalUnitReset, RESERVED_TAG, 0).encode(),
+            &[],
+        ),
+        &mut out,
+    );
     assert_eq!(resp(&mut out), 0);
-    run(&mut s, raw(tmf(TmfFunction::TaskReassign, 1, 0).encode(), &[]), &mut out);
+    run(
+        &mut s,
+        raw(tmf(TmfFunction::TaskReassign, 1, 0).encode(), &[]),
+        &mut out,
+    );
     assert_eq!(resp(&mut out), 4);
 }
 
@@ -240,25 +324,57 @@ fn task_management() {
 fn nop_text_logout() {
     let mut s = session(false);
     let mut out = Outbox::new();
-    let nop = NopOut { immediate: true, lun: Lun::default(), itt: Itt(3), ttt: RESERVED_TAG, cmd_sn: Sn(10), exp_stat_sn: Sn(0) };
+    let nop = NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: Itt(3),
+        ttt: RESERVED_TAG,
+        cmd_sn: Sn(10),
+        exp_stat_sn: Sn(0),
+    };
     run(&mut s, raw(nop.encode(4), b"ping"), &mut out);
     let pdus = sent(&mut out);
     assert!(matches!(pdus[0].0, Pdu::NopIn(n) if n.itt == Itt(3) && n.sn.stat_sn == Sn(100)));
     assert_eq!(&pdus[0].1[..], b"ping");
     s.ping(&mut out);
     assert!(s.ping_outstanding());
-    let Pdu::NopIn(p) = sent(&mut out)[0].0 else { panic!() };
+    let Pdu::NopIn(p) = sent(&mut out)[0].0 else {
+        panic!()
+    };
     assert_eq!(p.sn.stat_sn, Sn(101), "a ping does not advance StatSN");
-    let answer = NopOut { immediate: true, lun: Lun::default(), itt: Itt(RESERVED_TAG), ttt: p.ttt, cmd_sn: Sn(10), exp_stat_sn: Sn(101) };
+    let answer = NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: Itt(RESERVED_TAG),
+        ttt: p.ttt,
+        cmd_sn: Sn(10),
+        exp_stat_sn: Sn(101),
+    };
     run(&mut s, raw(answer.encode(0), &[]), &mut out);
     assert!(!s.ping_outstanding());
     assert!(sent(&mut out).is_empty());
-    let t = TextReq { immediate: true, final_: true, cont: false, lun: Lun::default(), itt: Itt(4), ttt: RESERVED_TAG, cmd_sn: Sn(10), exp_stat_sn: Sn(0) };
+    let t = TextReq {
+        immediate: true,
+        final_: true,
+        cont: false,
+        lun: Lun::default(),
+        itt: Itt(4),
+        ttt: RESERVED_TAG,
+        cmd_sn: Sn(10),
+        exp_stat_sn: Sn(0),
+    };
     run(&mut s, raw(t.encode(16), b"SendTargets=All\0"), &mut out);
     let pdus = sent(&mut out);
     assert!(matches!(pdus[0].0, Pdu::TextResp(r) if r.final_));
     assert_eq!(&pdus[0].1[..], b"TargetName=iqn.t\0");
-    let l = LogoutReq { immediate: true, reason: 0, itt: Itt(5), cid: 0, cmd_sn: Sn(10), exp_stat_sn: Sn(0) };
+    let l = LogoutReq {
+        immediate: true,
+        reason: 0,
+        itt: Itt(5),
+        cid: 0,
+        cmd_sn: Sn(10),
+        exp_stat_sn: Sn(0),
+    };
     let ev = run(&mut s, raw(l.encode(), &[]), &mut out);
     assert!(matches!(ev[..], [Event::Logout]));
     assert!(matches!(sent(&mut out)[0].0, Pdu::LogoutResp(r) if r.response == 0));
@@ -271,12 +387,16 @@ fn unknown_and_misplaced_pdus_are_rejected() {
     let mut b = [0u8; 48];
     b[0] = 0x1c;
     run(&mut s, raw(b, &[]), &mut out);
-    assert!(matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == reject_reason::COMMAND_NOT_SUPPORTED));
+    assert!(
+        matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == reject_reason::COMMAND_NOT_SUPPORTED)
+    );
     let mut p = params(false);
     p.session_type = SessionType::Discovery;
     let mut d = Session::new(p, Limits::default(), Sn(10), Sn(1));
     let mut ev = Vec::new();
     d.handle_pdu(cmd(1, 10, 0x00, 0, 0, &[]), &TestHost, &mut out, &mut ev);
     assert!(ev.is_empty());
-    assert!(matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == reject_reason::PROTOCOL_ERROR));
+    assert!(
+        matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == reject_reason::PROTOCOL_ERROR)
+    );
 }

@@ -3,7 +3,10 @@ use proptest::prelude::*;
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().collect();
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 #[test]
@@ -16,7 +19,9 @@ fn read10_command_vector() {
     )
     .try_into()
     .unwrap();
-    let Pdu::ScsiCommand(c) = Pdu::parse(&b) else { panic!("not a command") };
+    let Pdu::ScsiCommand(c) = Pdu::parse(&b) else {
+        panic!("not a command")
+    };
     assert!(c.final_ && c.read && !c.write && !c.immediate);
     assert_eq!(c.attr, 1);
     assert_eq!(c.itt, Itt(0x11));
@@ -39,15 +44,21 @@ fn login_response_vector() {
         isid: [0x80, 0, 0x02, 0x3d, 0, 0],
         tsih: 0x0102,
         itt: Itt(1),
-        sn: SnTriple { stat_sn: Sn(9), exp_cmd_sn: Sn(2), max_cmd_sn: Sn(129) },
+        sn: SnTriple {
+            stat_sn: Sn(9),
+            exp_cmd_sn: Sn(2),
+            max_cmd_sn: Sn(129),
+        },
         status_class: 2,
         status_detail: 3,
     };
     let b = r.encode(10);
     assert_eq!(
         b.to_vec(),
-        hex("23870000 0000000a 8000023d 00000102 00000001 00000000 00000009 00000002
-             00000081 02030000 00000000 00000000")
+        hex(
+            "23870000 0000000a 8000023d 00000102 00000001 00000000 00000009 00000002
+             00000081 02030000 00000000 00000000"
+        )
     );
     assert_eq!(LoginResp::decode(&b), r);
 }
@@ -71,7 +82,11 @@ fn sn() -> impl Strategy<Value = Sn> {
     any::<u32>().prop_map(Sn)
 }
 fn triple() -> impl Strategy<Value = SnTriple> {
-    (sn(), sn(), sn()).prop_map(|(a, b, c)| SnTriple { stat_sn: a, exp_cmd_sn: b, max_cmd_sn: c })
+    (sn(), sn(), sn()).prop_map(|(a, b, c)| SnTriple {
+        stat_sn: a,
+        exp_cmd_sn: b,
+        max_cmd_sn: c,
+    })
 }
 
 proptest! {

@@ -1,0 +1,485 @@
+//! The logical unit: construction, command dispatch and the small
+//! commands (TEST UNIT READY, REQUEST SENSE, READ CAPACITY, START STOP
+//! UNIT, PREVENT ALLOW MEDIUM REMOVAL).
+//!
+//! [`LogicalUnit::execute`] is the only entry point for commands. It
+//! checks for a pending unit attention (a lock-free probe of a per-nexus
+//! flag on the common path, see [`crate::ua`]), then the CDB length and CONTROL byte (SAM-5
+//! §5.2: NACA = 1 is refused, we do not implement ACA), then hands the CDB
+//! to the command's module: [`crate::rw`] for the block commands,
+//! [`crate::vpd`] for INQUIRY and [`crate::mode`] for MODE SENSE/SELECT.
+
+use std::io;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use storage::{BlockBackend, WriteCache};
+
+use crate::cdb::{self, be32, be64, op};
+use crate::sense::{Asc, Sense, SenseKey};
+use crate::ua::UnitAttentions;
+use crate::{mode, rw, status, vpd};
+
+/// Identifies one I_T nexus (an iSCSI session) for unit attentions and,
+/// later, reservations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NexusId(pub u64);
+
+/// Configuration of one logical unit.
+#[derive(Clone, Debug)]
+pub struct LuConfig {
+    /// Logical block size in bytes: 512 or 4096.
+    pub block_size: u32,
+    /// The NAA IEEE Registered Extended (type 6) designator, 16 bytes,
+    /// stable across restarts (VPD page 83h).
+    pub naa: [u8; 16],
+    /// Unit serial number (VPD page 80h): printable ASCII, 1 to
+    /// [`MAX_SERIAL_LEN`] characters.
+    pub serial: String,
+    /// T10 vendor identification, at most 8 printable ASCII characters.
+    pub vendor: String,
+    /// Product identification, at most 16 printable ASCII characters.
+    pub product: String,
+    /// Product revision level, at most 4 printable ASCII characters.
+    pub revision: String,
+    /// Write protect: the mode header WP bit is set and every write
+    /// command fails with DATA PROTECT / WRITE PROTECTED.
+    pub read_only: bool,
+}
+
+/// Longest unit serial number accepted (it also goes into the T10 vendor
+/// ID designator, whose length is one byte).
+pub const MAX_SERIAL_LEN: usize = 200;
+
+/// Why a logical unit could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum LuError {
+    /// The block size is neither 512 nor 4096.
+    #[error("block size {0} is not supported (512 or 4096)")]
+    BlockSize(u32),
+    /// The backend size is not a whole number of blocks.
+    #[error("backend size {size} is not a multiple of the block size {block_size}")]
+    Unaligned {
+        /// Backend size in bytes.
+        size: u64,
+        /// Configured block size.
+        block_size: u32,
+    },
+    /// The backend holds no block at all.
+    #[error("backend size is zero")]
+    Empty,
+    /// An identification string is too long, empty or not printable ASCII.
+    #[error("{field} {value:?}: {reason}")]
+    Identifier {
+        /// Which configuration field.
+        field: &'static str,
+        /// The rejected value.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// The data-out and data-in byte counts a CDB implies on its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferPlan {
+    /// Bytes the command expects from the initiator.
+    pub data_out: u32,
+    /// Most bytes the command may return to the initiator.
+    pub data_in: u32,
+}
+
+/// One SCSI command as the transport received it.
+#[derive(Clone, Copy, Debug)]
+pub struct Command<'a> {
+    /// The CDB (16 bytes from the BHS, or more with an extended-CDB AHS);
+    /// bytes past the opcode's CDB length are ignored.
+    pub cdb: &'a [u8],
+    /// The data-out received for this command.
+    pub data_out: &'a [u8],
+    /// The I_T nexus the command came from.
+    pub nexus: NexusId,
+    /// Relative target port identifier of the path (VPD 83h).
+    pub relative_port: u16,
+    /// Target port group of the path (VPD 83h).
+    pub tpg: u16,
+    /// SCSI name string of the target port, e.g.
+    /// `iqn.2026-11.io.ironsan:t0,t,0x0001` (VPD 83h).
+    pub target_port_name: &'a str,
+}
+
+/// The result of a command: status, sense data, data-in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// SCSI status, one of [`crate::status`].
+    pub status: u8,
+    /// Sense data, present with CHECK CONDITION.
+    pub sense: Option<Sense>,
+    /// Data-in: exactly the bytes the command transfers (already cut to
+    /// the allocation length).
+    pub data: Bytes,
+}
+
+impl Outcome {
+    /// GOOD without data.
+    pub fn good() -> Self {
+        Outcome {
+            status: status::GOOD,
+            sense: None,
+            data: Bytes::new(),
+        }
+    }
+
+    /// GOOD with data-in.
+    pub fn with_data(data: impl Into<Bytes>) -> Self {
+        Outcome {
+            status: status::GOOD,
+            sense: None,
+            data: data.into(),
+        }
+    }
+
+    /// CHECK CONDITION with `sense`.
+    pub fn check(sense: Sense) -> Self {
+        Outcome {
+            status: status::CHECK_CONDITION,
+            sense: Some(sense),
+            data: Bytes::new(),
+        }
+    }
+
+    /// True for GOOD.
+    pub fn is_good(&self) -> bool {
+        self.status == status::GOOD
+    }
+}
+
+/// GOOD with `v` cut to the allocation length (SPC-4 §4.2.5.6).
+pub(crate) fn data_in(mut v: Vec<u8>, alloc: usize) -> Outcome {
+    v.truncate(alloc);
+    Outcome::with_data(v)
+}
+
+/// Maps a backend error to sense data: an out-of-range access (which the
+/// range checks make impossible unless the backend shrank) to LBA OUT OF
+/// RANGE, anything else to MEDIUM ERROR with `asc`.
+pub(crate) fn backend_error(e: &io::Error, asc: Asc) -> Sense {
+    if e.kind() == io::ErrorKind::InvalidInput {
+        Sense::lba_out_of_range()
+    } else {
+        Sense::new(SenseKey::MediumError, asc)
+    }
+}
+
+/// Largest transfer one command may ask for, in bytes (VPD B0h MAXIMUM
+/// TRANSFER LENGTH is this divided by the block size).
+pub const MAX_TRANSFER_BYTES: u32 = 8 << 20;
+/// The OPTIMAL TRANSFER LENGTH advertised in VPD B0h, in bytes.
+pub const OPTIMAL_TRANSFER_BYTES: u32 = 1 << 20;
+
+/// A direct-access logical unit over a [`BlockBackend`]; `Send + Sync`,
+/// shared by all sessions and paths.
+pub struct LogicalUnit {
+    pub(crate) backend: Arc<dyn BlockBackend>,
+    pub(crate) cfg: LuConfig,
+    pub(crate) block_shift: u32,
+    pub(crate) num_blocks: u64,
+    pub(crate) max_transfer_blocks: u32,
+    pub(crate) ua: UnitAttentions,
+    /// Serialises MODE SELECT so validation and application are atomic.
+    pub(crate) mode_lock: Mutex<()>,
+    /// The WCE value in force when the unit was created (the default page).
+    pub(crate) default_wce: bool,
+    pub(crate) std_inquiry: [u8; vpd::STD_INQUIRY_LEN],
+}
+
+impl std::fmt::Debug for LogicalUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogicalUnit")
+            .field("backend", &self.backend.kind())
+            .field("block_size", &self.cfg.block_size)
+            .field("num_blocks", &self.num_blocks)
+            .field("serial", &self.cfg.serial)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_ascii(field: &'static str, value: &str, max: usize) -> Result<(), LuError> {
+    let err = |reason| {
+        Err(LuError::Identifier {
+            field,
+            value: value.to_owned(),
+            reason,
+        })
+    };
+    if value.len() > max {
+        return err("too long");
+    }
+    if !value.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
+        return err("not printable ASCII");
+    }
+    Ok(())
+}
+
+impl LogicalUnit {
+    /// A logical unit serving `backend` with `cfg`.
+    pub fn new(backend: Arc<dyn BlockBackend>, cfg: LuConfig) -> Result<Self, LuError> {
+        let bs = cfg.block_size;
+        if bs != 512 && bs != 4096 {
+            return Err(LuError::BlockSize(bs));
+        }
+        let size = backend.size();
+        if size == 0 {
+            return Err(LuError::Empty);
+        }
+        if size & (u64::from(bs) - 1) != 0 {
+            return Err(LuError::Unaligned {
+                size,
+                block_size: bs,
+            });
+        }
+        check_ascii("vendor", &cfg.vendor, 8)?;
+        check_ascii("product", &cfg.product, 16)?;
+        check_ascii("revision", &cfg.revision, 4)?;
+        check_ascii("serial", &cfg.serial, MAX_SERIAL_LEN)?;
+        if cfg.serial.trim().is_empty() {
+            return Err(LuError::Identifier {
+                field: "serial",
+                value: cfg.serial.clone(),
+                reason: "empty",
+            });
+        }
+        let std_inquiry = vpd::standard_inquiry(&cfg);
+        let default_wce = backend.write_cache() == WriteCache::WriteBack;
+        Ok(LogicalUnit {
+            block_shift: bs.trailing_zeros(),
+            num_blocks: size / u64::from(bs),
+            max_transfer_blocks: MAX_TRANSFER_BYTES / bs,
+            ua: UnitAttentions::new(false),
+            mode_lock: Mutex::new(()),
+            default_wce,
+            std_inquiry,
+            backend,
+            cfg,
+        })
+    }
+
+    /// Establish POWER ON, RESET, OR BUS DEVICE RESET OCCURRED (29/00) for
+    /// each nexus on its first command, as a freshly powered-on device
+    /// does (SAM-5 §6.3.1). Off by default. libiscsi (and Linux) consume
+    /// such conditions with TEST UNIT READY right after login, so turning
+    /// it on is safe for them; initiators must then expect a UA first.
+    pub fn with_power_on_unit_attention(mut self, on: bool) -> Self {
+        self.ua = UnitAttentions::new(on);
+        self
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.cfg.block_size
+    }
+
+    /// Capacity in logical blocks.
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks
+    }
+
+    /// Whether a command may wait on a device ([`BlockBackend::may_block`]).
+    pub fn may_block(&self) -> bool {
+        self.backend.may_block()
+    }
+
+    /// The configuration the unit was created with.
+    pub fn config(&self) -> &LuConfig {
+        &self.cfg
+    }
+
+    /// The MAXIMUM TRANSFER LENGTH in blocks (VPD B0h); longer READ, WRITE,
+    /// VERIFY and WRITE AND VERIFY commands fail with INVALID FIELD IN CDB.
+    pub fn max_transfer_blocks(&self) -> u32 {
+        self.max_transfer_blocks
+    }
+
+    /// The data-out / data-in byte counts the CDB alone implies: READ and
+    /// WRITE length × block size, VERIFY with BYTCHK the compared bytes,
+    /// INQUIRY / MODE SENSE / REQUEST SENSE / READ CAPACITY(16) the
+    /// allocation length, MODE SELECT the parameter list length. 0/0 for
+    /// other or unknown opcodes, CDBs shorter than their opcode's length,
+    /// and block transfers over [`Self::max_transfer_blocks`] (which
+    /// `execute` rejects without looking at data). Cheap; never panics.
+    pub fn plan(&self, cdb: &[u8]) -> TransferPlan {
+        let (data_out, data_in) = cdb::plan(cdb, self.cfg.block_size, self.max_transfer_blocks);
+        TransferPlan { data_out, data_in }
+    }
+
+    /// Executes one command. Never panics, whatever the CDB and data.
+    pub fn execute(&self, cmd: &Command<'_>) -> Outcome {
+        let cdb = cmd.cdb;
+        let Some(&opcode) = cdb.first() else {
+            return Outcome::check(Sense::invalid_opcode());
+        };
+        if !self.ua.is_quiet(cmd.nexus) {
+            match opcode {
+                // SPC-4 §5.8.7: INQUIRY neither reports nor clears a UA,
+                // REQUEST SENSE reports it as its data (below).
+                op::INQUIRY => self.ua.touch(cmd.nexus),
+                op::REQUEST_SENSE => {}
+                _ => {
+                    if let Some(ua) = self.ua.take(cmd.nexus) {
+                        return Outcome::check(ua);
+                    }
+                }
+            }
+        }
+        let Some(len) = cdb::min_len(opcode) else {
+            return Outcome::check(Sense::invalid_opcode());
+        };
+        if cdb.len() < len {
+            return Outcome::check(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::INVALID_FIELD_IN_CDB,
+            ));
+        }
+        let cdb = &cdb[..len];
+        if cdb[len - 1] & 0x04 != 0 {
+            // CONTROL byte NACA bit: ACA is not supported (NORMACA = 0).
+            return Outcome::check(Sense::invalid_cdb(len as u16 - 1, Some(2)));
+        }
+        let block = match opcode {
+            op::READ_10 | op::READ_16 | op::READ_12 | op::READ_6 => rw::read(self, cdb),
+            op::WRITE_10 | op::WRITE_16 | op::WRITE_12 | op::WRITE_6 => {
+                rw::write(self, cdb, cmd.data_out)
+            }
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => rw::verify(self, cdb, cmd.data_out),
+            op::WRITE_AND_VERIFY_10 | op::WRITE_AND_VERIFY_12 | op::WRITE_AND_VERIFY_16 => {
+                rw::write_and_verify(self, cdb, cmd.data_out)
+            }
+            op::PRE_FETCH_10 | op::PRE_FETCH_16 => rw::pre_fetch(self, cdb),
+            op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => rw::synchronize_cache(self, cdb),
+            _ => return self.execute_other(opcode, cdb, cmd),
+        };
+        block.unwrap_or_else(Outcome::check)
+    }
+
+    /// The commands other than the block commands.
+    fn execute_other(&self, opcode: u8, cdb: &[u8], cmd: &Command<'_>) -> Outcome {
+        match opcode {
+            op::TEST_UNIT_READY => Outcome::good(),
+            op::REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
+            op::INQUIRY => vpd::inquiry(self, cmd, cdb),
+            op::MODE_SENSE_6 | op::MODE_SENSE_10 => mode::sense(self, cdb),
+            op::MODE_SELECT_6 | op::MODE_SELECT_10 => mode::select(self, cdb, cmd),
+            op::READ_CAPACITY_10 => self.read_capacity_10(cdb),
+            op::SERVICE_ACTION_IN_16 => match cdb[1] & 0x1F {
+                cdb::SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
+                // SPC-4 §4.5.6: an unsupported service action is an
+                // invalid field (the SERVICE ACTION field, byte 1 bit 4).
+                _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
+            },
+            op::START_STOP_UNIT => start_stop_unit(cdb),
+            op::PREVENT_ALLOW_MEDIUM_REMOVAL => prevent_allow(cdb),
+            _ => Outcome::check(Sense::invalid_opcode()),
+        }
+    }
+
+    /// A LOGICAL UNIT RESET (or a target reset) happened: every known
+    /// nexus gets BUS DEVICE RESET FUNCTION OCCURRED (29/03), SAM-5 §6.3.
+    ///
+    /// Mode parameters are deliberately *not* returned to their defaults
+    /// (which SAM-5 asks for): an initiator that turned the write cache off
+    /// would otherwise be left writing into a volatile cache it believes
+    /// disabled. The Caching page keeps telling the truth either way.
+    pub fn reset(&self) {
+        self.ua.broadcast(Asc::BUS_DEVICE_RESET, None);
+    }
+
+    /// The nexus `n` is gone (its session ended): forget its state.
+    pub fn nexus_lost(&self, n: NexusId) {
+        self.ua.forget(n);
+    }
+
+    /// Unit attention conditions queued for `n` (diagnostics).
+    pub fn pending_unit_attentions(&self, n: NexusId) -> usize {
+        self.ua.queued(n)
+    }
+
+    /// REQUEST SENSE (SPC-4 §6.39): the pending unit attention (cleared),
+    /// else NO SENSE. DESC = 1 selects descriptor format.
+    fn request_sense(&self, cdb: &[u8], n: NexusId) -> Outcome {
+        let desc = cdb[1] & 0x01 != 0;
+        let pending = if self.ua.is_quiet(n) {
+            None
+        } else {
+            self.ua.take(n)
+        };
+        let sense = pending.unwrap_or(Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE));
+        let bytes = if desc {
+            sense.to_descriptor_bytes()
+        } else {
+            sense.to_bytes()
+        };
+        data_in(bytes, usize::from(cdb[4]))
+    }
+
+    /// The last LBA, and whether the PMI / LBA fields are consistent
+    /// (SBC-3 §5.16: PMI = 0 with a nonzero LBA is an invalid field).
+    fn capacity_check(&self, lba: u64, pmi: bool, lba_byte: u16) -> Result<u64, Sense> {
+        if !pmi && lba != 0 {
+            return Err(Sense::invalid_cdb(lba_byte, None));
+        }
+        Ok(self.num_blocks - 1)
+    }
+
+    /// READ CAPACITY(10) (SBC-3 §5.16).
+    fn read_capacity_10(&self, cdb: &[u8]) -> Outcome {
+        let last = match self.capacity_check(u64::from(be32(cdb, 2)), cdb[8] & 1 != 0, 2) {
+            Ok(l) => l,
+            Err(s) => return Outcome::check(s),
+        };
+        let mut d = Vec::with_capacity(8);
+        d.extend_from_slice(&u32::try_from(last).unwrap_or(u32::MAX).to_be_bytes());
+        d.extend_from_slice(&self.cfg.block_size.to_be_bytes());
+        Outcome::with_data(d)
+    }
+
+    /// READ CAPACITY(16) (SBC-3 §5.17): no protection information, one
+    /// logical block per physical block, no thin provisioning.
+    fn read_capacity_16(&self, cdb: &[u8]) -> Outcome {
+        let last = match self.capacity_check(be64(cdb, 2), cdb[14] & 1 != 0, 2) {
+            Ok(l) => l,
+            Err(s) => return Outcome::check(s),
+        };
+        let mut d = vec![0u8; 32];
+        d[0..8].copy_from_slice(&last.to_be_bytes());
+        d[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
+        data_in(d, be32(cdb, 10) as usize)
+    }
+}
+
+/// START STOP UNIT (SBC-3 §5.25) for a unit that is always started and has
+/// no removable medium: START = 1 is accepted; stopping, LOEJ and power
+/// conditions are refused with INVALID FIELD IN CDB rather than pretended.
+fn start_stop_unit(cdb: &[u8]) -> Outcome {
+    let b4 = cdb[4];
+    if b4 & 0xF0 != 0 {
+        return Outcome::check(Sense::invalid_cdb(4, Some(7))); // POWER CONDITION
+    }
+    if b4 & 0x02 != 0 {
+        return Outcome::check(Sense::invalid_cdb(4, Some(1))); // LOEJ
+    }
+    if b4 & 0x01 == 0 {
+        return Outcome::check(Sense::invalid_cdb(4, Some(0))); // START = 0
+    }
+    Outcome::good()
+}
+
+/// PREVENT ALLOW MEDIUM REMOVAL (SBC-3 §5.11): the medium cannot be
+/// removed anyway, so allowing and preventing removal both hold; the
+/// medium-changer values 10b/11b are invalid.
+fn prevent_allow(cdb: &[u8]) -> Outcome {
+    if cdb[4] & 0x02 != 0 {
+        return Outcome::check(Sense::invalid_cdb(4, Some(1)));
+    }
+    Outcome::good()
+}

@@ -1,0 +1,271 @@
+//! The block commands of SBC-3 §5: READ, WRITE, VERIFY, WRITE AND VERIFY
+//! (6/10/12/16 as they exist), PRE-FETCH and SYNCHRONIZE CACHE.
+//!
+//! Checks run in this order, all before any data moves:
+//! 1. protection fields (RDPROTECT / WRPROTECT / VRPROTECT ≠ 0 is INVALID
+//!    FIELD IN CDB: the unit has no protection information, SBC-3 §4.22);
+//! 2. field values (BYTCHK 10b, transfer length over the Block Limits
+//!    MAXIMUM TRANSFER LENGTH: INVALID FIELD IN CDB);
+//! 3. write protection (DATA PROTECT / WRITE PROTECTED);
+//! 4. the range: an LBA past the last block, or LBA + length past the end
+//!    (even for length 0), is LOGICAL BLOCK ADDRESS OUT OF RANGE.
+//!
+//! DPO is accepted and ignored (nothing is cached here). FUA on a write
+//! goes to the backend as `fua`; FUA on a read flushes a write-back cache
+//! first, so the data returned is what stable storage holds.
+//!
+//! When the initiator sent less data-out than the CDB describes (iSCSI
+//! EDTL below the transfer length, RFC 7143 §11.4.5.1 residual overflow),
+//! the whole blocks it did send are used and the command completes; a
+//! partial block fails with ILLEGAL REQUEST / INVALID FIELD IN COMMAND
+//! INFORMATION UNIT (0E/03) and nothing is written. Extra data-out beyond
+//! the transfer length is ignored (residual underflow).
+
+use bytes::BytesMut;
+use storage::WriteCache;
+
+use crate::cdb::{self, Lba};
+use crate::lu::{backend_error, LogicalUnit, Outcome};
+use crate::sense::{Asc, Sense, SenseKey};
+
+/// Verification reads go through a buffer of at most this many bytes.
+const VERIFY_CHUNK: usize = 1 << 20;
+
+/// The decoded LBA fields; the dispatcher only sends LBA-range opcodes here.
+#[inline]
+fn fields(cdb: &[u8]) -> Result<Lba, Sense> {
+    cdb::lba_fields(cdb).ok_or(Sense::invalid_opcode())
+}
+
+/// Protection field (byte 1, bits 7:5) must be zero: no protection
+/// information on this unit.
+#[inline]
+fn no_protection(f: &Lba) -> Result<(), Sense> {
+    if f.flags & 0xE0 != 0 {
+        return Err(Sense::invalid_cdb(1, Some(7)));
+    }
+    Ok(())
+}
+
+impl LogicalUnit {
+    /// Transfer length within the Block Limits maximum.
+    #[inline]
+    fn check_length(&self, f: &Lba) -> Result<(), Sense> {
+        if f.len > self.max_transfer_blocks {
+            return Err(Sense::invalid_cdb(f.len_byte, None));
+        }
+        Ok(())
+    }
+
+    /// `lba .. lba + len` inside the medium, overflow-safe; an LBA past the
+    /// last block is out of range even with length 0.
+    #[inline]
+    fn check_range(&self, lba: u64, len: u32) -> Result<(), Sense> {
+        if lba >= self.num_blocks || u64::from(len) > self.num_blocks - lba {
+            return Err(Sense::lba_out_of_range());
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn check_writable(&self) -> Result<(), Sense> {
+        if self.cfg.read_only {
+            return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
+        }
+        Ok(())
+    }
+
+    /// The data-out to use for `blocks` blocks; see the module docs.
+    #[inline]
+    fn received<'d>(&self, blocks: u32, data: &'d [u8]) -> Result<&'d [u8], Sense> {
+        let want = (blocks as usize) << self.block_shift;
+        if data.len() >= want {
+            return Ok(&data[..want]);
+        }
+        if data.len() & (self.cfg.block_size as usize - 1) != 0 {
+            return Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::INVALID_FIELD_IN_INFORMATION_UNIT,
+            ));
+        }
+        Ok(data)
+    }
+
+    /// Reads `blocks` blocks from `lba` in chunks and hands each chunk and
+    /// its byte offset to `check`, which may stop with sense data.
+    fn scan(
+        &self,
+        lba: u64,
+        blocks: u64,
+        mut check: impl FnMut(usize, &[u8]) -> Option<Sense>,
+    ) -> Result<(), Sense> {
+        let total = (blocks as usize) << self.block_shift;
+        let mut buf = vec![0u8; total.min(VERIFY_CHUNK)];
+        let mut done = 0usize;
+        while done < total {
+            let n = (total - done).min(VERIFY_CHUNK);
+            let chunk = &mut buf[..n];
+            let at = (lba << self.block_shift) + done as u64;
+            if let Err(e) = self.backend.read_at(chunk, at) {
+                return Err(backend_error(&e, Asc::UNRECOVERED_READ_ERROR));
+            }
+            if let Some(s) = check(done, chunk) {
+                return Err(s);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Byte-by-byte comparison of `data` with the medium from `lba`;
+    /// MISCOMPARE carries the offset of the first differing byte.
+    fn compare(&self, lba: u64, data: &[u8]) -> Result<(), Sense> {
+        let blocks = (data.len() >> self.block_shift) as u64;
+        self.scan(lba, blocks, |off, medium| {
+            let expect = &data[off..off + medium.len()];
+            first_difference(medium, expect).map(|i| miscompare(off + i))
+        })
+    }
+}
+
+fn miscompare(offset: usize) -> Sense {
+    Sense::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY).with_information(offset as u64)
+}
+
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    if a == b {
+        return None;
+    }
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+/// READ(6/10/12/16) (SBC-3 §5.13–5.16).
+pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
+    let f = fields(cdb)?;
+    no_protection(&f)?;
+    lu.check_length(&f)?;
+    lu.check_range(f.lba, f.len)?;
+    if f.len == 0 {
+        return Ok(Outcome::good());
+    }
+    if f.flags & 0x08 != 0 && lu.backend.write_cache() == WriteCache::WriteBack {
+        // FUA: what we return must be what stable storage holds.
+        lu.backend
+            .flush()
+            .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+    }
+    let mut buf = BytesMut::zeroed((f.len as usize) << lu.block_shift);
+    lu.backend
+        .read_at(&mut buf, f.lba << lu.block_shift)
+        .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
+    Ok(Outcome::with_data(buf.freeze()))
+}
+
+/// WRITE(6/10/12/16) (SBC-3 §5.39–5.42).
+pub fn write(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, Sense> {
+    let f = fields(cdb)?;
+    no_protection(&f)?;
+    lu.check_length(&f)?;
+    lu.check_writable()?;
+    lu.check_range(f.lba, f.len)?;
+    let data = lu.received(f.len, data_out)?;
+    if data.is_empty() {
+        return Ok(Outcome::good());
+    }
+    let fua = f.flags & 0x08 != 0;
+    lu.backend
+        .write_at(data, f.lba << lu.block_shift, fua)
+        .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+    Ok(Outcome::good())
+}
+
+/// VERIFY(10/12/16) (SBC-3 §5.33–5.35). BYTCHK 00b reads the blocks and
+/// reports a medium error if one fails; 01b compares the data-out with
+/// them; 11b compares one block of data-out with each of them; 10b is
+/// reserved.
+pub fn verify(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, Sense> {
+    let f = fields(cdb)?;
+    no_protection(&f)?;
+    let bytchk = cdb::bytchk(f.flags);
+    if bytchk == 2 {
+        return Err(Sense::invalid_cdb(1, Some(2)));
+    }
+    lu.check_length(&f)?;
+    lu.check_range(f.lba, f.len)?;
+    if f.len == 0 {
+        return Ok(Outcome::good());
+    }
+    match bytchk {
+        0 => lu.scan(f.lba, u64::from(f.len), |_, _| None)?,
+        1 => {
+            let data = lu.received(f.len, data_out)?;
+            lu.compare(f.lba, data)?;
+        }
+        _ => {
+            let bs = lu.cfg.block_size as usize;
+            let Some(one) = data_out.get(..bs) else {
+                return Err(Sense::new(
+                    SenseKey::IllegalRequest,
+                    Asc::INVALID_FIELD_IN_INFORMATION_UNIT,
+                ));
+            };
+            lu.scan(f.lba, u64::from(f.len), |_, medium| {
+                medium
+                    .chunks_exact(bs)
+                    .find_map(|block| first_difference(block, one))
+                    .map(miscompare)
+            })?;
+        }
+    }
+    Ok(Outcome::good())
+}
+
+/// WRITE AND VERIFY(10/12/16) (SBC-3 §5.43–5.45): the data is written
+/// with FUA (verification is of the medium, so it must be there), then
+/// read back; with BYTCHK 01b it is also compared. BYTCHK 1xb is refused.
+pub fn write_and_verify(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, Sense> {
+    let f = fields(cdb)?;
+    no_protection(&f)?;
+    let bytchk = cdb::bytchk(f.flags);
+    if bytchk >= 2 {
+        return Err(Sense::invalid_cdb(1, Some(2)));
+    }
+    lu.check_length(&f)?;
+    lu.check_writable()?;
+    lu.check_range(f.lba, f.len)?;
+    let data = lu.received(f.len, data_out)?;
+    if data.is_empty() {
+        return Ok(Outcome::good());
+    }
+    lu.backend
+        .write_at(data, f.lba << lu.block_shift, true)
+        .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+    if bytchk == 1 {
+        lu.compare(f.lba, data)?;
+    } else {
+        let blocks = (data.len() >> lu.block_shift) as u64;
+        lu.scan(f.lba, blocks, |_, _| None)?;
+    }
+    Ok(Outcome::good())
+}
+
+/// PRE-FETCH(10/16) (SBC-3 §5.9–5.10). Nothing is cached by this unit, so
+/// after the range check the answer is GOOD: SBC-3 reserves CONDITION MET
+/// for a cache that could take every block.
+pub fn pre_fetch(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
+    let f = fields(cdb)?;
+    lu.check_range(f.lba, f.len)?;
+    Ok(Outcome::good())
+}
+
+/// SYNCHRONIZE CACHE(10/16) (SBC-3 §5.26–5.27): after the range check
+/// (length 0 means "to the end") the whole backend is flushed; IMMED = 1
+/// is honoured by flushing before status all the same.
+pub fn synchronize_cache(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
+    let f = fields(cdb)?;
+    lu.check_range(f.lba, f.len)?;
+    lu.backend
+        .flush()
+        .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+    Ok(Outcome::good())
+}

@@ -1,0 +1,174 @@
+//! INQUIRY (SPC-4 §6.6): standard data and the vital product data pages.
+//!
+//! Pages served (listed in page 00h, ascending as SPC-4 §7.8.13 requires):
+//!
+//! | page | name                          | reference      |
+//! |------|-------------------------------|----------------|
+//! | 00h  | Supported VPD Pages           | SPC-4 §7.8.13  |
+//! | 80h  | Unit Serial Number            | SPC-4 §7.8.15  |
+//! | 83h  | Device Identification         | SPC-4 §7.8.6   |
+//! | B0h  | Block Limits                  | SBC-3 §6.5.3   |
+//! | B1h  | Block Device Characteristics  | SBC-3 §6.5.2   |
+//!
+//! Logical Block Provisioning (B2h) is not served: the unit is fully
+//! provisioned (READ CAPACITY(16) LBPME = 0), and libiscsi's tests only read
+//! B2h when LBPME is set. Any other page, a page code without EVPD, and the
+//! obsolete CMDDT bit answer INVALID FIELD IN CDB. Every answer is cut to
+//! the allocation length.
+
+use crate::cdb::be16;
+use crate::lu::{data_in, Command, LogicalUnit, LuConfig, Outcome, OPTIMAL_TRANSFER_BYTES};
+use crate::sense::Sense;
+
+/// Length of the standard INQUIRY data we return.
+pub const STD_INQUIRY_LEN: usize = 96;
+
+/// Version descriptors claimed (SPC-4 §6.6.2, table 144): SAM-5, iSCSI,
+/// SPC-4, SBC-3 (each "no version claimed").
+const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
+
+/// VPD pages served, ascending.
+const SUPPORTED_PAGES: [u8; 5] = [0x00, 0x80, 0x83, 0xB0, 0xB1];
+
+/// Protocol identifier of iSCSI (SPC-4 §7.6.1, table 362).
+const PROTOCOL_ISCSI: u8 = 0x5;
+
+/// Copies `s` into `dst`, padding with spaces (SPC-4 §4.4.1).
+fn space_padded(dst: &mut [u8], s: &str) {
+    dst.fill(b' ');
+    let n = s.len().min(dst.len());
+    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+/// The standard INQUIRY data (SPC-4 §6.6.2): a connected direct-access
+/// device, not removable, SPC-4, response data format 2, command queuing,
+/// no ACA, no hierarchical addressing, no ALUA (TPGS = 0), no protection.
+pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
+    let mut d = [0u8; STD_INQUIRY_LEN];
+    d[0] = 0x00; // PERIPHERAL QUALIFIER 000b, DEVICE TYPE 00h
+    d[1] = 0x00; // RMB = 0
+    d[2] = 0x06; // VERSION: SPC-4
+    d[3] = 0x02; // NORMACA = 0, HISUP = 0, RESPONSE DATA FORMAT = 2
+    d[4] = (STD_INQUIRY_LEN - 5) as u8; // ADDITIONAL LENGTH
+    d[7] = 0x02; // CMDQUE
+    space_padded(&mut d[8..16], &cfg.vendor);
+    space_padded(&mut d[16..32], &cfg.product);
+    space_padded(&mut d[32..36], &cfg.revision);
+    for (i, v) in VERSION_DESCRIPTORS.iter().enumerate() {
+        d[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
+    }
+    d
+}
+
+/// INQUIRY.
+pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
+    let evpd = cdb[1] & 0x01 != 0;
+    let page = cdb[2];
+    let alloc = usize::from(be16(cdb, 3));
+    if cdb[1] & 0x02 != 0 {
+        return Outcome::check(Sense::invalid_cdb(1, Some(1))); // CMDDT
+    }
+    if !evpd {
+        if page != 0 {
+            return Outcome::check(Sense::invalid_cdb(2, None));
+        }
+        return data_in(lu.std_inquiry.to_vec(), alloc);
+    }
+    let data = match page {
+        0x00 => page_with(0x00, &SUPPORTED_PAGES),
+        0x80 => page_with(0x80, lu.cfg.serial.as_bytes()),
+        0x83 => device_identification(lu, cmd),
+        0xB0 => block_limits(lu),
+        0xB1 => block_device_characteristics(),
+        _ => return Outcome::check(Sense::invalid_cdb(2, None)),
+    };
+    data_in(data, alloc)
+}
+
+/// A VPD page: the four-byte header (PAGE LENGTH in bytes 2–3) and `body`.
+fn page_with(code: u8, body: &[u8]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(4 + body.len());
+    d.extend_from_slice(&[0x00, code]);
+    d.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    d.extend_from_slice(body);
+    d
+}
+
+/// Appends one identification descriptor (SPC-4 §7.8.6.1).
+fn designator(d: &mut Vec<u8>, proto_codeset: u8, piv_assoc_type: u8, value: &[u8]) {
+    d.extend_from_slice(&[proto_codeset, piv_assoc_type, 0x00, value.len() as u8]);
+    d.extend_from_slice(value);
+}
+
+/// The SCSI name string designator value: UTF-8, null-terminated, padded
+/// with nulls to a multiple of four (SPC-4 §7.8.6.11); `None` when the name
+/// is empty, holds a null or does not fit the one-byte length.
+fn scsi_name_value(name: &str) -> Option<Vec<u8>> {
+    if name.is_empty() || name.contains('\0') {
+        return None;
+    }
+    let padded = (name.len() + 1).next_multiple_of(4);
+    if padded > 252 {
+        return None;
+    }
+    let mut v = name.as_bytes().to_vec();
+    v.resize(padded, 0);
+    Some(v)
+}
+
+/// Device Identification (83h). Logical unit: the NAA IEEE Registered
+/// Extended designator and a T10 vendor ID designator (vendor + serial).
+/// Target port (the path the command came on): the relative target port,
+/// the target port group and the port's SCSI name string, each with PIV = 1
+/// and protocol identifier iSCSI.
+fn device_identification(lu: &LogicalUnit, cmd: &Command<'_>) -> Vec<u8> {
+    let mut d = vec![0x00, 0x83, 0x00, 0x00];
+    // NAA, binary, association LU.
+    designator(&mut d, 0x01, 0x03, &lu.cfg.naa);
+    // T10 vendor ID, ASCII, association LU.
+    let mut t10 = vec![0u8; 8];
+    space_padded(&mut t10, &lu.cfg.vendor);
+    t10.extend_from_slice(lu.cfg.serial.as_bytes());
+    designator(&mut d, 0x02, 0x01, &t10);
+    let port = (PROTOCOL_ISCSI << 4) | 0x01; // iSCSI, binary
+                                             // Relative target port (type 4), PIV, association target port.
+    let [hi, lo] = cmd.relative_port.to_be_bytes();
+    designator(&mut d, port, 0x80 | 0x10 | 0x04, &[0, 0, hi, lo]);
+    // Target port group (type 5), PIV, association target port.
+    let [hi, lo] = cmd.tpg.to_be_bytes();
+    designator(&mut d, port, 0x80 | 0x10 | 0x05, &[0, 0, hi, lo]);
+    // SCSI name string (type 8), UTF-8, PIV, association target port.
+    if let Some(name) = scsi_name_value(cmd.target_port_name) {
+        designator(
+            &mut d,
+            (PROTOCOL_ISCSI << 4) | 0x03,
+            0x80 | 0x10 | 0x08,
+            &name,
+        );
+    }
+    let len = (d.len() - 4) as u16;
+    d[2..4].copy_from_slice(&len.to_be_bytes());
+    d
+}
+
+/// Block Limits (B0h), the SBC-3 length of 3Ch: transfer limits set,
+/// COMPARE AND WRITE, UNMAP, WRITE SAME and atomic limits zero (those
+/// commands are not implemented).
+fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
+    let bs = lu.cfg.block_size;
+    let mut b = [0u8; 0x3C];
+    // b[0] WSNZ = 0, b[1] MAXIMUM COMPARE AND WRITE LENGTH = 0.
+    let granularity = (4096 / bs).max(1) as u16; // OPTIMAL TRANSFER LENGTH GRANULARITY
+    b[2..4].copy_from_slice(&granularity.to_be_bytes());
+    b[4..8].copy_from_slice(&lu.max_transfer_blocks.to_be_bytes());
+    b[8..12].copy_from_slice(&(OPTIMAL_TRANSFER_BYTES / bs).to_be_bytes());
+    page_with(0xB0, &b)
+}
+
+/// Block Device Characteristics (B1h): MEDIUM ROTATION RATE 1 (a
+/// non-rotating medium), nothing else claimed.
+fn block_device_characteristics() -> Vec<u8> {
+    let mut b = [0u8; 0x3C];
+    b[0..2].copy_from_slice(&1u16.to_be_bytes());
+    page_with(0xB1, &b)
+}

@@ -1,0 +1,517 @@
+//! Target configuration: the TOML file of `ironsan serve --config`, and the
+//! same structure built from the quick flags. Everything is validated by
+//! [`Config::validate`] before any socket is opened or file touched.
+//!
+//! ```toml
+//! listen = ["127.0.0.1:3260", "127.0.0.1:3261"]   # each address is a portal
+//!
+//! [limits]
+//! queue_depth = 128            # command window per session (1..=8192)
+//! max_recv_data_segment = 262144
+//! max_burst = 1048576
+//! first_burst = 262144
+//! header_digest = "allowed"    # off | allowed | required
+//! data_digest = "allowed"
+//!
+//! [[target]]
+//! name = "iqn.2026-11.io.ironsan:disk0"
+//! alias = "disk0"
+//!
+//! [[target.lun]]
+//! backend = "file"             # mem | null | file
+//! path = "/var/lib/ironsan/disk0.img"
+//! size = "10G"                 # creates the file when missing
+//! block_size = 512             # 512 or 4096
+//! write_cache = "through"      # through (default) | back
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use iscsi_proto::params::{DigestPolicy, Limits, MAX_QUEUE_DEPTH};
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::size::parse_size;
+
+/// The default target name when none is given.
+pub const DEFAULT_TARGET: &str = "iqn.2026-11.io.ironsan:target0";
+/// The default portal.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:3260";
+
+/// Why a configuration was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A value is out of range or inconsistent.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole target configuration.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Portals to listen on; the n-th (from 1) is target portal group n.
+    #[serde(default = "default_listen")]
+    pub listen: Vec<SocketAddr>,
+    /// Negotiation limits and the command window.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Timeouts and keep-alive.
+    #[serde(default)]
+    pub timeouts: TimeoutsConfig,
+    /// The targets served.
+    #[serde(default)]
+    pub target: Vec<TargetConfig>,
+}
+
+fn default_listen() -> Vec<SocketAddr> {
+    vec![DEFAULT_LISTEN.parse().expect("valid default")]
+}
+
+/// Negotiation limits (RFC 7143 §13).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// MaxCmdSN − ExpCmdSN + 1 of an idle session (1..=8192).
+    pub queue_depth: u32,
+    /// MaxRecvDataSegmentLength we declare (512..=16777215).
+    pub max_recv_data_segment: u32,
+    /// MaxBurstLength we offer (512..=16777215).
+    pub max_burst: u32,
+    /// FirstBurstLength we offer (512..=max_burst).
+    pub first_burst: u32,
+    /// MaxOutstandingR2T we offer (1..=65535).
+    pub max_outstanding_r2t: u16,
+    /// Offer InitialR2T=Yes (no unsolicited data).
+    pub initial_r2t: bool,
+    /// Offer ImmediateData=Yes.
+    pub immediate_data: bool,
+    /// Header digest: off, allowed or required.
+    pub header_digest: DigestConfig,
+    /// Data digest: off, allowed or required.
+    pub data_digest: DigestConfig,
+    /// Socket send and receive buffer size in bytes (0: the OS default).
+    pub socket_buffer: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let l = Limits::default();
+        LimitsConfig {
+            queue_depth: l.queue_depth,
+            max_recv_data_segment: l.max_recv_data_segment,
+            max_burst: l.max_burst,
+            first_burst: l.first_burst,
+            max_outstanding_r2t: l.max_outstanding_r2t,
+            initial_r2t: l.initial_r2t,
+            immediate_data: l.immediate_data,
+            header_digest: DigestConfig::Allowed,
+            data_digest: DigestConfig::Allowed,
+            socket_buffer: 1 << 20,
+        }
+    }
+}
+
+/// Digest policy as written in the config.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DigestConfig {
+    Off,
+    Allowed,
+    Required,
+}
+
+impl From<DigestConfig> for DigestPolicy {
+    fn from(d: DigestConfig) -> Self {
+        match d {
+            DigestConfig::Off => DigestPolicy::Off,
+            DigestConfig::Allowed => DigestPolicy::Allowed,
+            DigestConfig::Required => DigestPolicy::Required,
+        }
+    }
+}
+
+/// Timeouts, in seconds.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutsConfig {
+    /// A login must complete within this time.
+    pub login: u64,
+    /// Send a NOP-In ping after this much silence from the initiator.
+    pub nop_interval: u64,
+    /// Drop the connection when a ping stays unanswered this long.
+    pub nop_timeout: u64,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig {
+            login: 15,
+            nop_interval: 10,
+            nop_timeout: 30,
+        }
+    }
+}
+
+/// One target.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// The iSCSI name (iqn., eui. or naa. form).
+    pub name: String,
+    /// TargetAlias sent at login.
+    #[serde(default)]
+    pub alias: Option<String>,
+    /// LUNs, numbered from 0 in order.
+    #[serde(default)]
+    pub lun: Vec<LunConfig>,
+}
+
+/// Where a LUN's data lives.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// RAM, lost at exit: for benchmarks and tests.
+    Mem,
+    /// Reads zeros, discards writes: for measuring the protocol path.
+    Null,
+    /// A regular file or a block device.
+    File,
+}
+
+/// Write cache policy as written in the config.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheConfig {
+    /// Acknowledged writes are stable (WCE=0).
+    #[default]
+    Through,
+    /// Writes may be cached until SYNCHRONIZE CACHE or FUA (WCE=1).
+    Back,
+}
+
+/// One LUN.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LunConfig {
+    /// mem, null or file.
+    pub backend: BackendKind,
+    /// Capacity (`64M`, `1G`): required for mem and null; for file, the
+    /// size to create or extend it to.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// File or block device path (file backend).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Logical block size: 512 or 4096.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Write cache policy (file backend).
+    #[serde(default)]
+    pub write_cache: CacheConfig,
+    /// Refuse writes (DATA PROTECT) and report write protect.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Unit serial number (VPD 0x80); derived from the target and LUN when
+    /// absent, so it stays the same across restarts.
+    #[serde(default)]
+    pub serial: Option<String>,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+
+impl LunConfig {
+    /// Parses the quick-flag form: `mem:SIZE`, `null:SIZE`, `file:PATH` or
+    /// `file:PATH:SIZE`.
+    pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
+        let bad = || {
+            ConfigError::Invalid(format!(
+                "--lun {spec:?}: expected mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE"
+            ))
+        };
+        let (kind, rest) = spec.split_once(':').ok_or_else(bad)?;
+        let mut l = LunConfig {
+            backend: BackendKind::Mem,
+            size: None,
+            path: None,
+            block_size: 512,
+            write_cache: CacheConfig::Through,
+            read_only: false,
+            serial: None,
+        };
+        match kind {
+            "mem" | "null" => {
+                l.backend = if kind == "mem" {
+                    BackendKind::Mem
+                } else {
+                    BackendKind::Null
+                };
+                l.size = Some(rest.to_string());
+            }
+            "file" => {
+                l.backend = BackendKind::File;
+                match rest.rsplit_once(':') {
+                    Some((p, s)) if parse_size(s).is_ok() => {
+                        l.path = Some(PathBuf::from(p));
+                        l.size = Some(s.to_string());
+                    }
+                    _ => l.path = Some(PathBuf::from(rest)),
+                }
+            }
+            _ => return Err(bad()),
+        }
+        if l.backend == BackendKind::File
+            && l.path.as_ref().is_none_or(|p| p.as_os_str().is_empty())
+        {
+            return Err(bad());
+        }
+        Ok(l)
+    }
+
+    /// The configured size in bytes, if any.
+    pub fn size_bytes(&self) -> Result<Option<u64>, ConfigError> {
+        self.size
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(ConfigError::Invalid)
+    }
+}
+
+impl Config {
+    /// Reads and validates a TOML file.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.into(),
+                message,
+            },
+            e => e,
+        })
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The negotiation limits in protocol terms.
+    pub fn limits(&self) -> Limits {
+        let l = &self.limits;
+        Limits {
+            max_recv_data_segment: l.max_recv_data_segment,
+            max_burst: l.max_burst,
+            first_burst: l.first_burst,
+            max_outstanding_r2t: l.max_outstanding_r2t,
+            initial_r2t: l.initial_r2t,
+            immediate_data: l.immediate_data,
+            header_digest: l.header_digest.into(),
+            data_digest: l.data_digest.into(),
+            queue_depth: l.queue_depth,
+            ..Limits::default()
+        }
+    }
+
+    /// Checks every value; the error names the offending field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let inv = |m: String| Err(ConfigError::Invalid(m));
+        if self.listen.is_empty() {
+            return inv("listen: at least one portal address is needed".into());
+        }
+        for (i, a) in self.listen.iter().enumerate() {
+            if a.port() != 0 && self.listen[..i].contains(a) {
+                return inv(format!("listen: {a} is given twice"));
+            }
+        }
+        let l = &self.limits;
+        if !(1..=MAX_QUEUE_DEPTH).contains(&l.queue_depth) {
+            return inv(format!(
+                "limits.queue_depth = {}: must be 1..={MAX_QUEUE_DEPTH}",
+                l.queue_depth
+            ));
+        }
+        for (name, v) in [
+            ("max_recv_data_segment", l.max_recv_data_segment),
+            ("max_burst", l.max_burst),
+            ("first_burst", l.first_burst),
+        ] {
+            if !(512..(1 << 24)).contains(&v) {
+                return inv(format!("limits.{name} = {v}: must be 512..=16777215"));
+            }
+        }
+        if l.first_burst > l.max_burst {
+            return inv(format!(
+                "limits.first_burst ({}) exceeds limits.max_burst ({})",
+                l.first_burst, l.max_burst
+            ));
+        }
+        if l.max_outstanding_r2t == 0 {
+            return inv("limits.max_outstanding_r2t must be at least 1".into());
+        }
+        if l.socket_buffer > 64 << 20 {
+            return inv("limits.socket_buffer: at most 64 MiB".into());
+        }
+        if self.target.is_empty() {
+            return inv("no target configured".into());
+        }
+        for (ti, t) in self.target.iter().enumerate() {
+            check_iscsi_name(&t.name)
+                .map_err(|m| ConfigError::Invalid(format!("target {:?}: {m}", t.name)))?;
+            if self.target[..ti].iter().any(|o| o.name == t.name) {
+                return inv(format!("target {:?} is configured twice", t.name));
+            }
+            if t.lun.is_empty() {
+                return inv(format!("target {:?} has no LUN", t.name));
+            }
+            if t.lun.len() > 256 {
+                return inv(format!("target {:?}: at most 256 LUNs", t.name));
+            }
+            for (li, lun) in t.lun.iter().enumerate() {
+                let at = format!("target {:?} LUN {li}", t.name);
+                if lun.block_size != 512 && lun.block_size != 4096 {
+                    return inv(format!(
+                        "{at}: block_size {} (must be 512 or 4096)",
+                        lun.block_size
+                    ));
+                }
+                let size = lun
+                    .size_bytes()
+                    .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+                match lun.backend {
+                    BackendKind::Mem | BackendKind::Null => {
+                        if lun.path.is_some() {
+                            return inv(format!("{at}: a {:?} LUN takes no path", lun.backend));
+                        }
+                        let Some(size) = size else {
+                            return inv(format!("{at}: size is required"));
+                        };
+                        check_lun_size(&at, size, lun.block_size)?;
+                    }
+                    BackendKind::File => {
+                        if lun.path.is_none() {
+                            return inv(format!("{at}: path is required for a file LUN"));
+                        }
+                        if let Some(size) = size {
+                            check_lun_size(&at, size, lun.block_size)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_lun_size(at: &str, size: u64, bs: u32) -> Result<(), ConfigError> {
+    if size == 0 || !size.is_multiple_of(u64::from(bs)) {
+        return Err(ConfigError::Invalid(format!(
+            "{at}: size {size} is not a positive multiple of the block size {bs}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks an iSCSI name (RFC 7143 §4.2.7): iqn., eui. or naa. form, at
+/// most 223 bytes, no spaces.
+pub fn check_iscsi_name(n: &str) -> Result<(), String> {
+    if n.len() > 223 {
+        return Err("longer than 223 bytes".into());
+    }
+    if !(n.starts_with("iqn.") || n.starts_with("eui.") || n.starts_with("naa.")) {
+        return Err("must start with iqn., eui. or naa.".into());
+    }
+    if n.bytes()
+        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err("contains whitespace or control characters".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_file_parses() {
+        let c = Config::from_toml(
+            r#"
+            listen = ["127.0.0.1:3260", "127.0.0.1:3261"]
+            [limits]
+            queue_depth = 8192
+            [[target]]
+            name = "iqn.2026-11.io.ironsan:a"
+            [[target.lun]]
+            backend = "mem"
+            size = "64M"
+            block_size = 4096
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.limits().queue_depth, 8192);
+        assert_eq!(c.target[0].lun[0].size_bytes().unwrap(), Some(64 << 20));
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        let base = |extra: &str, lun: &str| {
+            format!("{extra}\n[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\n{lun}\n")
+        };
+        let cases = [
+            base(
+                "[limits]\nqueue_depth = 9000",
+                "backend = \"mem\"\nsize = \"1M\"",
+            ),
+            base("", "backend = \"mem\""),
+            base("", "backend = \"mem\"\nsize = \"1000\""),
+            base("", "backend = \"file\""),
+            base("", "backend = \"mem\"\nsize = \"1M\"\nblock_size = 1024"),
+            base("", "backend = \"mem\"\nsize = \"1M\"\nbogus = 1"),
+            base(
+                "[limits]\nfirst_burst = 2000000\nmax_burst = 1000000",
+                "backend = \"mem\"\nsize = \"1M\"",
+            ),
+            "[[target]]\nname = \"bad name\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n"
+                .to_string(),
+        ];
+        for c in cases {
+            assert!(Config::from_toml(&c).is_err(), "accepted:\n{c}");
+        }
+    }
+
+    #[test]
+    fn lun_specs() {
+        assert_eq!(
+            LunConfig::from_spec("mem:1G").unwrap().size.as_deref(),
+            Some("1G")
+        );
+        let f = LunConfig::from_spec("file:/tmp/x.img:64M").unwrap();
+        assert_eq!(f.path.as_deref(), Some(std::path::Path::new("/tmp/x.img")));
+        assert_eq!(f.size.as_deref(), Some("64M"));
+        assert_eq!(LunConfig::from_spec("file:/dev/sdb").unwrap().size, None);
+        assert!(LunConfig::from_spec("disk:1G").is_err());
+        assert!(LunConfig::from_spec("file:").is_err());
+    }
+}

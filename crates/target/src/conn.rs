@@ -1,0 +1,482 @@
+//! One connection's driver: the login phase, then the full feature phase
+//! loop (DESIGN.md "the data path").
+//!
+//! The loop reads whatever the socket has into one buffer, frames and
+//! handles every complete PDU in it, runs commands whose backend cannot
+//! block right there and hands the others to I/O threads, then sends all
+//! queued responses with vectored writes. Reading pauses while more than
+//! [`OUTPUT_HIGH_WATER`] bytes wait to be sent, so an initiator that stops
+//! reading costs bounded memory and nothing to other connections.
+
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use iscsi_proto::login::{
+    status as login_status, LoginStep, TargetDirectory, TargetInfo, TargetLogin,
+};
+use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
+use iscsi_proto::SessionType;
+use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
+use iscsi_wire::outbox::{Digests, MAX_IOVECS};
+use iscsi_wire::pdu::{opcode, Itt, LoginReq, LoginResp, Lun, Opcode, SnTriple};
+use iscsi_wire::Outbox;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+
+use crate::lunmap::{answer_above_lu, run_on_lu, Origin, TargetRt};
+use crate::server::{Portal, SessionEntry, SessionKey, Shared};
+
+/// Stop reading while this much output is queued.
+const OUTPUT_HIGH_WATER: usize = 8 << 20;
+/// Read buffer headroom.
+const READ_CHUNK: usize = 256 * 1024;
+
+struct Directory<'a> {
+    shared: &'a Shared,
+    tpgt: u16,
+}
+
+impl TargetDirectory for Directory<'_> {
+    fn find(&self, name: &str, _initiator: &str) -> Option<TargetInfo> {
+        let t = self.shared.target(name)?;
+        Some(TargetInfo {
+            name: t.name.clone(),
+            alias: t.alias.clone(),
+            tpgt: self.tpgt,
+        })
+    }
+}
+
+struct ConnHost<'a> {
+    shared: &'a Shared,
+    target: Option<&'a TargetRt>,
+}
+
+impl Host for ConnHost<'_> {
+    fn send_targets(&self, _initiator: &str, value: &str, session_target: Option<&str>) -> Vec<u8> {
+        iscsi_proto::discovery::send_targets(&self.shared.listings, value, session_target)
+    }
+
+    fn lun_exists(&self, lun: Lun) -> bool {
+        self.target.is_some_and(|t| t.lu(lun).is_some())
+    }
+
+    fn data_out_len(&self, lun: Lun, cdb: &[u8]) -> u32 {
+        self.target
+            .and_then(|t| t.lu(lun))
+            .map_or(0, |lu| lu.plan(cdb).data_out)
+    }
+
+    fn reset(&self, action: TmfAction) {
+        let Some(t) = self.target else { return };
+        match action {
+            TmfAction::LunReset(lun) => {
+                if let Some(lu) = t.lu(lun) {
+                    lu.reset();
+                }
+            }
+            TmfAction::TargetReset { .. } => t.luns.iter().for_each(|lu| lu.reset()),
+        }
+    }
+}
+
+/// Serves one accepted connection until it closes.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    portal: Portal,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    if shared.socket_buffer > 0 {
+        let s = socket2::SockRef::from(&stream);
+        let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
+        let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
+    }
+    let mut c = Conn {
+        stream,
+        rbuf: BytesMut::with_capacity(READ_CHUNK),
+        out: Outbox::new(),
+    };
+    let login = tokio::time::timeout(shared.login_timeout, c.login(&shared, portal)).await;
+    let (session, key) = match login {
+        Ok(Ok(Some(s))) => s,
+        Ok(Ok(None)) => return,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "connection ended during login");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "login timed out");
+            return;
+        }
+    };
+    let (nexus, kill) = match &key {
+        Some(k) => {
+            let reg = shared.registry.lock();
+            let e = reg.get(k).expect("registered at login");
+            (e.nexus, e.kill.clone())
+        }
+        None => (shared.fresh_nexus(), Arc::new(tokio::sync::Notify::new())),
+    };
+    let target = shared.target(&session.params().target_name);
+    tracing::info!(
+        %peer,
+        initiator = %session.params().initiator_name,
+        target = %session.params().target_name,
+        discovery = session.params().session_type == SessionType::Discovery,
+        header_digest = session.params().header_digest,
+        data_digest = session.params().data_digest,
+        "login"
+    );
+    let origin = Origin {
+        nexus,
+        relative_port: portal.tpgt,
+        tpg: portal.tpgt,
+        port_name: format!("{},t,0x{:04x}", session.params().target_name, portal.tpgt),
+    };
+    let why = c
+        .full_feature(session, &shared, target, origin, kill, shutdown)
+        .await;
+    tracing::info!(%peer, reason = why, "connection closed");
+    if let Some(k) = key {
+        let mut reg = shared.registry.lock();
+        if reg.get(&k).is_some_and(|e| e.nexus == nexus) {
+            reg.remove(&k);
+        }
+    }
+    if let Some(t) = target {
+        t.luns.iter().for_each(|lu| lu.nexus_lost(nexus));
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    out: Outbox,
+}
+
+impl Conn {
+    /// Reads more bytes; `Ok(false)` at end of stream.
+    async fn fill(&mut self) -> io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        Ok(self.stream.read_buf(&mut self.rbuf).await? > 0)
+    }
+
+    /// Writes everything queued.
+    async fn flush(&mut self) -> io::Result<()> {
+        while !self.out.is_empty() {
+            self.stream.writable().await?;
+            self.try_flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what the socket takes without waiting.
+    fn try_flush(&mut self) -> io::Result<()> {
+        while !self.out.is_empty() {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let n = self.out.io_slices(&mut iov);
+            match self.stream.try_write_vectored(&iov[..n]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(w) => self.out.advance(w),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn push_login(&mut self, resp: &LoginResp, text: &[u8]) {
+        self.out
+            .push(&resp.encode(text.len()), text, Digests::default());
+    }
+
+    /// Runs the login phase. `Ok(None)` when it ended without a session.
+    async fn login(
+        &mut self,
+        shared: &Shared,
+        portal: Portal,
+    ) -> io::Result<Option<(Session, Option<SessionKey>)>> {
+        let mut login = TargetLogin::new(shared.limits.clone(), portal.tpgt);
+        let dir = Directory {
+            shared,
+            tpgt: portal.tpgt,
+        };
+        let lim = FrameLimits::LOGIN;
+        let mut first = true;
+        loop {
+            let len = match frame_len(&self.rbuf, &lim) {
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    if !self.fill().await? {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "malformed PDU during login");
+                    return Ok(None);
+                }
+            };
+            let raw = split_pdu(&mut self.rbuf, len, &lim)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            if opcode(&raw.bhs) != Opcode::LoginReq {
+                // Only Login Requests are valid before full feature phase.
+                let r = login_reject(&raw.bhs, login_status::INVALID_DURING_LOGIN);
+                self.push_login(&r, &[]);
+                self.flush().await?;
+                return Ok(None);
+            }
+            let req = LoginReq::decode(&raw.bhs);
+            if first && req.tsih != 0 {
+                // Adding a connection to a session: MaxConnections is 1.
+                let exists = shared.registry.lock().values().any(|e| e.tsih == req.tsih);
+                let code = if exists {
+                    login_status::TOO_MANY_CONNECTIONS
+                } else {
+                    login_status::SESSION_DOES_NOT_EXIST
+                };
+                self.push_login(&login_reject(&raw.bhs, code), &[]);
+                self.flush().await?;
+                return Ok(None);
+            }
+            first = false;
+            match login.handle(&req, &raw.data, &dir) {
+                LoginStep::Continue { resp, text } => {
+                    self.push_login(&resp, &text);
+                    self.flush().await?;
+                }
+                LoginStep::Fail { resp, reason } => {
+                    tracing::warn!(
+                        reason,
+                        class = resp.status_class,
+                        detail = resp.status_detail,
+                        "login refused"
+                    );
+                    self.push_login(&resp, &[]);
+                    self.flush().await?;
+                    return Ok(None);
+                }
+                LoginStep::Complete {
+                    mut resp,
+                    text,
+                    outcome,
+                } => {
+                    let mut key = None;
+                    if outcome.params.session_type == SessionType::Normal {
+                        let k = SessionKey {
+                            initiator: outcome.params.initiator_name.clone(),
+                            isid: outcome.isid,
+                            target: outcome.params.target_name.clone(),
+                        };
+                        let tsih = shared.fresh_tsih();
+                        let nexus = shared.fresh_nexus();
+                        let old = shared.registry.lock().insert(
+                            k.clone(),
+                            SessionEntry {
+                                tsih,
+                                nexus,
+                                kill: Arc::new(tokio::sync::Notify::new()),
+                            },
+                        );
+                        if let Some(old) = old {
+                            // Session reinstatement: the old session ends.
+                            tracing::info!(initiator = %k.initiator, "session reinstated");
+                            old.kill.notify_one();
+                            if let Some(t) = shared.target(&k.target) {
+                                t.luns.iter().for_each(|lu| lu.nexus_lost(old.nexus));
+                            }
+                        }
+                        resp.tsih = tsih;
+                        key = Some(k);
+                    } else {
+                        resp.tsih = shared.fresh_tsih();
+                    }
+                    self.push_login(&resp, &text);
+                    self.flush().await?;
+                    let s = Session::new(
+                        outcome.params,
+                        shared.limits.clone(),
+                        outcome.exp_cmd_sn,
+                        outcome.next_stat_sn,
+                    );
+                    return Ok(Some((s, key)));
+                }
+            }
+        }
+    }
+
+    /// The full feature phase; returns why the connection ended.
+    async fn full_feature(
+        &mut self,
+        mut session: Session,
+        shared: &Shared,
+        target: Option<&TargetRt>,
+        origin: Origin,
+        kill: Arc<tokio::sync::Notify>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> &'static str {
+        let p = session.params().clone();
+        let lim = FrameLimits {
+            header_digest: p.header_digest,
+            data_digest: p.data_digest,
+            max_data_segment: p.recv_max_data_segment,
+        };
+        let host = ConnHost { shared, target };
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Itt, Completion)>();
+        let mut events = Vec::new();
+        let mut last_rx = Instant::now();
+        let mut ping_sent = Instant::now();
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stopping = false;
+        let mut closing: Option<&'static str> = None;
+        loop {
+            // Frame and handle everything buffered.
+            if !stopping && closing.is_none() {
+                loop {
+                    let len = match frame_len(&self.rbuf, &lim) {
+                        Ok(Some(n)) => n,
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "unframeable PDU");
+                            return "unframeable PDU";
+                        }
+                    };
+                    let raw = match split_pdu(&mut self.rbuf, len, &lim) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "bad PDU");
+                            return "header digest error";
+                        }
+                    };
+                    session.handle_pdu(raw, &host, &mut self.out, &mut events);
+                    for ev in events.drain(..) {
+                        match ev {
+                            Event::Execute(req) => {
+                                execute(req, target, &origin, &mut session, &mut self.out, &tx);
+                            }
+                            Event::Logout => closing = Some("logout"),
+                            Event::Close(why) => closing = Some(why),
+                        }
+                    }
+                    if closing.is_some() {
+                        break;
+                    }
+                }
+            }
+            if let Err(e) = self.try_flush() {
+                tracing::debug!(error = %e, "write failed");
+                return "write failed";
+            }
+            if let Some(why) = closing {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.flush()).await;
+                return why;
+            }
+            if stopping && session.in_flight() == 0 {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.flush()).await;
+                return "target shutting down";
+            }
+            let want_read = !stopping && self.out.len() < OUTPUT_HIGH_WATER;
+            let want_write = !self.out.is_empty();
+            tokio::select! {
+                biased;
+                Some((itt, c)) = rx.recv() => {
+                    session.complete(itt, c, &mut self.out);
+                    while let Ok((itt, c)) = rx.try_recv() {
+                        session.complete(itt, c, &mut self.out);
+                    }
+                }
+                r = self.stream.readable(), if want_read => {
+                    if r.is_err() {
+                        return "read failed";
+                    }
+                    if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+                        self.rbuf.reserve(READ_CHUNK);
+                    }
+                    match self.stream.try_read_buf(&mut self.rbuf) {
+                        Ok(0) => return "closed by initiator",
+                        Ok(_) => last_rx = Instant::now(),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(_) => return "read failed",
+                    }
+                }
+                r = self.stream.writable(), if want_write => {
+                    if r.is_err() {
+                        return "write failed";
+                    }
+                }
+                _ = kill.notified() => return "session reinstated",
+                _ = shutdown.changed(), if !stopping => stopping = true,
+                _ = tick.tick() => {
+                    if session.ping_outstanding() {
+                        if ping_sent.elapsed() > shared.nop_timeout {
+                            return "NOP-In ping unanswered";
+                        }
+                    } else if !shared.nop_interval.is_zero() && last_rx.elapsed() > shared.nop_interval
+                        && session.in_flight() == 0 {
+                        session.ping(&mut self.out);
+                        ping_sent = Instant::now();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a command inline when its backend never blocks, else on an I/O
+/// thread whose completion comes back through `tx`.
+fn execute(
+    req: ExecRequest,
+    target: Option<&TargetRt>,
+    origin: &Origin,
+    session: &mut Session,
+    out: &mut Outbox,
+    tx: &mpsc::UnboundedSender<(Itt, Completion)>,
+) {
+    let Some(t) = target else { return };
+    if let Some(c) = answer_above_lu(t, &req) {
+        return session.complete(req.itt, c, out);
+    }
+    let lu = t.lu(req.lun).expect("checked by answer_above_lu").clone();
+    if !lu.may_block() {
+        let c = run_on_lu(&lu, &req, origin);
+        return session.complete(req.itt, c, out);
+    }
+    let origin = origin.clone();
+    let tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let c = run_on_lu(&lu, &req, &origin);
+        let _ = tx.send((req.itt, c));
+    });
+}
+
+fn login_reject(bhs: &[u8; 48], code: (u8, u8)) -> LoginResp {
+    let req = LoginReq::decode(bhs);
+    LoginResp {
+        transit: false,
+        cont: false,
+        csg: req.csg,
+        nsg: 0,
+        version_max: 0,
+        version_active: 0,
+        isid: req.isid,
+        tsih: 0,
+        itt: req.itt,
+        sn: SnTriple {
+            stat_sn: req.exp_stat_sn,
+            exp_cmd_sn: req.cmd_sn,
+            max_cmd_sn: req.cmd_sn,
+        },
+        status_class: code.0,
+        status_detail: code.1,
+    }
+}

@@ -1,0 +1,200 @@
+//! Portals, the session registry and shutdown.
+//!
+//! Every configured listen address is a portal and its own target portal
+//! group (tag and relative target port = its position, from 1). Every
+//! target is reachable through every portal.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use iscsi_proto::discovery::Listing;
+use iscsi_proto::params::Limits;
+use parking_lot::Mutex;
+use scsi::NexusId;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+
+use crate::config::Config;
+use crate::conn;
+use crate::lunmap::TargetRt;
+
+/// A portal: where connections arrive.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Portal {
+    pub addr: SocketAddr,
+    /// Target portal group tag, also the relative target port identifier.
+    pub tpgt: u16,
+}
+
+/// Identity of a session for reinstatement (RFC 7143 §6.3.5): the
+/// initiator name, ISID and target.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SessionKey {
+    pub initiator: String,
+    pub isid: [u8; 6],
+    pub target: String,
+}
+
+/// A live session in the registry.
+#[derive(Debug)]
+pub(crate) struct SessionEntry {
+    pub tsih: u16,
+    pub nexus: NexusId,
+    /// Notified to make the session's connection close (reinstatement).
+    pub kill: Arc<Notify>,
+}
+
+/// State shared by every connection.
+pub(crate) struct Shared {
+    pub limits: Limits,
+    pub socket_buffer: u32,
+    pub login_timeout: Duration,
+    pub nop_interval: Duration,
+    pub nop_timeout: Duration,
+    pub targets: Vec<TargetRt>,
+    pub listings: Vec<Listing>,
+    pub registry: Mutex<HashMap<SessionKey, SessionEntry>>,
+    next_tsih: AtomicU16,
+    next_nexus: AtomicU64,
+}
+
+impl Shared {
+    pub fn target(&self, name: &str) -> Option<&TargetRt> {
+        self.targets.iter().find(|t| t.name == name)
+    }
+
+    /// A TSIH no live session uses (never 0).
+    pub fn fresh_tsih(&self) -> u16 {
+        loop {
+            let t = self.next_tsih.fetch_add(1, Ordering::Relaxed);
+            if t != 0 && !self.registry.lock().values().any(|e| e.tsih == t) {
+                return t;
+            }
+        }
+    }
+
+    pub fn fresh_nexus(&self) -> NexusId {
+        NexusId(self.next_nexus.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A bound, not yet running target.
+pub struct Server {
+    shared: Arc<Shared>,
+    listeners: Vec<(TcpListener, Portal)>,
+}
+
+/// Tells a running server to stop.
+#[derive(Clone, Debug)]
+pub struct ServerHandle {
+    tx: watch::Sender<bool>,
+}
+
+impl ServerHandle {
+    /// Starts a graceful shutdown.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(true);
+    }
+}
+
+impl Server {
+    /// Opens every LUN and binds every portal.
+    pub async fn bind(cfg: Config) -> Result<Server, String> {
+        cfg.validate().map_err(|e| e.to_string())?;
+        let targets = cfg
+            .target
+            .iter()
+            .map(TargetRt::build)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut listeners = Vec::new();
+        for (i, addr) in cfg.listen.iter().enumerate() {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let bound = l.local_addr().map_err(|e| e.to_string())?;
+            listeners.push((
+                l,
+                Portal {
+                    addr: bound,
+                    tpgt: (i + 1) as u16,
+                },
+            ));
+        }
+        let portals: Vec<(SocketAddr, u16)> =
+            listeners.iter().map(|(_, p)| (p.addr, p.tpgt)).collect();
+        let listings = targets
+            .iter()
+            .map(|t| Listing {
+                name: t.name.clone(),
+                portals: portals.clone(),
+            })
+            .collect();
+        let shared = Shared {
+            limits: cfg.limits(),
+            socket_buffer: cfg.limits.socket_buffer,
+            login_timeout: Duration::from_secs(cfg.timeouts.login.max(1)),
+            nop_interval: Duration::from_secs(cfg.timeouts.nop_interval),
+            nop_timeout: Duration::from_secs(cfg.timeouts.nop_timeout.max(1)),
+            targets,
+            listings,
+            registry: Mutex::new(HashMap::new()),
+            next_tsih: AtomicU16::new(1),
+            next_nexus: AtomicU64::new(1),
+        };
+        Ok(Server {
+            shared: Arc::new(shared),
+            listeners,
+        })
+    }
+
+    /// The bound portal addresses, in configuration order.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().map(|(_, p)| p.addr).collect()
+    }
+
+    /// Serves until `shutdown` resolves, then lets in-flight commands finish
+    /// (at most 10 s) and closes every connection.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let (tx, rx) = watch::channel(false);
+        let handle = ServerHandle { tx };
+        let mut accepts = JoinSet::new();
+        for (l, portal) in self.listeners {
+            let shared = self.shared.clone();
+            let rx = rx.clone();
+            accepts.spawn(async move {
+                let mut conns = JoinSet::new();
+                let mut stop = rx.clone();
+                loop {
+                    tokio::select! {
+                        r = l.accept() => match r {
+                            Ok((s, peer)) => {
+                                conns.spawn(conn::serve(s, peer, portal, shared.clone(), rx.clone()));
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "accept failed");
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                        },
+                        _ = stop.changed() => break,
+                        Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                    }
+                }
+                drop(l);
+                let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                    while conns.join_next().await.is_some() {}
+                })
+                .await;
+            });
+        }
+        shutdown.await;
+        tracing::info!("shutting down: finishing in-flight commands");
+        handle.shutdown();
+        while accepts.join_next().await.is_some() {}
+        tracing::info!("stopped");
+    }
+}
