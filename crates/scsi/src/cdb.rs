@@ -76,6 +76,9 @@ opcodes! {
     SYNCHRONIZE_CACHE_16 = 0x91, 16, "SYNCHRONIZE CACHE(16)";
     /// SERVICE ACTION IN(16); READ CAPACITY(16) is service action 10h (SBC-3 §5.16).
     SERVICE_ACTION_IN_16 = 0x9E, 16, "SERVICE ACTION IN(16)";
+    /// MAINTENANCE IN; REPORT SUPPORTED OPERATION CODES is service action
+    /// 0Ch (SPC-4 §6.35).
+    MAINTENANCE_IN = 0xA3, 12, "MAINTENANCE IN";
     /// SBC-3 §5.15.
     READ_12 = 0xA8, 12, "READ(12)";
     /// SBC-3 §5.41.
@@ -88,6 +91,8 @@ opcodes! {
 
 /// READ CAPACITY(16) service action of SERVICE ACTION IN(16).
 pub const SA_READ_CAPACITY_16: u8 = 0x10;
+/// REPORT SUPPORTED OPERATION CODES service action of MAINTENANCE IN.
+pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
 
 /// The CDB length an implemented opcode needs, `None` for others.
 #[inline]
@@ -222,6 +227,7 @@ pub fn plan(cdb: &[u8], block_size: u32, max_blocks: u32) -> (u32, u32) {
         op::MODE_SELECT_10 => (u32::from(be16(cdb, 7)), 0),
         op::READ_CAPACITY_10 => (0, 8),
         op::SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_READ_CAPACITY_16 => (0, be32(cdb, 10)),
+        op::MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_SUPPORTED_OPCODES => (0, be32(cdb, 6)),
         _ => (0, 0),
     }
 }

@@ -34,6 +34,7 @@ pub mod sense;
 mod cdb;
 mod lu;
 mod mode;
+mod opcodes;
 mod rw;
 mod ua;
 mod vpd;

@@ -377,6 +377,10 @@ impl LogicalUnit {
                 // invalid field (the SERVICE ACTION field, byte 1 bit 4).
                 _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
             },
+            op::MAINTENANCE_IN => match cdb[1] & 0x1F {
+                cdb::SA_REPORT_SUPPORTED_OPCODES => crate::opcodes::report(cdb),
+                _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
+            },
             op::START_STOP_UNIT => start_stop_unit(cdb),
             op::PREVENT_ALLOW_MEDIUM_REMOVAL => prevent_allow(cdb),
             _ => Outcome::check(Sense::invalid_opcode()),
