@@ -107,6 +107,10 @@ pub struct Command<'a> {
     /// SCSI name string of the target port, e.g.
     /// `iqn.2026-11.io.ironsan:t0,t,0x0001` (VPD 83h).
     pub target_port_name: &'a str,
+    /// iSCSI initiator port name of the nexus (RFC 7143 §4.2.7.1 / SPC-4
+    /// §7.6.4.6), `iqn.…,i,0x<ISID>`: the initiator's TransportID for
+    /// persistent reservations.
+    pub initiator_port_name: &'a str,
 }
 
 /// The result of a command: status, sense data, data-in.

@@ -103,7 +103,7 @@ pub(crate) async fn serve(
         out: Outbox::new(),
     };
     let login = tokio::time::timeout(shared.login_timeout, c.login(&shared, portal)).await;
-    let (session, key) = match login {
+    let (session, key, isid) = match login {
         Ok(Ok(Some(s))) => s,
         Ok(Ok(None)) => return,
         Ok(Err(e)) => {
@@ -138,6 +138,11 @@ pub(crate) async fn serve(
         relative_port: portal.tpgt,
         tpg: portal.tpgt,
         port_name: format!("{},t,0x{:04x}", session.params().target_name, portal.tpgt),
+        initiator_port_name: format!(
+            "{},i,0x{}",
+            session.params().initiator_name,
+            isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
     };
     let why = c
         .full_feature(session, &shared, target, origin, kill, shutdown)
@@ -204,7 +209,7 @@ impl Conn {
         &mut self,
         shared: &Shared,
         portal: Portal,
-    ) -> io::Result<Option<(Session, Option<SessionKey>)>> {
+    ) -> io::Result<Option<(Session, Option<SessionKey>, [u8; 6])>> {
         let mut login = TargetLogin::new(shared.limits.clone(), portal.tpgt);
         let dir = Directory {
             shared,
@@ -308,7 +313,7 @@ impl Conn {
                         outcome.exp_cmd_sn,
                         outcome.next_stat_sn,
                     );
-                    return Ok(Some((s, key)));
+                    return Ok(Some((s, key, outcome.isid)));
                 }
             }
         }

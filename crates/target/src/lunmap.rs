@@ -125,6 +125,8 @@ pub struct Origin {
     pub relative_port: u16,
     pub tpg: u16,
     pub port_name: String,
+    /// `initiator-name,i,0x<ISID>` of the session.
+    pub initiator_port_name: String,
 }
 
 const ILLEGAL_REQUEST: u8 = 0x05;
@@ -156,6 +158,7 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
         relative_port: o.relative_port,
         tpg: o.tpg,
         target_port_name: &o.port_name,
+        initiator_port_name: &o.initiator_port_name,
     };
     let out = lu.execute(&cmd);
     Completion {
