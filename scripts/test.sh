@@ -7,4 +7,5 @@ cargo fmt --all -- --check
 cargo clippy -q --workspace --all-targets -- -D warnings
 cargo test -q --workspace
 scripts/interop.sh
-scripts/conformance.sh
+scripts/conformance.sh --digest off
+scripts/conformance.sh --digest required

@@ -50,9 +50,15 @@ struct ServeArgs {
     /// Command window per session, 1..=8192 (MaxCmdSN - ExpCmdSN + 1).
     #[arg(long, value_name = "N")]
     queue_depth: Option<u32>,
-    /// Header and data digests: off, allowed or required.
+    /// Header and data digests (CRC32C): off, allowed or required.
     #[arg(long, value_name = "POLICY", value_parser = parse_digest)]
     digest: Option<DigestConfig>,
+    /// Header digest only: off, allowed or required (overrides --digest).
+    #[arg(long, value_name = "POLICY", value_parser = parse_digest)]
+    header_digest: Option<DigestConfig>,
+    /// Data digest only: off, allowed or required (overrides --digest).
+    #[arg(long, value_name = "POLICY", value_parser = parse_digest)]
+    data_digest: Option<DigestConfig>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -122,6 +128,12 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     }
     if let Some(d) = a.digest {
         cfg.limits.header_digest = d;
+        cfg.limits.data_digest = d;
+    }
+    if let Some(d) = a.header_digest {
+        cfg.limits.header_digest = d;
+    }
+    if let Some(d) = a.data_digest {
         cfg.limits.data_digest = d;
     }
     cfg.validate()?;

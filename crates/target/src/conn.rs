@@ -89,7 +89,7 @@ pub(crate) async fn serve(
     peer: SocketAddr,
     portal: Portal,
     shared: Arc<Shared>,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
     if shared.socket_buffer > 0 {
@@ -102,7 +102,11 @@ pub(crate) async fn serve(
         rbuf: BytesMut::with_capacity(READ_CHUNK),
         out: Outbox::new(),
     };
-    let login = tokio::time::timeout(shared.login_timeout, c.login(&shared, portal)).await;
+    // A connection still logging in has nothing in flight: shutdown ends it.
+    let login = tokio::select! {
+        r = tokio::time::timeout(shared.login_timeout, c.login(&shared, portal)) => r,
+        _ = shutdown.changed() => return,
+    };
     let (session, key, isid) = match login {
         Ok(Ok(Some(s))) => s,
         Ok(Ok(None)) => return,
