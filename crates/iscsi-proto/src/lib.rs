@@ -11,6 +11,7 @@
 //! * [`discovery`]: SendTargets answers (§13 Appendix C).
 
 pub mod discovery;
+pub mod initiator;
 pub mod login;
 pub mod params;
 pub mod session;

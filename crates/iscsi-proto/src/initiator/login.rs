@@ -1,0 +1,271 @@
+//! Login from the initiator's side (RFC 7143 §6.2, §13): offers our keys,
+//! reads the target's answers by each key's negotiation rule, walks the
+//! stages to full feature phase.
+
+use iscsi_wire::pdu::{stage, Itt, LoginReq, LoginResp};
+use iscsi_wire::text;
+use iscsi_wire::Sn;
+use thiserror::Error;
+
+use crate::params::{SessionParams, SessionType};
+
+/// What we ask for at login.
+#[derive(Clone, Debug)]
+pub struct LoginConfig {
+    pub initiator_name: String,
+    /// The target to log in to; `None` for a discovery session.
+    pub target_name: Option<String>,
+    pub isid: [u8; 6],
+    /// Offer CRC32C header digests (first choice when `true`).
+    pub header_digest: bool,
+    /// Offer CRC32C data digests.
+    pub data_digest: bool,
+    /// Our MaxRecvDataSegmentLength.
+    pub max_recv_data_segment: u32,
+    pub max_burst: u32,
+    pub first_burst: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    pub max_outstanding_r2t: u16,
+}
+
+impl LoginConfig {
+    /// A configuration with fast defaults: immediate and unsolicited data,
+    /// 256 KiB segments, 1 MiB bursts, no digests.
+    pub fn new(initiator_name: &str, target_name: Option<&str>, isid: [u8; 6]) -> Self {
+        LoginConfig {
+            initiator_name: initiator_name.to_string(),
+            target_name: target_name.map(str::to_string),
+            isid,
+            header_digest: false,
+            data_digest: false,
+            max_recv_data_segment: 256 * 1024,
+            max_burst: 1024 * 1024,
+            first_burst: 256 * 1024,
+            immediate_data: true,
+            initial_r2t: false,
+            max_outstanding_r2t: 16,
+        }
+    }
+}
+
+/// Why a login failed.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum LoginError {
+    /// The target refused with this status class and detail.
+    #[error("login refused: status {class:#04x}/{detail:#04x} ({})", describe(*.class, *.detail))]
+    Refused { class: u8, detail: u8 },
+    /// The target broke the protocol.
+    #[error("login protocol error: {0}")]
+    Protocol(String),
+}
+
+fn describe(class: u8, detail: u8) -> &'static str {
+    match (class, detail) {
+        (1, _) => "target moved",
+        (2, 1) => "authentication failed",
+        (2, 2) => "authorization failure",
+        (2, 3) => "target not found",
+        (2, 4) => "target removed",
+        (2, 6) => "too many connections",
+        (2, 7) => "missing parameter",
+        (2, 9) => "session type not supported",
+        (2, 10) => "session does not exist",
+        (2, _) => "initiator error",
+        (3, 1) => "service unavailable",
+        (3, 2) => "out of resources",
+        (3, _) => "target error",
+        _ => "unknown status",
+    }
+}
+
+/// What login established.
+#[derive(Clone, Debug)]
+pub struct Negotiated {
+    pub params: SessionParams,
+    pub tsih: u16,
+    /// The CmdSN of the first command.
+    pub cmd_sn: Sn,
+    pub exp_stat_sn: Sn,
+    pub max_cmd_sn: Sn,
+    /// TargetPortalGroupTag the target reported, if any.
+    pub tpgt: Option<u16>,
+}
+
+/// The next step of a login.
+#[derive(Debug)]
+pub enum LoginProgress {
+    /// Send this request.
+    Send(LoginReq, Vec<u8>),
+    /// Full feature phase reached.
+    Done(Box<Negotiated>),
+}
+
+/// Initiator login state.
+#[derive(Debug)]
+pub struct InitiatorLogin {
+    cfg: LoginConfig,
+    params: SessionParams,
+    cmd_sn: Sn,
+    itt: Itt,
+    rounds: u32,
+    tpgt: Option<u16>,
+    answered: Vec<String>,
+}
+
+impl InitiatorLogin {
+    /// A login that will use CmdSN `cmd_sn` and task tag `itt`.
+    pub fn new(cfg: LoginConfig, cmd_sn: Sn, itt: Itt) -> Self {
+        let mut params = SessionParams::rfc_defaults();
+        params.initiator_name = cfg.initiator_name.clone();
+        params.target_name = cfg.target_name.clone().unwrap_or_default();
+        params.session_type = if cfg.target_name.is_some() {
+            SessionType::Normal
+        } else {
+            SessionType::Discovery
+        };
+        params.recv_max_data_segment = cfg.max_recv_data_segment;
+        InitiatorLogin {
+            cfg,
+            params,
+            cmd_sn,
+            itt,
+            rounds: 0,
+            tpgt: None,
+            answered: Vec::new(),
+        }
+    }
+
+    fn request(&self, text: Vec<u8>) -> (LoginReq, Vec<u8>) {
+        let req = LoginReq {
+            transit: true,
+            cont: false,
+            csg: stage::OPERATIONAL,
+            nsg: stage::FULL_FEATURE,
+            version_max: 0,
+            version_min: 0,
+            isid: self.cfg.isid,
+            tsih: 0,
+            itt: self.itt,
+            cid: 0,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: Sn(0),
+        };
+        (req, text)
+    }
+
+    /// The first Login Request: operational stage straight to full
+    /// feature phase, all our keys offered.
+    pub fn start(&mut self) -> (LoginReq, Vec<u8>) {
+        let c = &self.cfg;
+        let mut t = Vec::new();
+        text::push(&mut t, "InitiatorName", &c.initiator_name);
+        match &c.target_name {
+            Some(n) => {
+                text::push(&mut t, "TargetName", n);
+                text::push(&mut t, "SessionType", "Normal");
+            }
+            None => text::push(&mut t, "SessionType", "Discovery"),
+        }
+        let dg = |on: bool| if on { "CRC32C,None" } else { "None" };
+        text::push(&mut t, "HeaderDigest", dg(c.header_digest));
+        text::push(&mut t, "DataDigest", dg(c.data_digest));
+        text::push(
+            &mut t,
+            "MaxRecvDataSegmentLength",
+            &c.max_recv_data_segment.to_string(),
+        );
+        if c.target_name.is_some() {
+            text::push(
+                &mut t,
+                "InitialR2T",
+                if c.initial_r2t { "Yes" } else { "No" },
+            );
+            text::push(
+                &mut t,
+                "ImmediateData",
+                if c.immediate_data { "Yes" } else { "No" },
+            );
+            text::push(&mut t, "MaxBurstLength", &c.max_burst.to_string());
+            text::push(&mut t, "FirstBurstLength", &c.first_burst.to_string());
+            text::push(
+                &mut t,
+                "MaxOutstandingR2T",
+                &c.max_outstanding_r2t.to_string(),
+            );
+            text::push(&mut t, "MaxConnections", "1");
+            text::push(&mut t, "DataPDUInOrder", "Yes");
+            text::push(&mut t, "DataSequenceInOrder", "Yes");
+            text::push(&mut t, "DefaultTime2Wait", "2");
+            text::push(&mut t, "DefaultTime2Retain", "0");
+        }
+        text::push(&mut t, "ErrorRecoveryLevel", "0");
+        self.request(t)
+    }
+
+    /// Handles a Login Response with its text.
+    pub fn handle(&mut self, resp: &LoginResp, data: &[u8]) -> Result<LoginProgress, LoginError> {
+        if resp.status_class != 0 {
+            return Err(LoginError::Refused {
+                class: resp.status_class,
+                detail: resp.status_detail,
+            });
+        }
+        if resp.itt != self.itt || resp.isid != self.cfg.isid {
+            return Err(LoginError::Protocol(
+                "response does not match the request".into(),
+            ));
+        }
+        let pairs = text::parse(data).map_err(|e| LoginError::Protocol(e.to_string()))?;
+        for (k, v) in pairs {
+            self.answer(&k, &v)?;
+            self.answered.push(k);
+        }
+        self.rounds += 1;
+        if resp.transit && resp.nsg == stage::FULL_FEATURE {
+            let p = &mut self.params;
+            p.first_burst = p.first_burst.min(p.max_burst);
+            return Ok(LoginProgress::Done(Box::new(Negotiated {
+                params: self.params.clone(),
+                tsih: resp.tsih,
+                cmd_sn: resp.sn.exp_cmd_sn,
+                exp_stat_sn: resp.sn.stat_sn.next(),
+                max_cmd_sn: resp.sn.max_cmd_sn,
+                tpgt: self.tpgt,
+            })));
+        }
+        if self.rounds > 8 {
+            return Err(LoginError::Protocol(
+                "target does not complete the login".into(),
+            ));
+        }
+        // The target wants another round: ask again to move on.
+        Ok(LoginProgress::Send(self.request(Vec::new()).0, Vec::new()))
+    }
+
+    fn answer(&mut self, k: &str, v: &str) -> Result<(), LoginError> {
+        let p = &mut self.params;
+        let num = |v: &str| -> Result<u32, LoginError> {
+            v.parse::<u32>()
+                .map_err(|_| LoginError::Protocol(format!("bad value {v:?} for {k}")))
+        };
+        match (k, v) {
+            (_, "Reject") => return Err(LoginError::Protocol(format!("target rejected {k}"))),
+            (_, "NotUnderstood" | "Irrelevant") => {}
+            ("HeaderDigest", v) => p.header_digest = v == "CRC32C",
+            ("DataDigest", v) => p.data_digest = v == "CRC32C",
+            ("MaxRecvDataSegmentLength", v) => {
+                p.send_max_data_segment = num(v)?.clamp(512, (1 << 24) - 1)
+            }
+            ("MaxBurstLength", v) => p.max_burst = num(v)?.clamp(512, (1 << 24) - 1),
+            ("FirstBurstLength", v) => p.first_burst = num(v)?.clamp(512, (1 << 24) - 1),
+            ("MaxOutstandingR2T", v) => p.max_outstanding_r2t = num(v)?.clamp(1, 65535) as u16,
+            ("InitialR2T", v) => p.initial_r2t = v == "Yes",
+            ("ImmediateData", v) => p.immediate_data = v == "Yes",
+            ("ErrorRecoveryLevel", v) => p.error_recovery_level = num(v)?.min(2) as u8,
+            ("TargetPortalGroupTag", v) => self.tpgt = Some(num(v)?.min(65535) as u16),
+            _ => {}
+        }
+        Ok(())
+    }
+}
