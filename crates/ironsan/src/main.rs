@@ -1,4 +1,7 @@
-//! The `ironsan` command: `serve` runs the iSCSI target.
+//! The `ironsan` command: `serve` runs the iSCSI target; `ls`, `inq` and
+//! `bench` drive any iSCSI target through the built-in initiator.
+
+mod client;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +31,12 @@ struct Cli {
 enum Cmd {
     /// Serve LUNs over iSCSI. With no options: a 1 GiB RAM LUN on 127.0.0.1:3260.
     Serve(ServeArgs),
+    /// Benchmark iSCSI LUNs, files or block devices (fio's options and JSON).
+    Bench(client::BenchArgs),
+    /// List targets and portals of a portal (discovery); -s also lists LUNs.
+    Ls(client::LsArgs),
+    /// Show INQUIRY data, identifiers and capacity of a LUN.
+    Inq(client::InqArgs),
 }
 
 #[derive(Args, Debug)]
@@ -212,5 +221,8 @@ fn main() -> Result<()> {
         .init();
     match cli.cmd {
         Cmd::Serve(a) => serve(a),
+        Cmd::Bench(a) => client::bench(a),
+        Cmd::Ls(a) => client::ls(a),
+        Cmd::Inq(a) => client::inq(a),
     }
 }

@@ -1,0 +1,284 @@
+//! I/O engines: where a job's I/Os go. Every engine takes submissions up
+//! to its depth and hands back completions; the job loop times them.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use bytes::Bytes;
+use initiator::scsi;
+use initiator::{Connection, DataDir, LoginConfig, Url};
+use iscsi_wire::pdu::Itt;
+
+/// One I/O to submit.
+#[derive(Clone, Copy, Debug)]
+pub struct Io {
+    pub write: bool,
+    pub offset: u64,
+    pub len: u32,
+    /// The caller's slot number, handed back on completion.
+    pub slot: usize,
+}
+
+/// A finished I/O.
+#[derive(Clone, Debug)]
+pub struct Done {
+    pub slot: usize,
+    /// `Err` with a description when the I/O failed.
+    pub result: Result<(), String>,
+    /// Data read (when the engine was asked to keep it).
+    pub data: Option<Bytes>,
+}
+
+/// An I/O engine.
+pub trait Engine: Send {
+    /// Bytes addressable.
+    fn capacity(&self) -> u64;
+    /// Smallest I/O unit (logical block size).
+    fn block_size(&self) -> u32;
+    /// True when another I/O may be submitted now.
+    fn can_submit(&self) -> bool;
+    /// Submits an I/O. `payload` is written for writes (its length is `io.len`).
+    fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String>;
+    /// Waits for at least one completion and appends all available.
+    fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String>;
+    /// Per-path I/O counts (multipath engines).
+    fn path_counts(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+}
+
+/// A LUN through the built-in initiator.
+pub struct IscsiEngine {
+    conn: Connection,
+    lun: u16,
+    bs: u32,
+    capacity: u64,
+    inflight: HashMap<u32, usize>,
+    keep_data: bool,
+    scratch: Vec<(Itt, initiator::TaskResult)>,
+}
+
+impl IscsiEngine {
+    /// Logs in to the URL's target and reads the LUN's capacity.
+    pub fn open(url: &Url, initiator_name: &str, keep_data: bool) -> Result<IscsiEngine, String> {
+        let target = url.target.as_deref().ok_or("URL without a target")?;
+        let lun = url.lun.unwrap_or(0);
+        let cfg = LoginConfig::new(initiator_name, Some(target), initiator::random_isid());
+        let mut conn = Connection::login(&url.addr(), cfg).map_err(|e| format!("{url}: {e}"))?;
+        // Clear unit attentions, then read the capacity.
+        for _ in 0..5 {
+            let r = conn
+                .execute(lun, &scsi::test_unit_ready(), DataDir::None)
+                .map_err(|e| format!("{url}: {e}"))?;
+            if r.status == Some(0) {
+                break;
+            }
+        }
+        let r = conn
+            .execute(lun, &scsi::read_capacity16(), DataDir::Read(32))
+            .map_err(|e| format!("{url}: {e}"))?;
+        let (blocks, bs) = match (r.status, scsi::parse_capacity16(&r.data)) {
+            (Some(0), Some(c)) => c,
+            _ => {
+                return Err(format!(
+                    "{url}: READ CAPACITY(16) failed (status {:?})",
+                    r.status
+                ))
+            }
+        };
+        Ok(IscsiEngine {
+            conn,
+            lun,
+            bs,
+            capacity: blocks * u64::from(bs),
+            inflight: HashMap::new(),
+            keep_data,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The connection's current window and outstanding commands.
+    pub fn outstanding(&self) -> usize {
+        self.inflight.len()
+    }
+}
+
+impl Engine for IscsiEngine {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn block_size(&self) -> u32 {
+        self.bs
+    }
+    fn can_submit(&self) -> bool {
+        self.conn.can_submit()
+    }
+    fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
+        let lba = io.offset / u64::from(self.bs);
+        let blocks = io.len / self.bs;
+        let cdb = scsi::rw16(io.write, lba, blocks, false);
+        let dir = if io.write {
+            DataDir::Write(payload.clone())
+        } else {
+            DataDir::Read(io.len)
+        };
+        let itt = self.conn.submit(self.lun, &cdb, dir);
+        self.inflight.insert(itt.0, io.slot);
+        Ok(())
+    }
+    fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String> {
+        self.conn
+            .wait(&mut self.scratch)
+            .map_err(|e| e.to_string())?;
+        for (itt, r) in self.scratch.drain(..) {
+            let Some(slot) = self.inflight.remove(&itt.0) else {
+                continue;
+            };
+            let result = match r.status {
+                Some(0) => Ok(()),
+                Some(s) => Err(match scsi::sense_code(&r.sense) {
+                    Some((k, a, q)) => format!("status {s:#04x}, sense {k:x}/{a:02x}/{q:02x}"),
+                    None => format!("status {s:#04x}"),
+                }),
+                None => Err("command rejected by the target".into()),
+            };
+            done.push(Done {
+                slot,
+                result,
+                data: self.keep_data.then_some(r.data),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A file or block device with positional reads and writes (fio's
+/// `psync`): one I/O at a time per job.
+pub struct PsyncEngine {
+    file: File,
+    capacity: u64,
+    bs: u32,
+    buf: AlignedBuf,
+    done: Option<Done>,
+    keep_data: bool,
+}
+
+/// A heap buffer aligned for O_DIRECT.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer is owned exclusively by its engine.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(4096), 4096).expect("valid layout");
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, layout }
+    }
+    fn slice(&mut self, len: usize) -> &mut [u8] {
+        // SAFETY: the allocation is at least `layout.size()` bytes, zeroed at
+        // creation, and `len` is clamped to it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len.min(self.layout.size())) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+impl PsyncEngine {
+    /// Opens (or with `create_size`, creates) a file or block device.
+    pub fn open(
+        path: &Path,
+        direct: bool,
+        create_size: Option<u64>,
+        max_io: u32,
+        keep_data: bool,
+    ) -> Result<Self, String> {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true);
+        if create_size.is_some() {
+            o.create(true);
+        }
+        if direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        let file = o
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let meta = file.metadata().map_err(|e| e.to_string())?;
+        let mut capacity = meta.len();
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_block_device() {
+            use std::io::{Seek, SeekFrom};
+            let mut f = &file;
+            capacity = f.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
+        } else if let Some(want) = create_size {
+            if capacity < want {
+                file.set_len(want)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                capacity = want;
+            }
+        }
+        if capacity == 0 {
+            return Err(format!(
+                "{}: empty; give --size to create it",
+                path.display()
+            ));
+        }
+        Ok(PsyncEngine {
+            file,
+            capacity,
+            bs: 512,
+            buf: AlignedBuf::new(max_io as usize),
+            done: None,
+            keep_data,
+        })
+    }
+}
+
+impl Engine for PsyncEngine {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn block_size(&self) -> u32 {
+        self.bs
+    }
+    fn can_submit(&self) -> bool {
+        self.done.is_none()
+    }
+    fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
+        let len = io.len as usize;
+        let buf = self.buf.slice(len);
+        let r: io::Result<()> = if io.write {
+            buf.copy_from_slice(&payload[..len]);
+            self.file.write_all_at(buf, io.offset)
+        } else {
+            self.file.read_exact_at(buf, io.offset)
+        };
+        let data = (self.keep_data && !io.write).then(|| Bytes::copy_from_slice(buf));
+        self.done = Some(Done {
+            slot: io.slot,
+            result: r.map_err(|e| e.to_string()),
+            data,
+        });
+        Ok(())
+    }
+    fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String> {
+        done.extend(self.done.take());
+        Ok(())
+    }
+}

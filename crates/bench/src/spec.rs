@@ -1,0 +1,262 @@
+//! The benchmark plan, validated before any I/O.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use initiator::Url;
+
+/// fio's `rw` modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rw {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+    /// Random mixed reads and writes (`rwmixread` percent reads).
+    RandRw,
+    /// Sequential mixed reads and writes.
+    Rw,
+}
+
+impl Rw {
+    /// Parses fio's names (`read`, `write`, `randread`, `randwrite`,
+    /// `randrw`, `rw`/`readwrite`).
+    pub fn parse(s: &str) -> Result<Rw, String> {
+        Ok(match s {
+            "read" => Rw::Read,
+            "write" => Rw::Write,
+            "randread" => Rw::RandRead,
+            "randwrite" => Rw::RandWrite,
+            "randrw" => Rw::RandRw,
+            "rw" | "readwrite" => Rw::Rw,
+            _ => {
+                return Err(format!(
+                    "--rw {s:?}: expected read, write, randread, randwrite, randrw or rw"
+                ))
+            }
+        })
+    }
+
+    /// fio's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rw::Read => "read",
+            Rw::Write => "write",
+            Rw::RandRead => "randread",
+            Rw::RandWrite => "randwrite",
+            Rw::RandRw => "randrw",
+            Rw::Rw => "rw",
+        }
+    }
+
+    /// True for random offsets.
+    pub fn random(self) -> bool {
+        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)
+    }
+
+    /// Percentage of reads given `rwmixread`.
+    pub fn read_percent(self, rwmixread: u8) -> u8 {
+        match self {
+            Rw::Read | Rw::RandRead => 100,
+            Rw::Write | Rw::RandWrite => 0,
+            Rw::RandRw | Rw::Rw => rwmixread,
+        }
+    }
+}
+
+/// What to drive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// A LUN through the built-in initiator.
+    Iscsi(Url),
+    /// A file or block device.
+    File(PathBuf),
+}
+
+impl TargetSpec {
+    /// `iscsi://…` URLs, anything else is a path.
+    pub fn parse(s: &str) -> Result<TargetSpec, String> {
+        if s.starts_with("iscsi://") {
+            let u: Url = s.parse()?;
+            if u.target.is_none() || u.lun.is_none() {
+                return Err(format!(
+                    "{s}: the URL must name a target and a LUN (iscsi://host/iqn/lun)"
+                ));
+            }
+            Ok(TargetSpec::Iscsi(u))
+        } else if s.is_empty() {
+            Err("empty target".into())
+        } else {
+            Ok(TargetSpec::File(PathBuf::from(s)))
+        }
+    }
+}
+
+impl std::fmt::Display for TargetSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetSpec::Iscsi(u) => u.fmt(f),
+            TargetSpec::File(p) => p.display().fmt(f),
+        }
+    }
+}
+
+/// One benchmark run.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    pub name: String,
+    pub targets: Vec<TargetSpec>,
+    pub rw: Rw,
+    pub rwmixread: u8,
+    /// Block size in bytes.
+    pub bs: u32,
+    pub iodepth: u32,
+    pub numjobs: u32,
+    /// Bytes of the target to use from `offset` (None: all of it).
+    pub size: Option<u64>,
+    pub offset: u64,
+    /// Stop after this long (None: after `size` bytes per job).
+    pub runtime: Option<Duration>,
+    /// Run this long before measuring.
+    pub ramp_time: Duration,
+    pub randseed: u64,
+    /// O_DIRECT for files.
+    pub direct: bool,
+    /// Create a file target of `size` bytes when missing.
+    pub create: bool,
+    /// Initiator name for iSCSI targets.
+    pub initiator: String,
+    /// Multipath policy across several URLs of one LU.
+    pub multipath: Option<Multipath>,
+}
+
+/// Multipath policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Multipath {
+    /// Round robin switching path every N I/Os.
+    RoundRobin(u32),
+    /// Least queue depth.
+    LeastQueueDepth,
+}
+
+impl Multipath {
+    /// `rr`, `rr:N` or `lqd`.
+    pub fn parse(s: &str) -> Result<Multipath, String> {
+        match s {
+            "rr" => Ok(Multipath::RoundRobin(1)),
+            "lqd" => Ok(Multipath::LeastQueueDepth),
+            _ => match s.strip_prefix("rr:").map(str::parse::<u32>) {
+                Some(Ok(n)) if n > 0 => Ok(Multipath::RoundRobin(n)),
+                _ => Err(format!(
+                    "--multipath {s:?}: expected rr, rr:N (N >= 1) or lqd"
+                )),
+            },
+        }
+    }
+}
+
+impl JobSpec {
+    /// Checks the plan; the message names the option at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.targets.is_empty() {
+            return Err("no target given (an iscsi:// URL, a file or a block device)".into());
+        }
+        if self.bs == 0 || !self.bs.is_multiple_of(512) || self.bs > 64 << 20 {
+            return Err(format!(
+                "--bs {}: must be a multiple of 512 up to 64M",
+                self.bs
+            ));
+        }
+        if !(1..=65536).contains(&self.iodepth) {
+            return Err(format!("--iodepth {}: must be 1..=65536", self.iodepth));
+        }
+        if !(1..=1024).contains(&self.numjobs) {
+            return Err(format!("--numjobs {}: must be 1..=1024", self.numjobs));
+        }
+        if self.rwmixread > 100 {
+            return Err(format!("--rwmixread {}: must be 0..=100", self.rwmixread));
+        }
+        if !self.offset.is_multiple_of(u64::from(self.bs)) {
+            return Err(format!(
+                "--offset {} is not a multiple of --bs {}",
+                self.offset, self.bs
+            ));
+        }
+        if let Some(s) = self.size {
+            if s < u64::from(self.bs) {
+                return Err(format!("--size {s} is smaller than --bs {}", self.bs));
+            }
+        }
+        if self.runtime.is_none() && self.size.is_none() {
+            return Err("give --runtime or --size".into());
+        }
+        if self.targets.len() > 1 && self.multipath.is_none() {
+            return Err(
+                "several targets: give --multipath rr[:N] or lqd (they must be one LU)".into(),
+            );
+        }
+        if self.multipath.is_some()
+            && self
+                .targets
+                .iter()
+                .any(|t| !matches!(t, TargetSpec::Iscsi(_)))
+        {
+            return Err("--multipath needs iscsi:// targets".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            name: "t".into(),
+            targets: vec![TargetSpec::parse("/tmp/x").unwrap()],
+            rw: Rw::RandRead,
+            rwmixread: 50,
+            bs: 4096,
+            iodepth: 32,
+            numjobs: 1,
+            size: Some(1 << 20),
+            offset: 0,
+            runtime: None,
+            ramp_time: Duration::ZERO,
+            randseed: 1,
+            direct: false,
+            create: false,
+            initiator: "iqn.x".into(),
+            multipath: None,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_option() {
+        assert!(spec().validate().is_ok());
+        type Change = Box<dyn Fn(&mut JobSpec)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(|s| s.bs = 1000), "--bs"),
+            (Box::new(|s| s.iodepth = 0), "--iodepth"),
+            (Box::new(|s| s.numjobs = 0), "--numjobs"),
+            (Box::new(|s| s.rwmixread = 101), "--rwmixread"),
+            (Box::new(|s| s.offset = 100), "--offset"),
+            (Box::new(|s| s.size = Some(10)), "--size"),
+            (
+                Box::new(|s| s.targets.push(TargetSpec::File("/y".into()))),
+                "--multipath",
+            ),
+        ];
+        for (f, want) in cases {
+            let mut s = spec();
+            f(&mut s);
+            let e = s.validate().unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        assert!(Rw::parse("randrw").is_ok() && Rw::parse("sideways").is_err());
+        assert_eq!(Multipath::parse("rr:4"), Ok(Multipath::RoundRobin(4)));
+        assert!(Multipath::parse("rr:0").is_err());
+        assert!(TargetSpec::parse("iscsi://h/iqn.x").is_err());
+    }
+}

@@ -1,0 +1,313 @@
+//! One initiator connection over a blocking socket.
+
+use std::io::{self, IoSlice, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use iscsi_proto::initiator::{
+    DataDir, InitiatorEvent, InitiatorLogin, InitiatorSession, LoginConfig, LoginError,
+    LoginProgress, TaskResult,
+};
+use iscsi_proto::params::SessionParams;
+use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
+use iscsi_wire::outbox::{Digests, MAX_IOVECS};
+use iscsi_wire::pdu::{Itt, LoginResp, Lun, Opcode, TmfFunction};
+use iscsi_wire::{text, Outbox, RawPdu, Sn};
+use thiserror::Error;
+
+/// Why an initiator operation failed.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The socket failed or timed out.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The target refused the login.
+    #[error("{0}")]
+    Login(#[from] LoginError),
+    /// The target broke the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The connection closed.
+    #[error("connection closed by the target")]
+    Closed,
+}
+
+/// A logged-in connection (one session, one connection).
+pub struct Connection {
+    stream: TcpStream,
+    session: InitiatorSession,
+    rbuf: BytesMut,
+    out: Outbox,
+    lim: FrameLimits,
+    events: Vec<InitiatorEvent>,
+    /// The target portal group tag reported at login.
+    pub tpgt: Option<u16>,
+    /// The TSIH the target assigned.
+    pub tsih: u16,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("session", &self.session)
+            .finish()
+    }
+}
+
+fn open(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                s.set_write_timeout(Some(Duration::from_secs(30)))?;
+                let sock = socket2::SockRef::from(&s);
+                let _ = sock.set_recv_buffer_size(1 << 20);
+                let _ = sock.set_send_buffer_size(1 << 20);
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.map_or_else(|| Error::Protocol(format!("{addr}: no address")), Error::Io))
+}
+
+impl Connection {
+    /// Connects to `addr` (`host:port`) and logs in.
+    pub fn login(addr: &str, cfg: LoginConfig) -> Result<Connection, Error> {
+        let stream = open(addr, Duration::from_secs(10))?;
+        let mut c = Connection {
+            stream,
+            session: InitiatorSession::new(SessionParams::rfc_defaults(), Sn(0), Sn(0), Sn(0)),
+            rbuf: BytesMut::with_capacity(512 * 1024),
+            out: Outbox::new(),
+            lim: FrameLimits::LOGIN,
+            events: Vec::new(),
+            tpgt: None,
+            tsih: 0,
+        };
+        let mut login = InitiatorLogin::new(cfg, Sn(1), Itt(0));
+        let (mut req, mut body) = login.start();
+        loop {
+            c.out
+                .push(&req.encode(body.len()), &body, Digests::default());
+            c.flush()?;
+            let raw = c.next_pdu()?;
+            if iscsi_wire::pdu::opcode(&raw.bhs) != Opcode::LoginResp {
+                return Err(Error::Protocol("expected a Login Response".into()));
+            }
+            let resp = LoginResp::decode(&raw.bhs);
+            match login.handle(&resp, &raw.data)? {
+                LoginProgress::Send(r, b) => {
+                    req = r;
+                    body = b;
+                }
+                LoginProgress::Done(n) => {
+                    c.lim = FrameLimits {
+                        header_digest: n.params.header_digest,
+                        data_digest: n.params.data_digest,
+                        max_data_segment: n.params.recv_max_data_segment,
+                    };
+                    c.tpgt = n.tpgt;
+                    c.tsih = n.tsih;
+                    c.session =
+                        InitiatorSession::new(n.params, n.cmd_sn, n.exp_stat_sn, n.max_cmd_sn);
+                    return Ok(c);
+                }
+            }
+        }
+    }
+
+    /// The session state (negotiated parameters, window).
+    pub fn session(&self) -> &InitiatorSession {
+        &self.session
+    }
+
+    /// True when the target's command window admits another command.
+    pub fn can_submit(&self) -> bool {
+        self.session.can_submit()
+    }
+
+    /// Queues a command; it is sent by the next [`Connection::wait`] or
+    /// [`Connection::flush`].
+    pub fn submit(&mut self, lun: u16, cdb: &[u8], dir: DataDir) -> Itt {
+        self.session
+            .submit(Lun::from_index(lun), cdb, dir, &mut self.out)
+    }
+
+    /// Sends everything queued.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        while !self.out.is_empty() {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let n = self.out.io_slices(&mut iov);
+            let w = self.stream.write_vectored(&iov[..n])?;
+            if w == 0 {
+                return Err(Error::Closed);
+            }
+            self.out.advance(w);
+        }
+        Ok(())
+    }
+
+    fn fill(&mut self) -> Result<(), Error> {
+        if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
+            self.rbuf.reserve(512 * 1024);
+        }
+        let len = self.rbuf.len();
+        let n = socket2::SockRef::from(&self.stream).recv(self.rbuf.spare_capacity_mut())?;
+        if n == 0 {
+            return Err(Error::Closed);
+        }
+        // SAFETY: recv() initialised the first `n` bytes of the spare
+        // capacity, which directly follow the current length.
+        unsafe { self.rbuf.set_len(len + n) };
+        Ok(())
+    }
+
+    fn take_pdu(&mut self) -> Result<Option<RawPdu>, Error> {
+        match frame_len(&self.rbuf, &self.lim) {
+            Ok(Some(n)) => split_pdu(&mut self.rbuf, n, &self.lim)
+                .map(Some)
+                .map_err(|e| Error::Protocol(e.to_string())),
+            Ok(None) => Ok(None),
+            Err(e) => Err(Error::Protocol(e.to_string())),
+        }
+    }
+
+    fn next_pdu(&mut self) -> Result<RawPdu, Error> {
+        loop {
+            if let Some(p) = self.take_pdu()? {
+                return Ok(p);
+            }
+            self.fill()?;
+        }
+    }
+
+    /// Sends what is queued, then reads until at least one command
+    /// finishes; appends every finished command (and other events) seen in
+    /// the bytes read.
+    pub fn wait(&mut self, done: &mut Vec<(Itt, TaskResult)>) -> Result<(), Error> {
+        self.flush()?;
+        let before = done.len();
+        loop {
+            while let Some(p) = self.take_pdu()? {
+                self.session.handle_pdu(p, &mut self.out, &mut self.events);
+            }
+            for e in self.events.drain(..) {
+                match e {
+                    InitiatorEvent::Done(itt, r) => done.push((itt, r)),
+                    InitiatorEvent::ProtocolError(m) => return Err(Error::Protocol(m)),
+                    _ => {}
+                }
+            }
+            // Answers to R2Ts and NOP-In pings.
+            self.flush()?;
+            if done.len() > before {
+                return Ok(());
+            }
+            self.fill()?;
+        }
+    }
+
+    /// Waits for one non-command event (text, TMF or logout answer).
+    fn wait_event(
+        &mut self,
+        want: impl Fn(&InitiatorEvent) -> bool,
+    ) -> Result<InitiatorEvent, Error> {
+        self.flush()?;
+        loop {
+            while let Some(p) = self.take_pdu()? {
+                self.session.handle_pdu(p, &mut self.out, &mut self.events);
+            }
+            if let Some(pos) = self.events.iter().position(&want) {
+                return Ok(self.events.remove(pos));
+            }
+            if let Some(InitiatorEvent::ProtocolError(m)) = self
+                .events
+                .iter()
+                .find(|e| matches!(e, InitiatorEvent::ProtocolError(_)))
+            {
+                return Err(Error::Protocol(m.clone()));
+            }
+            self.flush()?;
+            self.fill()?;
+        }
+    }
+
+    /// Runs one command to completion.
+    pub fn execute(&mut self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<TaskResult, Error> {
+        let itt = self.submit(lun, cdb, dir);
+        let mut done = Vec::new();
+        loop {
+            self.wait(&mut done)?;
+            if let Some(pos) = done.iter().position(|(i, _)| *i == itt) {
+                return Ok(done.swap_remove(pos).1);
+            }
+        }
+    }
+
+    /// Sends a task management function and returns the target's response
+    /// code (0 = function complete).
+    pub fn task_mgmt(
+        &mut self,
+        f: TmfFunction,
+        lun: u16,
+        ref_itt: Option<Itt>,
+    ) -> Result<u8, Error> {
+        let itt = self
+            .session
+            .task_mgmt(f, Lun::from_index(lun), ref_itt, &mut self.out);
+        match self.wait_event(|e| matches!(e, InitiatorEvent::TaskMgmt(i, _) if *i == itt))? {
+            InitiatorEvent::TaskMgmt(_, r) => Ok(r),
+            _ => unreachable!("filtered above"),
+        }
+    }
+
+    /// Sends a text request and returns the answer's pairs.
+    pub fn text(&mut self, body: &[u8]) -> Result<Vec<(String, String)>, Error> {
+        let itt = self.session.text(body, &mut self.out);
+        match self.wait_event(|e| matches!(e, InitiatorEvent::Text(i, _) if *i == itt))? {
+            InitiatorEvent::Text(_, t) => {
+                text::parse(&t).map_err(|e| Error::Protocol(e.to_string()))
+            }
+            _ => unreachable!("filtered above"),
+        }
+    }
+
+    /// Logs out and closes the connection.
+    pub fn logout(mut self) -> Result<(), Error> {
+        self.session.logout(&mut self.out);
+        self.wait_event(|e| matches!(e, InitiatorEvent::LoggedOut(_)))?;
+        Ok(())
+    }
+
+    /// Bytes a write of `len` bytes would share with the caller: a helper to
+    /// build write payloads without copying.
+    pub fn payload(data: &[u8]) -> Bytes {
+        Bytes::copy_from_slice(data)
+    }
+}
+
+/// A discovery session: every target and its portal addresses
+/// (`SendTargets=All`).
+pub fn discover(addr: &str, initiator: &str) -> Result<Vec<(String, Vec<String>)>, Error> {
+    let cfg = LoginConfig::new(initiator, None, crate::random_isid());
+    let mut c = Connection::login(addr, cfg)?;
+    let pairs = c.text(b"SendTargets=All\0")?;
+    let _ = c.logout();
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for (k, v) in pairs {
+        match k.as_str() {
+            "TargetName" => out.push((v, Vec::new())),
+            "TargetAddress" => {
+                if let Some(last) = out.last_mut() {
+                    last.1.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}

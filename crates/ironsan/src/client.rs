@@ -1,0 +1,276 @@
+//! Client commands: `ls`, `inq` and `bench`.
+
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bench::spec::Multipath;
+use bench::{JobSpec, Rw, TargetSpec};
+use clap::Args;
+use initiator::{scsi, Connection, DataDir, LoginConfig, Url};
+
+/// `ironsan ls`: discovery, and with `-s` the LUNs of every target.
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// iscsi://host[:port]
+    url: String,
+    /// Also log in to each target and list its LUNs with their size.
+    #[arg(short = 's', long)]
+    show_luns: bool,
+    /// Initiator name.
+    #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
+    initiator: String,
+}
+
+/// `ironsan inq`: INQUIRY, identification and capacity of one LUN.
+#[derive(Args, Debug)]
+pub struct InqArgs {
+    /// iscsi://host[:port]/iqn/lun
+    url: String,
+    /// Initiator name.
+    #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
+    initiator: String,
+}
+
+/// `ironsan bench`: fio-style workloads against iSCSI LUNs, files or block devices.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Targets: iscsi://host[:port]/iqn/lun (several with --multipath), a file or a block device.
+    #[arg(required = true)]
+    targets: Vec<String>,
+    /// read, write, randread, randwrite, randrw or rw.
+    #[arg(long, default_value = "randread")]
+    rw: String,
+    /// Percentage of reads for randrw/rw.
+    #[arg(long, default_value_t = 50)]
+    rwmixread: u8,
+    /// Block size (4k, 1m, 4096 ...).
+    #[arg(long, default_value = "4k")]
+    bs: String,
+    /// I/Os in flight per job.
+    #[arg(long, default_value_t = 32)]
+    iodepth: u32,
+    /// Parallel jobs (each with its own session or file handle).
+    #[arg(long, default_value_t = 1)]
+    numjobs: u32,
+    /// Bytes of the target to use (default: all of it).
+    #[arg(long)]
+    size: Option<String>,
+    /// Start offset in bytes.
+    #[arg(long, default_value = "0")]
+    offset: String,
+    /// Run time (10, 10s, 1m, 500ms); without it, each job does --size bytes.
+    #[arg(long)]
+    runtime: Option<String>,
+    /// Warm-up time before measuring.
+    #[arg(long = "ramp_time", default_value = "0")]
+    ramp_time: String,
+    /// Seed of the offset generator.
+    #[arg(long, default_value_t = 0x1234_5678)]
+    randseed: u64,
+    /// O_DIRECT for files and block devices.
+    #[arg(long)]
+    direct: bool,
+    /// Multipath policy over several URLs of one LU: rr, rr:N or lqd.
+    #[arg(long)]
+    multipath: Option<String>,
+    /// Print fio-compatible JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Job name in reports.
+    #[arg(long, default_value = "ironsan")]
+    name: String,
+    /// Initiator name for iSCSI targets.
+    #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
+    initiator: String,
+}
+
+/// Parses `10`, `10s`, `1m`, `500ms`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, mul_ms) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60_000)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3_600_000)
+    } else {
+        (t, 1000)
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?} (try 10s, 1m, 500ms)"))?;
+    Ok(Duration::from_millis(n.saturating_mul(mul_ms)))
+}
+
+fn size_arg(opt: &str, s: &str) -> Result<u64> {
+    target::size::parse_size(&s.to_lowercase().replace("ib", ""))
+        .map_err(|e| anyhow::anyhow!("{opt}: {e}"))
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let targets = a
+        .targets
+        .iter()
+        .map(|t| TargetSpec::parse(t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let bs = size_arg("--bs", &a.bs)?;
+    let spec = JobSpec {
+        name: a.name,
+        targets,
+        rw: Rw::parse(&a.rw).map_err(anyhow::Error::msg)?,
+        rwmixread: a.rwmixread,
+        bs: u32::try_from(bs).map_err(|_| anyhow::anyhow!("--bs {bs}: too large"))?,
+        iodepth: a.iodepth,
+        numjobs: a.numjobs,
+        size: a
+            .size
+            .as_deref()
+            .map(|s| size_arg("--size", s))
+            .transpose()?,
+        offset: size_arg("--offset", &a.offset)?,
+        runtime: a
+            .runtime
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--runtime: {e}"))?,
+        ramp_time: parse_duration(&a.ramp_time).map_err(|e| anyhow::anyhow!("--ramp_time: {e}"))?,
+        randseed: a.randseed,
+        direct: a.direct,
+        create: true,
+        initiator: a.initiator,
+        multipath: a
+            .multipath
+            .as_deref()
+            .map(Multipath::parse)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+    };
+    spec.validate().map_err(anyhow::Error::msg)?;
+    let progress = Arc::new(bench::run::Progress::default());
+    let live = std::io::stderr().is_terminal() && !a.json;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticker = live.then(|| {
+        let (p, stop, total) = (progress.clone(), stop.clone(), spec.runtime);
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let (mut last_ios, mut last_bytes) = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                let (ios, bytes) = (
+                    p.ios.load(Ordering::Relaxed),
+                    p.bytes.load(Ordering::Relaxed),
+                );
+                let eta = total.map_or(String::new(), |t| {
+                    format!(", ETA {}s", t.saturating_sub(start.elapsed()).as_secs())
+                });
+                eprint!(
+                    "\r  {} IOPS, {:.1} MB/s{eta}        ",
+                    ios - last_ios,
+                    (bytes - last_bytes) as f64 / 1e6
+                );
+                (last_ios, last_bytes) = (ios, bytes);
+            }
+            eprint!("\r{:60}\r", "");
+        })
+    });
+    let r = bench::run(&spec, Some(progress));
+    stop.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
+    let r = r.map_err(anyhow::Error::msg)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&bench::report::json(&spec, &r))?
+        );
+    } else {
+        print!("{}", bench::report::text(&spec, &r));
+    }
+    if r.read.errors + r.write.errors > 0 {
+        bail!("{} I/O errors", r.read.errors + r.write.errors);
+    }
+    Ok(())
+}
+
+pub fn ls(a: LsArgs) -> Result<()> {
+    let url: Url = a.url.parse().map_err(anyhow::Error::msg)?;
+    let targets = initiator::discover(&url.addr(), &a.initiator)
+        .with_context(|| format!("discovery at {}", url.addr()))?;
+    for (name, portals) in targets {
+        for p in &portals {
+            println!("Target:{name} Portal:{p}");
+        }
+        if portals.is_empty() {
+            println!("Target:{name}");
+        }
+        if a.show_luns {
+            let cfg = LoginConfig::new(&a.initiator, Some(&name), initiator::random_isid());
+            let mut c =
+                Connection::login(&url.addr(), cfg).with_context(|| format!("login to {name}"))?;
+            let r = c.execute(0, &scsi::report_luns(4096), DataDir::Read(4096))?;
+            for lun in scsi::parse_report_luns(&r.data) {
+                let _ = c.execute(lun, &scsi::test_unit_ready(), DataDir::None);
+                let inq = c.execute(lun, &scsi::inquiry(None, 96), DataDir::Read(96))?;
+                let cap = c.execute(lun, &scsi::read_capacity16(), DataDir::Read(32))?;
+                let kind = scsi::parse_inquiry(&inq.data)
+                    .map_or("?".to_string(), |(t, v, p, _)| format!("type {t} {v} {p}"));
+                let size = scsi::parse_capacity16(&cap.data).map_or("?".to_string(), |(n, bs)| {
+                    format!("{} bytes, {bs}-byte blocks", n * u64::from(bs))
+                });
+                println!("  Lun:{lun} {kind} ({size})");
+            }
+            let _ = c.logout();
+        }
+    }
+    Ok(())
+}
+
+pub fn inq(a: InqArgs) -> Result<()> {
+    let url: Url = a.url.parse().map_err(anyhow::Error::msg)?;
+    let Some(target) = url.target.clone() else {
+        bail!(
+            "{}: the URL must name a target (iscsi://host/iqn/lun)",
+            a.url
+        )
+    };
+    let lun = url.lun.unwrap_or(0);
+    let cfg = LoginConfig::new(&a.initiator, Some(&target), initiator::random_isid());
+    let mut c =
+        Connection::login(&url.addr(), cfg).with_context(|| format!("login to {target}"))?;
+    let _ = c.execute(lun, &scsi::test_unit_ready(), DataDir::None);
+    let inq = c.execute(lun, &scsi::inquiry(None, 255), DataDir::Read(255))?;
+    if let Some((t, v, p, r)) = scsi::parse_inquiry(&inq.data) {
+        println!("Peripheral device type: {t}\nVendor: {v}\nProduct: {p}\nRevision: {r}");
+    }
+    let sn = c.execute(lun, &scsi::inquiry(Some(0x80), 255), DataDir::Read(255))?;
+    if sn.status == Some(0) && sn.data.len() > 4 {
+        println!(
+            "Unit serial number: {}",
+            String::from_utf8_lossy(&sn.data[4..]).trim()
+        );
+    }
+    let id = c.execute(lun, &scsi::inquiry(Some(0x83), 1024), DataDir::Read(1024))?;
+    if let Some(naa) = scsi::naa_id(&id.data) {
+        println!("Device identifier: {naa}");
+    }
+    let cap = c.execute(lun, &scsi::read_capacity16(), DataDir::Read(32))?;
+    if let Some((n, bs)) = scsi::parse_capacity16(&cap.data) {
+        println!(
+            "Capacity: {} bytes ({n} blocks of {bs} bytes)",
+            n * u64::from(bs)
+        );
+    }
+    if let Some(t) = c.tpgt {
+        println!("Target portal group: {t}");
+    }
+    let _ = c.logout();
+    Ok(())
+}
