@@ -2,6 +2,7 @@
 //! `bench` drive any iSCSI target through the built-in initiator.
 
 mod client;
+mod probe;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +38,9 @@ enum Cmd {
     Ls(client::LsArgs),
     /// Show INQUIRY data, identifiers and capacity of a LUN.
     Inq(client::InqArgs),
+    /// Measurement probes for the side-by-side script (null responder, raw loopback).
+    #[command(subcommand, hide = true)]
+    Probe(probe::Probe),
 }
 
 #[derive(Args, Debug)]
@@ -224,5 +228,6 @@ fn main() -> Result<()> {
         Cmd::Bench(a) => client::bench(a),
         Cmd::Ls(a) => client::ls(a),
         Cmd::Inq(a) => client::inq(a),
+        Cmd::Probe(p) => probe::run(p),
     }
 }

@@ -1,0 +1,447 @@
+//! Measurement probes for the side-by-side script (scripts/sidebyside.py):
+//!
+//! * `null-target`: the smallest iSCSI responder clients accept — reads
+//!   answered with zeros, writes dropped, a fixed identity — to measure what
+//!   a client can do at all (its ceiling). Deliberately independent of the
+//!   target's code: only the PDU codec is shared.
+//! * `loopback`: a raw TCP request/response probe (fixed-size requests,
+//!   fixed-size replies, a fixed number outstanding): the transport ceiling
+//!   for the same shapes.
+
+use std::io::{IoSlice, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use bytes::BytesMut;
+use clap::{Args, Subcommand};
+use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
+use iscsi_wire::outbox::{Digests, MAX_IOVECS};
+use iscsi_wire::pdu::*;
+use iscsi_wire::{text, Outbox, Sn};
+
+#[derive(Subcommand, Debug)]
+pub enum Probe {
+    /// A null iSCSI responder (reads return zeros, writes are dropped).
+    NullTarget(NullArgs),
+    /// A raw loopback TCP request/response probe.
+    Loopback(LoopArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct NullArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3299")]
+    listen: String,
+    /// Reported capacity in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    size: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct LoopArgs {
+    /// Request size in bytes.
+    #[arg(long, default_value_t = 48)]
+    req: usize,
+    /// Response size in bytes.
+    #[arg(long, default_value_t = 4144)]
+    resp: usize,
+    /// Requests outstanding.
+    #[arg(long, default_value_t = 32)]
+    qd: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 5.0)]
+    secs: f64,
+}
+
+pub fn run(p: Probe) -> Result<()> {
+    match p {
+        Probe::NullTarget(a) => null_target(a),
+        Probe::Loopback(a) => loopback(a),
+    }
+}
+
+fn null_target(a: NullArgs) -> Result<()> {
+    let l = TcpListener::bind(&a.listen)?;
+    println!("null-target: listening on {}", l.local_addr()?);
+    for s in l.incoming() {
+        let s = s?;
+        let size = a.size;
+        std::thread::spawn(move || {
+            let _ = NullConn::new(s, size).serve();
+        });
+    }
+    Ok(())
+}
+
+struct NullConn {
+    s: TcpStream,
+    buf: BytesMut,
+    out: Outbox,
+    size: u64,
+    stat_sn: Sn,
+    exp_cmd_sn: Sn,
+    /// Writes waiting for solicited data: (itt, expected, received).
+    writes: Vec<(Itt, u32, u32)>,
+    zeros: bytes::Bytes,
+}
+
+impl NullConn {
+    fn new(s: TcpStream, size: u64) -> Self {
+        let _ = s.set_nodelay(true);
+        NullConn {
+            s,
+            buf: BytesMut::with_capacity(1 << 20),
+            out: Outbox::new(),
+            size,
+            stat_sn: Sn(1),
+            exp_cmd_sn: Sn(0),
+            writes: Vec::new(),
+            zeros: bytes::Bytes::from(vec![0u8; 256 * 1024]),
+        }
+    }
+
+    fn sn(&mut self, advance: bool) -> SnTriple {
+        let t = SnTriple {
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.exp_cmd_sn.plus(1023),
+        };
+        if advance {
+            self.stat_sn = self.stat_sn.next();
+        }
+        t
+    }
+
+    fn serve(mut self) -> std::io::Result<()> {
+        let lim = FrameLimits {
+            header_digest: false,
+            data_digest: false,
+            max_data_segment: 1 << 20,
+        };
+        let mut tmp = vec![0u8; 1 << 20];
+        loop {
+            while let Ok(Some(n)) = frame_len(&self.buf, &lim) {
+                let raw = split_pdu(&mut self.buf, n, &lim).map_err(std::io::Error::other)?;
+                if !self.handle(raw) {
+                    self.flush()?;
+                    return Ok(());
+                }
+            }
+            self.flush()?;
+            let n = self.s.read(&mut tmp)?;
+            if n == 0 {
+                return Ok(());
+            }
+            self.buf.extend_from_slice(&tmp[..n]);
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        while !self.out.is_empty() {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let n = self.out.io_slices(&mut iov);
+            let w = self.s.write_vectored(&iov[..n])?;
+            self.out.advance(w);
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, raw: iscsi_wire::RawPdu) -> bool {
+        let dg = Digests::default();
+        match Pdu::parse(&raw.bhs) {
+            Pdu::LoginReq(r) => {
+                self.exp_cmd_sn = r.cmd_sn;
+                self.stat_sn = r.exp_stat_sn;
+                let discovery = raw.data.windows(19).any(|w| w == b"SessionType=Discove");
+                let mut t = Vec::new();
+                for (k, v) in [
+                    ("HeaderDigest", "None"),
+                    ("DataDigest", "None"),
+                    ("InitialR2T", "Yes"),
+                    ("ImmediateData", "Yes"),
+                    ("MaxRecvDataSegmentLength", "262144"),
+                    ("MaxBurstLength", "262144"),
+                    ("FirstBurstLength", "262144"),
+                    ("MaxOutstandingR2T", "1"),
+                    ("ErrorRecoveryLevel", "0"),
+                    ("TargetPortalGroupTag", "1"),
+                ] {
+                    if !discovery || k.ends_with("Digest") || k.starts_with("MaxRecv") {
+                        text::push(&mut t, k, v);
+                    }
+                }
+                let resp = LoginResp {
+                    transit: true,
+                    cont: false,
+                    csg: r.csg,
+                    nsg: 3,
+                    version_max: 0,
+                    version_active: 0,
+                    isid: r.isid,
+                    tsih: 1,
+                    itt: r.itt,
+                    sn: self.sn(true),
+                    status_class: 0,
+                    status_detail: 0,
+                };
+                self.out.push(&resp.encode(t.len()), &t, dg);
+            }
+            Pdu::TextReq(t) => {
+                let addr = self
+                    .s
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                let body = text::encode(&[
+                    ("TargetName", "iqn.2026-11.io.ironsan:null"),
+                    ("TargetAddress", &format!("{addr},1")),
+                ]);
+                let r = TextResp {
+                    final_: true,
+                    cont: false,
+                    lun: t.lun,
+                    itt: t.itt,
+                    ttt: RESERVED_TAG,
+                    sn: self.sn(true),
+                };
+                self.out.push(&r.encode(body.len()), &body, dg);
+            }
+            Pdu::NopOut(n) => {
+                if n.itt.0 != RESERVED_TAG {
+                    let r = NopIn {
+                        lun: n.lun,
+                        itt: n.itt,
+                        ttt: RESERVED_TAG,
+                        sn: self.sn(true),
+                    };
+                    self.out.push_bytes(&r.encode(raw.data.len()), raw.data, dg);
+                }
+            }
+            Pdu::LogoutReq(l) => {
+                let r = LogoutResp {
+                    response: 0,
+                    itt: l.itt,
+                    sn: self.sn(true),
+                    time2wait: 0,
+                    time2retain: 0,
+                };
+                self.out.push(&r.encode(), &[], dg);
+                return false;
+            }
+            Pdu::ScsiCommand(c) => {
+                if !c.immediate {
+                    self.exp_cmd_sn = self.exp_cmd_sn.next();
+                }
+                self.command(c, raw.data.len() as u32);
+            }
+            Pdu::DataOut(d) => {
+                if let Some(i) = self.writes.iter().position(|w| w.0 == d.itt) {
+                    self.writes[i].2 += raw.data.len() as u32;
+                    if self.writes[i].2 >= self.writes[i].1 {
+                        self.writes.swap_remove(i);
+                        self.status(d.itt, 0, &[]);
+                    }
+                }
+            }
+            Pdu::TaskMgmtReq(t) => {
+                let r = TaskMgmtResp {
+                    response: 0,
+                    itt: t.itt,
+                    sn: self.sn(true),
+                };
+                self.out.push(&r.encode(), &[], dg);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    fn status(&mut self, itt: Itt, status: u8, sense: &[u8]) {
+        let mut d = Vec::new();
+        if !sense.is_empty() {
+            d.extend_from_slice(&(sense.len() as u16).to_be_bytes());
+            d.extend_from_slice(sense);
+        }
+        let r = ScsiResponse {
+            response: 0,
+            status,
+            itt,
+            sn: self.sn(true),
+            exp_data_sn: 0,
+            residual: Residual::default(),
+        };
+        self.out.push(&r.encode(d.len()), &d, Digests::default());
+    }
+
+    fn data(&mut self, c: &ScsiCommand, data: &[u8]) {
+        let n = data.len().min(c.edtl as usize);
+        let d = DataIn {
+            final_: true,
+            ack: false,
+            status: Some(0),
+            lun: c.lun,
+            itt: c.itt,
+            ttt: RESERVED_TAG,
+            sn: self.sn(true),
+            data_sn: 0,
+            buffer_offset: 0,
+            residual: Residual::of(c.edtl, data.len() as u32),
+        };
+        self.out.push(&d.encode(n), &data[..n], Digests::default());
+    }
+
+    fn command(&mut self, c: ScsiCommand, imm: u32) {
+        let cdb = c.cdb;
+        let blocks = self.size / 512;
+        match cdb[0] {
+            0x08 | 0x28 | 0xa8 | 0x88 => {
+                // READ: zeros, in 256 KiB Data-In PDUs, status in the last.
+                let total = c.edtl as usize;
+                let mut off = 0;
+                let mut data_sn = 0;
+                while off < total || total == 0 {
+                    let n = (total - off).min(self.zeros.len());
+                    let last = off + n == total;
+                    let d = DataIn {
+                        final_: last,
+                        ack: false,
+                        status: last.then_some(0),
+                        lun: c.lun,
+                        itt: c.itt,
+                        ttt: RESERVED_TAG,
+                        sn: self.sn(last),
+                        data_sn,
+                        buffer_offset: off as u32,
+                        residual: Residual::default(),
+                    };
+                    self.out
+                        .push_bytes(&d.encode(n), self.zeros.slice(..n), Digests::default());
+                    data_sn += 1;
+                    off += n;
+                    if total == 0 {
+                        break;
+                    }
+                }
+            }
+            0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0x8e => {
+                if imm >= c.edtl {
+                    self.status(c.itt, 0, &[]);
+                } else {
+                    let r = R2t {
+                        lun: c.lun,
+                        itt: c.itt,
+                        ttt: c.itt.0,
+                        sn: self.sn(false),
+                        r2t_sn: 0,
+                        buffer_offset: imm,
+                        desired_len: c.edtl - imm,
+                    };
+                    self.out.push(&r.encode(), &[], Digests::default());
+                    self.writes.push((c.itt, c.edtl, imm));
+                }
+            }
+            0x00 | 0x35 | 0x91 | 0x1b | 0x1e | 0x2f | 0x8f => self.status(c.itt, 0, &[]),
+            0x12 => {
+                let mut d = vec![0u8; 96];
+                if cdb[1] & 1 == 0 {
+                    d[2] = 6;
+                    d[3] = 2;
+                    d[4] = 91;
+                    d[7] = 0x02;
+                    d[8..16].copy_from_slice(b"IRONSAN ");
+                    d[16..32].copy_from_slice(b"NULL RESPONDER  ");
+                    d[32..36].copy_from_slice(b"0001");
+                } else {
+                    match cdb[2] {
+                        0x00 => d = vec![0, 0, 0, 2, 0x00, 0x80],
+                        0x80 => d = [&[0, 0x80, 0, 8][..], b"NULL0001"].concat(),
+                        _ => return self.status(c.itt, 2, &invalid_field()),
+                    }
+                }
+                self.data(&c, &d);
+            }
+            0x25 => {
+                let mut d = [0u8; 8];
+                d[..4].copy_from_slice(&(blocks.min(0xffff_ffff) as u32 - 1).to_be_bytes());
+                d[4..].copy_from_slice(&512u32.to_be_bytes());
+                self.data(&c, &d);
+            }
+            0x9e if cdb[1] & 0x1f == 0x10 => {
+                let mut d = [0u8; 32];
+                d[..8].copy_from_slice(&(blocks - 1).to_be_bytes());
+                d[8..12].copy_from_slice(&512u32.to_be_bytes());
+                self.data(&c, &d);
+            }
+            0xa0 => self.data(&c, &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            0x1a => self.data(&c, &[3, 0, 0, 0]),
+            0x5a => self.data(&c, &[0, 6, 0, 0, 0, 0, 0, 0]),
+            _ => self.status(
+                c.itt,
+                2,
+                &[0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0],
+            ),
+        }
+    }
+}
+
+fn invalid_field() -> [u8; 18] {
+    [0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0]
+}
+
+fn loopback(a: LoopArgs) -> Result<()> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let (req, resp) = (a.req.max(1), a.resp);
+    std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut inb = vec![0u8; 1 << 20];
+        let out = vec![0u8; resp * 256];
+        let mut have = 0;
+        loop {
+            let r = s.read(&mut inb[have..])?;
+            if r == 0 {
+                return Ok(());
+            }
+            have += r;
+            let mut n = have / req;
+            while n > 0 {
+                let k = n.min(256);
+                s.write_all(&out[..resp * k])?;
+                n -= k;
+            }
+            let used = have / req * req;
+            inb.copy_within(used..have, 0);
+            have -= used;
+        }
+    });
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let qd = a.qd.max(1);
+    let half = (qd / 2).max(1);
+    let reqs = vec![0u8; req * qd];
+    let mut resps = vec![0u8; resp * half];
+    s.write_all(&reqs)?;
+    let start = Instant::now();
+    let mut ops = 0u64;
+    let secs = Duration::from_secs_f64(a.secs);
+    loop {
+        s.read_exact(&mut resps)?;
+        ops += half as u64;
+        s.write_all(&reqs[..req * half])?;
+        if ops % 1024 < half as u64 && start.elapsed() > secs {
+            break;
+        }
+    }
+    let el = start.elapsed().as_secs_f64();
+    println!(
+        "req={} resp={} qd={}: {:.0} ops/s, {:.1} MB/s",
+        req,
+        resp,
+        qd,
+        ops as f64 / el,
+        ops as f64 * resp as f64 / el / 1e6
+    );
+    Ok(())
+}
