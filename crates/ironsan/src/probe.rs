@@ -396,7 +396,7 @@ fn loopback(a: LoopArgs) -> Result<()> {
     std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = l.accept()?;
         s.set_nodelay(true)?;
-        let mut inb = vec![0u8; 1 << 20];
+        let mut inb = vec![0u8; (1 << 20).max(4 * req)];
         let out = vec![0u8; resp * 256];
         let mut have = 0;
         loop {

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Side-by-side performance of ironsan, Debian's tgt and a null responder.
+
+All targets run on loopback on this machine at once; the same clients
+measure each, alternating targets, best of N rounds. Absolute numbers swing
+from run to run on a shared machine, so the table reports ratios from this
+one run: ironsan/ceiling, tgt/ceiling, ironsan/tgt, file/RAM.
+
+The ceiling is a null responder (reads answered with zeros, writes dropped):
+../shared/tools/null_target.c when present, else `ironsan probe null-target`.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "tools")
+IRONSAN_IQN = "iqn.2026-11.io.ironsan:sbs"
+TGT_IQN = "iqn.2026-11.io.ironsan:tgt-peer"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+class Targets:
+    def __init__(self, a):
+        self.a = a
+        self.procs = []
+        self.cleanup = []
+        self.urls = {}
+
+    def start(self):
+        a = self.a
+        work = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+        # Ceiling: a null responder.
+        p = free_port()
+        src = os.path.join(SHARED, "null_target.c")
+        if os.path.exists(src) and shutil.which("gcc") and not a.own_ceiling:
+            exe = os.path.join(work, "sbs_null_target")
+            subprocess.run(["gcc", "-O2", "-o", exe, src, "-lpthread"], check=True)
+            self.procs.append(subprocess.Popen([exe, str(p), str(1 << 30)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.ceiling_kind = "shared/tools/null_target.c"
+        else:
+            self.procs.append(subprocess.Popen([a.ironsan, "probe", "null-target", "--listen", f"127.0.0.1:{p}"],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.ceiling_kind = "ironsan probe null-target"
+        wait_port(p)
+        self.urls["ceiling"] = f"iscsi://127.0.0.1:{p}/iqn.2026-11.io.ironsan:null/0"
+        # tgt with a 1 GiB file LUN on tmpfs.
+        p = free_port()
+        img = os.path.join(work, "sbs_tgt.img")
+        subprocess.run(["truncate", "-s", "1G", img], check=True)
+        self.cleanup.append(img)
+        ctl = f"sbs{p}"
+        tgtd = subprocess.Popen(["tgtd", "-f", "--iscsi", f"portal=127.0.0.1:{p}", "-C", "7"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(tgtd)
+        time.sleep(1)
+        adm = ["tgtadm", "-C", "7", "--lld", "iscsi"]
+        subprocess.run(adm + ["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN], check=True)
+        subprocess.run(adm + ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", img], check=True)
+        subprocess.run(adm + ["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"], check=True)
+        wait_port(p)
+        self.urls["tgt"] = f"iscsi://127.0.0.1:{p}/{TGT_IQN}/1"
+        # ironsan: RAM, null and file (tmpfs) LUNs.
+        p = free_port()
+        fimg = os.path.join(work, "sbs_ironsan.img")
+        self.cleanup.append(fimg)
+        args = [a.ironsan, "--log", "warn", "serve", "--listen", f"127.0.0.1:{p}", "--target", IRONSAN_IQN,
+                "--lun", "mem:1G", "--lun", "null:1G", "--lun", f"file:{fimg}:1G", "--queue-depth", "128"]
+        self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_port(p)
+        self.urls["ironsan RAM"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/0"
+        self.urls["ironsan null"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/1"
+        self.urls["ironsan file"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/2"
+
+    def stop(self):
+        for pr in self.procs:
+            pr.send_signal(signal.SIGTERM)
+        for pr in self.procs:
+            try:
+                pr.wait(10)
+            except subprocess.TimeoutExpired:
+                pr.kill()
+        for f in self.cleanup:
+            try:
+                os.remove(f)
+            except OSError:
+                pass
+
+
+def digest_url(url, on):
+    return url + "?header_digest=crc32c" if on else url
+
+
+def iscsi_perf(url, qd, blocks, rand, secs, digests):
+    cmd = ["iscsi-perf", "-m", str(qd), "-b", str(blocks), "-t", str(secs)] + (["-r"] if rand else []) + [digest_url(url, digests)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 20).stdout
+    except subprocess.TimeoutExpired:
+        return None
+    m = re.findall(r"iops average (\d+)", out.replace("\r", "\n"))
+    return float(m[-1]) * blocks * 512 if m else None
+
+
+def qemu_bench(url, qd, size, count, digests):
+    u = re.match(r"iscsi://([^/]+)/([^/]+)/(\d+)", url)
+    opts = f"driver=iscsi,transport=tcp,portal={u.group(1)},target={u.group(2)},lun={u.group(3)}"
+    if digests:
+        opts += ",header-digest=crc32c"
+    cmd = ["qemu-img", "bench", "-w", "-c", str(count), "-d", str(qd), "-s", str(size), "--image-opts", opts]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return None
+    m = re.search(r"Run completed in ([\d.]+) seconds", r.stdout)
+    return count * size / float(m.group(1)) if m else None
+
+
+def ironsan_bench(ironsan, url, rw, bs, qd, secs, digests):
+    cmd = [ironsan, "bench", "--json", "--rw", rw, "--bs", str(bs), "--iodepth", str(qd), "--runtime", f"{secs}s", url]
+    if digests:
+        cmd[2:2] = ["--header-digest", "--data-digest"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 60)
+    except subprocess.TimeoutExpired:
+        return None
+    import json
+    try:
+        j = json.loads(r.stdout)["jobs"][0]
+    except (ValueError, KeyError, IndexError):
+        return None
+    d = j["write"] if "write" in rw else j["read"]
+    return float(d["bw_bytes"])
+
+
+def loopback(ironsan, req, resp, qd, secs):
+    probe = os.path.join(SHARED, "loopback_probe.c")
+    # The shared probe keeps a 1 MiB receive buffer: larger requests use ours.
+    if os.path.exists(probe) and shutil.which("gcc") and req <= 65536:
+        exe = "/tmp/sbs_loopback_probe"
+        if not os.path.exists(exe):
+            subprocess.run(["gcc", "-O2", "-o", exe, probe, "-lpthread"], check=True)
+        out = subprocess.run([exe, str(req), str(resp), str(qd)], capture_output=True, text=True, timeout=60).stdout
+    else:
+        out = subprocess.run([ironsan, "probe", "loopback", "--req", str(req), "--resp", str(resp), "--qd", str(qd),
+                              "--secs", str(secs)], capture_output=True, text=True, timeout=60).stdout
+    m = re.search(r"([\d.]+) ops/s", out)
+    return float(m.group(1)) if m else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ironsan", required=True)
+    ap.add_argument("--secs", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--digests", action="store_true", help="also measure with header (and our data) digests")
+    ap.add_argument("--own-ceiling", action="store_true", help="use ironsan's probe even if ../shared is present")
+    ap.add_argument("--markdown", help="write the table here too")
+    a = ap.parse_args()
+
+    t = Targets(a)
+    t.start()
+    names = ["ceiling", "tgt", "ironsan RAM", "ironsan file", "ironsan null"]
+    s = a.secs
+    tests = [
+        # (row, unit, bytes per op, function(url, digests) -> bytes/s, targets)
+        ("4K randread Q32 (iscsi-perf)", "iops", 4096, lambda u, d: iscsi_perf(u, 32, 8, True, s, d), names),
+        ("4K randread Q1 (iscsi-perf)", "iops", 4096, lambda u, d: iscsi_perf(u, 1, 8, True, s, d), names),
+        ("128K seqread Q8 (iscsi-perf)", "MB/s", 0, lambda u, d: iscsi_perf(u, 8, 256, False, s, d), names),
+        ("4K write Q32 (qemu-img bench)", "iops", 4096, lambda u, d: qemu_bench(u, 32, 4096, 30000 * s, d), names),
+        ("1M write Q8 (qemu-img bench)", "MB/s", 0, lambda u, d: qemu_bench(u, 8, 1 << 20, 1000 * s, d), names),
+        ("4K randread Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 32, s, d), names),
+        ("4K randread Q1 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 1, s, d), names),
+        ("4K randwrite Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randwrite", 4096, 32, s, d), names),
+        ("1M read Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "read", 1 << 20, 8, s, d), names),
+        ("1M write Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "write", 1 << 20, 8, s, d), names),
+    ]
+    loops = [
+        ("4K randread Q32", 48, 4144, 32), ("4K randread Q1", 48, 4144, 1), ("128K seqread Q8", 48, 131120, 8),
+        ("4K write Q32", 4144, 48, 32), ("1M write Q8", 1048624, 48, 8),
+    ]
+    modes = [False, True] if a.digests else [False]
+    results = {}
+    try:
+        for digests in modes:
+            for row, unit, per, fn, tnames in tests:
+                best = {}
+                for rnd in range(a.rounds):
+                    order = tnames if rnd % 2 == 0 else list(reversed(tnames))
+                    for name in order:
+                        v = fn(t.urls[name], digests)
+                        if v is not None and v > best.get(name, 0):
+                            best[name] = v
+                results[(row, digests)] = (unit, per, best)
+                print(f"{row}{' +digests' if digests else ''}: " + ", ".join(f"{n}={fmt(best.get(n), unit, per)}" for n in tnames), flush=True)
+        lb = {}
+        for row, req, resp, qd in loops:
+            lb[row] = max(filter(None, [loopback(a.ironsan, req, resp, qd, s) for _ in range(a.rounds)]), default=None)
+    finally:
+        t.stop()
+
+    lines = table(results, lb, modes, t.ceiling_kind, a)
+    print("\n".join(lines))
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    failed = [l for l in lines if "MISSED" in l]
+    sys.exit(1 if failed else 0)
+
+
+def fmt(v, unit, per):
+    if v is None:
+        return "n/a"
+    if unit == "iops":
+        return f"{v / per / 1000:.1f}K"
+    return f"{v / 1e6:.0f}"
+
+
+def ratio(x, y):
+    return f"{x / y:.2f}" if x and y else "n/a"
+
+
+def table(results, lb, modes, ceiling_kind, a):
+    out = []
+    out.append(f"ceiling: {ceiling_kind}; tgt: Debian tgt, 1 GiB file LUN on tmpfs; ironsan: RAM, file (tmpfs) and null LUNs")
+    out.append(f"best of {a.rounds} rounds of {a.secs} s, targets alternating; IOPS in K, bandwidth in MB/s (10^6)")
+    out.append("")
+    out.append("| test | ceiling | tgt | ironsan RAM | ironsan file | ironsan null | ironsan/ceiling | tgt/ceiling | ironsan/tgt | file/RAM |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    bars = []
+    for (row, digests), (unit, per, best) in results.items():
+        g = best.get
+        name = row + (" +digests" if digests else "")
+        out.append(f"| {name} | " + " | ".join(fmt(g(n), unit, per) for n in ["ceiling", "tgt", "ironsan RAM", "ironsan file", "ironsan null"])
+                   + f" | {ratio(g('ironsan RAM'), g('ceiling'))} | {ratio(g('tgt'), g('ceiling'))} | {ratio(g('ironsan RAM'), g('tgt'))}"
+                   + f" | {ratio(g('ironsan file'), g('ironsan RAM'))} |")
+        if "iscsi-perf" in row or "qemu-img" in row:
+            r = (g("ironsan RAM") or 0) / (g("ceiling") or 1)
+            bars.append((f"{name}: ironsan RAM >= 0.85 x ceiling", r >= 0.85, f"{r:.2f}"))
+        rf = (g("ironsan file") or 0) / (g("ironsan RAM") or 1)
+        bars.append((f"{name}: file LUN >= 0.8 x RAM LUN", rf >= 0.8, f"{rf:.2f}"))
+        if row == "4K randread Q32 (ironsan bench)":
+            v = (g("ironsan RAM") or 0) / 4096
+            bars.append((f"{name}: ironsan bench vs ironsan >= 200K IOPS", v >= 200_000, f"{v / 1000:.0f}K"))
+    for (row, digests), (unit, per, best) in results.items():
+        if "(ironsan bench)" in row:
+            peer = (row.replace("(ironsan bench)", "(iscsi-perf)"), digests)
+            if peer in results:
+                ours, theirs = best.get("ceiling") or 0, results[peer][2].get("ceiling") or 0
+                bars.append((f"{row}{' +digests' if digests else ''}: ironsan bench vs null >= iscsi-perf vs null",
+                             ours >= theirs, f"{ratio(ours, theirs)}"))
+    if True in modes:
+        for (row, digests), (unit, per, best) in results.items():
+            if digests:
+                off = results.get((row, False), (None, None, {}))[2].get("ironsan RAM")
+                on = best.get("ironsan RAM")
+                ok = bool(on and off and on >= 0.85 * off)
+                bars.append((f"{row}: digests on within 15% of off (ironsan RAM)", ok, ratio(on, off)))
+    out.append("")
+    out.append("| raw loopback TCP (same shapes) | exchanges/s |")
+    out.append("|---|---|")
+    for row, v in lb.items():
+        out.append(f"| {row} | {v / 1000:.0f}K |" if v else f"| {row} | n/a |")
+    out.append("")
+    out.append("| bar | value | |")
+    out.append("|---|---|---|")
+    for name, ok, v in bars:
+        out.append(f"| {name} | {v} | {'met' if ok else 'MISSED'} |")
+    return out
+
+
+if __name__ == "__main__":
+    main()
