@@ -14,8 +14,10 @@
 //! [`crate::MAX_COMPARE_AND_WRITE_BLOCKS`] (VPD B0h MAXIMUM COMPARE AND
 //! WRITE LENGTH; more is INVALID FIELD IN CDB), 0 does nothing; the
 //! data-out is the verify half then the write half, exactly 2 × blocks ×
-//! block size (a different expected length or a short transfer is INVALID
-//! FIELD IN COMMAND INFORMATION UNIT, and nothing is written). A mismatch
+//! block size: a transport expected length that differs (also for 0
+//! blocks), or a short transfer, is INVALID FIELD IN CDB pointing at the
+//! NUMBER OF LOGICAL BLOCKS, as Linux LIO answers, and nothing is written.
+//! A mismatch
 //! is MISCOMPARE / MISCOMPARE DURING VERIFY OPERATION (0E/1D/00) with
 //! INFORMATION = offset of the first differing byte in the data-out, and
 //! nothing is written. FUA: the compare reads stable data (a write-back
@@ -89,11 +91,13 @@ pub fn compare_and_write(
     }
     lu.check_writable()?;
     lu.check_range(lba, u32::from(blocks))?;
+    let half = usize::from(blocks) << lu.block_shift;
+    let data = lu
+        .exact_data(cmd.expected_data_out, 2 * half, cmd.data_out)
+        .map_err(|_| Sense::invalid_cdb(13, None))?;
     if blocks == 0 {
         return Ok(Outcome::good());
     }
-    let half = usize::from(blocks) << lu.block_shift;
-    let data = lu.exact_data(cmd.expected_data_out, 2 * half, cmd.data_out)?;
     let (verify, new) = data.split_at(half);
     let fua = fua(cdb);
     let mut medium = vec![0u8; half];

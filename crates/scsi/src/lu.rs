@@ -195,8 +195,12 @@ pub const MAX_TRANSFER_BYTES: u32 = 8 << 20;
 pub const OPTIMAL_TRANSFER_BYTES: u32 = 1 << 20;
 /// MAXIMUM COMPARE AND WRITE LENGTH (VPD B0h), in blocks.
 pub const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 128;
-/// MAXIMUM WRITE SAME LENGTH (VPD B0h) is this divided by the block size.
-pub const MAX_WRITE_SAME_BYTES: u64 = 256 << 20;
+/// MAXIMUM WRITE SAME LENGTH (VPD B0h) is this divided by the block size:
+/// bounds the work of one WRITE SAME (32768 blocks of 512 bytes, under the
+/// 65536 that libiscsi's WriteSame16.Unmap expects to be refused when the
+/// limit is lower, since its unlimited branch writes more than the
+/// MAXIMUM TRANSFER LENGTH in one WRITE(16)).
+pub const MAX_WRITE_SAME_BYTES: u64 = 16 << 20;
 /// MAXIMUM UNMAP LBA COUNT (VPD B0h), in blocks, per UNMAP command.
 pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
 /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT (VPD B0h).

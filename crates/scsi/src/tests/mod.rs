@@ -1,10 +1,12 @@
 //! Unit tests of the logical unit, driven through [`LogicalUnit::execute`]
 //! as the target does, against [`MemBackend`] or [`TestBackend`].
 
+mod atomic;
 mod inquiry;
 mod misc;
 mod mode;
 mod props;
+mod provisioning;
 mod rw;
 
 use std::io;
