@@ -58,6 +58,22 @@ opcodes! {
     PRE_FETCH_10 = 0x34, 10, "PRE-FETCH(10)";
     /// SBC-3 §5.26.
     SYNCHRONIZE_CACHE_10 = 0x35, 10, "SYNCHRONIZE CACHE(10)";
+    /// SBC-3 §5.18.
+    READ_DEFECT_DATA_10 = 0x37, 10, "READ DEFECT DATA(10)";
+    /// SBC-3 §5.40 (WRITE SAME(10)).
+    WRITE_SAME_10 = 0x41, 10, "WRITE SAME(10)";
+    /// SBC-3 §5.28.
+    UNMAP = 0x42, 10, "UNMAP";
+    /// SBC-3 §5.2.
+    COMPARE_AND_WRITE = 0x89, 16, "COMPARE AND WRITE";
+    /// SBC-3 §5.8 (ORWRITE(16)).
+    ORWRITE_16 = 0x8B, 16, "ORWRITE(16)";
+    /// SBC-3 §5.42 (WRITE SAME(16)).
+    WRITE_SAME_16 = 0x93, 16, "WRITE SAME(16)";
+    /// SBC-4 §5.48.
+    WRITE_ATOMIC_16 = 0x9C, 16, "WRITE ATOMIC(16)";
+    /// SBC-3 §5.19.
+    READ_DEFECT_DATA_12 = 0xB7, 12, "READ DEFECT DATA(12)";
     /// SPC-4 §6.10.
     MODE_SELECT_10 = 0x55, 10, "MODE SELECT(10)";
     /// SPC-4 §6.12.
@@ -91,6 +107,8 @@ opcodes! {
 
 /// READ CAPACITY(16) service action of SERVICE ACTION IN(16).
 pub const SA_READ_CAPACITY_16: u8 = 0x10;
+/// GET LBA STATUS service action of SERVICE ACTION IN(16) (SBC-3 §5.21).
+pub const SA_GET_LBA_STATUS: u8 = 0x12;
 /// REPORT SUPPORTED OPERATION CODES service action of MAINTENANCE IN.
 pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
 
@@ -228,6 +246,19 @@ pub fn plan(cdb: &[u8], block_size: u32, max_blocks: u32) -> (u32, u32) {
         op::READ_CAPACITY_10 => (0, 8),
         op::SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_READ_CAPACITY_16 => (0, be32(cdb, 10)),
         op::MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_SUPPORTED_OPCODES => (0, be32(cdb, 6)),
+        // The compare half and the write half.
+        op::COMPARE_AND_WRITE if cdb[13] <= crate::MAX_COMPARE_AND_WRITE_BLOCKS => {
+            (2 * blocks(u32::from(cdb[13])), 0)
+        }
+        op::ORWRITE_16 => (blocks(be32(cdb, 10)), 0),
+        op::WRITE_ATOMIC_16 => (blocks(u32::from(be16(cdb, 12))), 0),
+        // One block of data, none with NDOB (WRITE SAME(16) byte 1 bit 0).
+        op::WRITE_SAME_10 => (block_size, 0),
+        op::WRITE_SAME_16 if cdb[1] & 0x01 == 0 => (block_size, 0),
+        op::UNMAP => (u32::from(be16(cdb, 7)), 0),
+        op::READ_DEFECT_DATA_10 => (0, u32::from(be16(cdb, 7))),
+        op::READ_DEFECT_DATA_12 => (0, be32(cdb, 6)),
+        op::SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_GET_LBA_STATUS => (0, be32(cdb, 10)),
         _ => (0, 0),
     }
 }

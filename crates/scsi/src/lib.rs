@@ -17,7 +17,11 @@
 //! |----------|-------------------------------------------------------------|
 //! | `lu`     | dispatch, TEST UNIT READY, REQUEST SENSE, READ CAPACITY(10/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
 //! | `rw`     | READ, WRITE, VERIFY, WRITE AND VERIFY, PRE-FETCH, SYNCHRONIZE CACHE |
-//! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, B0h, B1h               |
+//! | `atomic` | COMPARE AND WRITE, ORWRITE(16), WRITE ATOMIC(16)            |
+//! | `provisioning` | WRITE SAME(10/16), UNMAP, GET LBA STATUS (thin provisioning) |
+//! | `defects`| READ DEFECT DATA(10/12)                                     |
+//! | `locks`  | striped LBA range locks that make the read-modify-write commands atomic |
+//! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, B0h, B1h, B2h (thin)   |
 //! | `mode`   | MODE SENSE / MODE SELECT (Caching, Control pages)           |
 //! | `ua`     | unit attention conditions per I_T nexus                     |
 //! | [`sense`]| sense keys, ASC/ASCQ table, fixed and descriptor formats    |
@@ -31,17 +35,22 @@
 
 pub mod sense;
 
+mod atomic;
 mod cdb;
+mod defects;
+mod locks;
 mod lu;
 mod mode;
 mod opcodes;
+mod provisioning;
 mod rw;
 mod ua;
 mod vpd;
 
 pub use lu::{
-    Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan, MAX_SERIAL_LEN,
-    MAX_TRANSFER_BYTES, OPTIMAL_TRANSFER_BYTES,
+    Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,
+    MAX_COMPARE_AND_WRITE_BLOCKS, MAX_SERIAL_LEN, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS,
+    MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BYTES, OPTIMAL_TRANSFER_BYTES,
 };
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
 

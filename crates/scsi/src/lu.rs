@@ -17,9 +17,10 @@ use parking_lot::Mutex;
 use storage::{BlockBackend, WriteCache};
 
 use crate::cdb::{self, be32, be64, op};
+use crate::locks::LbaLocks;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::ua::UnitAttentions;
-use crate::{mode, rw, status, vpd};
+use crate::{atomic, defects, mode, provisioning, rw, status, vpd};
 
 /// Identifies one I_T nexus (an iSCSI session) for unit attentions and,
 /// later, reservations.
@@ -46,6 +47,12 @@ pub struct LuConfig {
     /// Write protect: the mode header WP bit is set and every write
     /// command fails with DATA PROTECT / WRITE PROTECTED.
     pub read_only: bool,
+    /// Thin provisioning (SBC-3 §4.7): present the unit as thin provisioned
+    /// (READ CAPACITY(16) LBPME and LBPRZ, VPD B2h, UNMAP, WRITE SAME with
+    /// UNMAP) when the backend can free space
+    /// ([`storage::BlockBackend::can_deallocate`]). With `false`, or a
+    /// backend that cannot, the unit is fully provisioned.
+    pub thin: bool,
 }
 
 /// Longest unit serial number accepted (it also goes into the T10 vendor
@@ -111,6 +118,11 @@ pub struct Command<'a> {
     /// §7.6.4.6), `iqn.…,i,0x<ISID>`: the initiator's TransportID for
     /// persistent reservations.
     pub initiator_port_name: &'a str,
+    /// The data-out length the transport was told to expect (iSCSI EDTL
+    /// with the W bit; 0 without it), when known. Commands whose data-out
+    /// must match the CDB exactly (COMPARE AND WRITE, WRITE SAME) fail
+    /// with INVALID FIELD IN COMMAND INFORMATION UNIT when it differs.
+    pub expected_data_out: Option<u32>,
 }
 
 /// The result of a command: status, sense data, data-in.
@@ -181,6 +193,18 @@ pub(crate) fn backend_error(e: &io::Error, asc: Asc) -> Sense {
 pub const MAX_TRANSFER_BYTES: u32 = 8 << 20;
 /// The OPTIMAL TRANSFER LENGTH advertised in VPD B0h, in bytes.
 pub const OPTIMAL_TRANSFER_BYTES: u32 = 1 << 20;
+/// MAXIMUM COMPARE AND WRITE LENGTH (VPD B0h), in blocks.
+pub const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 128;
+/// MAXIMUM WRITE SAME LENGTH (VPD B0h) is this divided by the block size:
+/// bounds the work of one WRITE SAME (32768 blocks of 512 bytes, under the
+/// 65536 that libiscsi's WriteSame16.Unmap expects to be refused when the
+/// limit is lower, since its unlimited branch writes more than the
+/// MAXIMUM TRANSFER LENGTH in one WRITE(16)).
+pub const MAX_WRITE_SAME_BYTES: u64 = 16 << 20;
+/// MAXIMUM UNMAP LBA COUNT (VPD B0h), in blocks, per UNMAP command.
+pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
+/// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT (VPD B0h).
+pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 
 /// A direct-access logical unit over a [`BlockBackend`]; `Send + Sync`,
 /// shared by all sessions and paths.
@@ -190,6 +214,13 @@ pub struct LogicalUnit {
     pub(crate) block_shift: u32,
     pub(crate) num_blocks: u64,
     pub(crate) max_transfer_blocks: u32,
+    /// Thin provisioned: the configuration asks for it and the backend can
+    /// free space.
+    pub(crate) thin: bool,
+    /// MAXIMUM ATOMIC TRANSFER LENGTH (VPD B0h) in blocks.
+    pub(crate) max_atomic_blocks: u32,
+    /// Range locks for the read-modify-write commands ([`crate::locks`]).
+    pub(crate) locks: LbaLocks,
     pub(crate) ua: UnitAttentions,
     /// Serialises MODE SELECT so validation and application are atomic.
     pub(crate) mode_lock: Mutex<()>,
@@ -256,10 +287,18 @@ impl LogicalUnit {
         }
         let std_inquiry = vpd::standard_inquiry(&cfg);
         let default_wce = backend.write_cache() == WriteCache::WriteBack;
+        let max_transfer_blocks = MAX_TRANSFER_BYTES / bs;
+        // A single block is as atomic as any WRITE; more only when the
+        // backend lands it whole across a crash.
+        let atomic = backend.max_atomic_write() / u64::from(bs);
+        let max_atomic_blocks = atomic.clamp(1, u64::from(max_transfer_blocks)) as u32;
         Ok(LogicalUnit {
             block_shift: bs.trailing_zeros(),
             num_blocks: size / u64::from(bs),
-            max_transfer_blocks: MAX_TRANSFER_BYTES / bs,
+            max_transfer_blocks,
+            thin: cfg.thin && backend.can_deallocate(),
+            max_atomic_blocks,
+            locks: LbaLocks::new(bs.trailing_zeros()),
             ua: UnitAttentions::new(false),
             mode_lock: Mutex::new(()),
             default_wce,
@@ -297,6 +336,12 @@ impl LogicalUnit {
     /// The configuration the unit was created with.
     pub fn config(&self) -> &LuConfig {
         &self.cfg
+    }
+
+    /// True when the unit is presented thin provisioned (LBPME = 1): the
+    /// configuration asks for it and the backend can free space.
+    pub fn thin(&self) -> bool {
+        self.thin
     }
 
     /// The MAXIMUM TRANSFER LENGTH in blocks (VPD B0h); longer READ, WRITE,
@@ -361,6 +406,12 @@ impl LogicalUnit {
             }
             op::PRE_FETCH_10 | op::PRE_FETCH_16 => rw::pre_fetch(self, cdb),
             op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => rw::synchronize_cache(self, cdb),
+            op::COMPARE_AND_WRITE => atomic::compare_and_write(self, cdb, cmd),
+            op::ORWRITE_16 => atomic::orwrite(self, cdb, cmd.data_out),
+            op::WRITE_ATOMIC_16 => atomic::write_atomic(self, cdb, cmd.data_out),
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => provisioning::write_same(self, cdb, cmd),
+            op::UNMAP => provisioning::unmap(self, cdb, cmd.data_out),
+            op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => defects::read_defect_data(cdb),
             _ => return self.execute_other(opcode, cdb, cmd),
         };
         block.unwrap_or_else(Outcome::check)
@@ -377,12 +428,15 @@ impl LogicalUnit {
             op::READ_CAPACITY_10 => self.read_capacity_10(cdb),
             op::SERVICE_ACTION_IN_16 => match cdb[1] & 0x1F {
                 cdb::SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
+                cdb::SA_GET_LBA_STATUS => {
+                    provisioning::get_lba_status(self, cdb).unwrap_or_else(Outcome::check)
+                }
                 // SPC-4 §4.5.6: an unsupported service action is an
                 // invalid field (the SERVICE ACTION field, byte 1 bit 4).
                 _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
             },
             op::MAINTENANCE_IN => match cdb[1] & 0x1F {
-                cdb::SA_REPORT_SUPPORTED_OPCODES => crate::opcodes::report(cdb),
+                cdb::SA_REPORT_SUPPORTED_OPCODES => crate::opcodes::report(cdb, self.thin),
                 _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
             },
             op::START_STOP_UNIT => start_stop_unit(cdb),
@@ -452,7 +506,9 @@ impl LogicalUnit {
     }
 
     /// READ CAPACITY(16) (SBC-3 §5.17): no protection information, one
-    /// logical block per physical block, no thin provisioning.
+    /// logical block per physical block (LBPPBE 0, lowest aligned LBA 0);
+    /// LBPME and LBPRZ set when thin provisioned (every backend reads
+    /// deallocated blocks as zeros).
     fn read_capacity_16(&self, cdb: &[u8]) -> Outcome {
         let last = match self.capacity_check(be64(cdb, 2), cdb[14] & 1 != 0, 2) {
             Ok(l) => l,
@@ -461,6 +517,9 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&last.to_be_bytes());
         d[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
+        if self.thin {
+            d[14] = 0x80 | 0x40; // LBPME, LBPRZ
+        }
         data_in(d, be32(cdb, 10) as usize)
     }
 }

@@ -145,6 +145,29 @@ const USAGE: &[Usage] = &[
     },
     Usage {
         sa: None,
+        bits: &[op::READ_DEFECT_DATA_10, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0],
+    },
+    Usage {
+        sa: None,
+        bits: &[
+            op::WRITE_SAME_10,
+            0x08,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: None,
+        bits: &[op::UNMAP, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    },
+    Usage {
+        sa: None,
         bits: &[op::MODE_SELECT_10, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
     },
     Usage {
@@ -175,7 +198,49 @@ const USAGE: &[Usage] = &[
     Usage {
         sa: None,
         bits: &[
+            op::COMPARE_AND_WRITE,
+            0x18,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+            0,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: None,
+        bits: &[
             op::WRITE_16,
+            0x18,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: None,
+        bits: &[
+            op::ORWRITE_16,
             0x18,
             0xff,
             0xff,
@@ -278,6 +343,48 @@ const USAGE: &[Usage] = &[
         ],
     },
     Usage {
+        sa: None,
+        bits: &[
+            op::WRITE_SAME_16,
+            0x09,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: None,
+        bits: &[
+            op::WRITE_ATOMIC_16,
+            0x18,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
         sa: Some(cdb::SA_READ_CAPACITY_16),
         bits: &[
             op::SERVICE_ACTION_IN_16,
@@ -295,6 +402,27 @@ const USAGE: &[Usage] = &[
             0xff,
             0xff,
             0x01,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(cdb::SA_GET_LBA_STATUS),
+        bits: &[
+            op::SERVICE_ACTION_IN_16,
+            cdb::SA_GET_LBA_STATUS,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
             0,
         ],
     },
@@ -387,6 +515,23 @@ const USAGE: &[Usage] = &[
             0,
         ],
     },
+    Usage {
+        sa: None,
+        bits: &[
+            op::READ_DEFECT_DATA_12,
+            0x1f,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
 ];
 
 /// Command timeouts descriptor (SPC-4 §6.35.4): length 0Ah, no command
@@ -398,8 +543,10 @@ fn timeouts(out: &mut Vec<u8>) {
 }
 
 /// Answers REPORT SUPPORTED OPERATION CODES; `cdb` is a MAINTENANCE IN CDB
-/// of at least 12 bytes with service action 0Ch.
-pub(crate) fn report(cdb: &[u8]) -> Outcome {
+/// of at least 12 bytes with service action 0Ch. UNMAP is reported only
+/// when the unit is `thin` (a fully provisioned unit refuses it).
+pub(crate) fn report(cdb: &[u8], thin: bool) -> Outcome {
+    let usage = USAGE.iter().filter(|u| thin || u.bits[0] != op::UNMAP);
     let rctd = cdb[2] & 0x80 != 0;
     let options = cdb[2] & 0x07;
     let req_op = cdb[3];
@@ -409,7 +556,7 @@ pub(crate) fn report(cdb: &[u8]) -> Outcome {
     match options {
         0 => {
             out.extend_from_slice(&[0; 4]);
-            for u in USAGE {
+            for u in usage {
                 out.push(u.bits[0]);
                 out.push(0);
                 out.extend_from_slice(&u16::from(u.sa.unwrap_or(0)).to_be_bytes());
@@ -424,13 +571,13 @@ pub(crate) fn report(cdb: &[u8]) -> Outcome {
             out[..4].copy_from_slice(&len.to_be_bytes());
         }
         1..=3 => {
-            let known = USAGE.iter().any(|u| u.bits[0] == req_op);
-            let has_sa = USAGE.iter().any(|u| u.bits[0] == req_op && u.sa.is_some());
+            let known = usage.clone().any(|u| u.bits[0] == req_op);
+            let has_sa = usage.clone().any(|u| u.bits[0] == req_op && u.sa.is_some());
             // 001b: the opcode must not have service actions; 010b: it must.
             if (options == 1 && has_sa) || (options == 2 && known && !has_sa) {
                 return Outcome::check(Sense::invalid_cdb(2, Some(0)));
             }
-            let found = USAGE.iter().find(|u| {
+            let found = usage.clone().find(|u| {
                 u.bits[0] == req_op
                     && u.sa
                         .is_none_or(|sa| options != 1 && u16::from(sa) == req_sa)
@@ -477,7 +624,9 @@ mod tests {
                 assert_eq!(u.bits[1] & 0x1f, sa);
             }
         }
-        assert!(USAGE.windows(2).all(|w| w[0].bits[0] < w[1].bits[0]));
+        assert!(USAGE
+            .windows(2)
+            .all(|w| (w[0].bits[0], w[0].sa) < (w[1].bits[0], w[1].sa)));
     }
 
     fn rsoc(rctd: bool, options: u8, op: u8, sa: u16, alloc: u32) -> Outcome {
@@ -488,7 +637,7 @@ mod tests {
         c[3] = op;
         c[4..6].copy_from_slice(&sa.to_be_bytes());
         c[6..10].copy_from_slice(&alloc.to_be_bytes());
-        report(&c)
+        report(&c, true)
     }
 
     #[test]

@@ -20,6 +20,10 @@
 //! partial block fails with ILLEGAL REQUEST / INVALID FIELD IN COMMAND
 //! INFORMATION UNIT (0E/03) and nothing is written. Extra data-out beyond
 //! the transfer length is ignored (residual underflow).
+//!
+//! Every command here holds the shared range lock of its blocks
+//! ([`crate::locks`]) while it touches the backend, so it is ordered
+//! against COMPARE AND WRITE, ORWRITE and WRITE ATOMIC on the same blocks.
 
 use bytes::BytesMut;
 use storage::WriteCache;
@@ -40,7 +44,7 @@ fn fields(cdb: &[u8]) -> Result<Lba, Sense> {
 /// Protection field (byte 1, bits 7:5) must be zero: no protection
 /// information on this unit.
 #[inline]
-fn no_protection(f: &Lba) -> Result<(), Sense> {
+pub(crate) fn no_protection(f: &Lba) -> Result<(), Sense> {
     if f.flags & 0xE0 != 0 {
         return Err(Sense::invalid_cdb(1, Some(7)));
     }
@@ -50,7 +54,7 @@ fn no_protection(f: &Lba) -> Result<(), Sense> {
 impl LogicalUnit {
     /// Transfer length within the Block Limits maximum.
     #[inline]
-    fn check_length(&self, f: &Lba) -> Result<(), Sense> {
+    pub(crate) fn check_length(&self, f: &Lba) -> Result<(), Sense> {
         if f.len > self.max_transfer_blocks {
             return Err(Sense::invalid_cdb(f.len_byte, None));
         }
@@ -60,15 +64,41 @@ impl LogicalUnit {
     /// `lba .. lba + len` inside the medium, overflow-safe; an LBA past the
     /// last block is out of range even with length 0.
     #[inline]
-    fn check_range(&self, lba: u64, len: u32) -> Result<(), Sense> {
-        if lba >= self.num_blocks || u64::from(len) > self.num_blocks - lba {
+    pub(crate) fn check_range(&self, lba: u64, len: u32) -> Result<(), Sense> {
+        self.check_range64(lba, u64::from(len))
+    }
+
+    /// [`Self::check_range`] for a 64-bit block count.
+    #[inline]
+    pub(crate) fn check_range64(&self, lba: u64, len: u64) -> Result<(), Sense> {
+        if lba >= self.num_blocks || len > self.num_blocks - lba {
             return Err(Sense::lba_out_of_range());
         }
         Ok(())
     }
 
+    /// Exactly `want` bytes of data-out, for commands whose data-out must
+    /// match the CDB (COMPARE AND WRITE, WRITE SAME): a transport expected
+    /// length that differs, or fewer bytes, is INVALID FIELD IN COMMAND
+    /// INFORMATION UNIT (0E/03).
+    pub(crate) fn exact_data<'d>(
+        &self,
+        expected: Option<u32>,
+        want: usize,
+        data: &'d [u8],
+    ) -> Result<&'d [u8], Sense> {
+        let bad = Sense::new(
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_INFORMATION_UNIT,
+        );
+        if expected.is_some_and(|e| e as usize != want) {
+            return Err(bad);
+        }
+        data.get(..want).ok_or(bad)
+    }
+
     #[inline]
-    fn check_writable(&self) -> Result<(), Sense> {
+    pub(crate) fn check_writable(&self) -> Result<(), Sense> {
         if self.cfg.read_only {
             return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
         }
@@ -77,7 +107,7 @@ impl LogicalUnit {
 
     /// The data-out to use for `blocks` blocks; see the module docs.
     #[inline]
-    fn received<'d>(&self, blocks: u32, data: &'d [u8]) -> Result<&'d [u8], Sense> {
+    pub(crate) fn received<'d>(&self, blocks: u32, data: &'d [u8]) -> Result<&'d [u8], Sense> {
         let want = (blocks as usize) << self.block_shift;
         if data.len() >= want {
             return Ok(&data[..want]);
@@ -93,7 +123,7 @@ impl LogicalUnit {
 
     /// Reads `blocks` blocks from `lba` in chunks and hands each chunk and
     /// its byte offset to `check`, which may stop with sense data.
-    fn scan(
+    pub(crate) fn scan(
         &self,
         lba: u64,
         blocks: u64,
@@ -128,11 +158,14 @@ impl LogicalUnit {
     }
 }
 
-fn miscompare(offset: usize) -> Sense {
+/// MISCOMPARE / MISCOMPARE DURING VERIFY OPERATION with INFORMATION set to
+/// `offset`, the first differing byte.
+pub(crate) fn miscompare(offset: usize) -> Sense {
     Sense::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY).with_information(offset as u64)
 }
 
-fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+/// The offset of the first byte where `a` and `b` differ.
+pub(crate) fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     if a == b {
         return None;
     }
@@ -155,6 +188,7 @@ pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
     let mut buf = BytesMut::zeroed((f.len as usize) << lu.block_shift);
+    let _range = lu.locks.shared(f.lba, u64::from(f.len));
     lu.backend
         .read_at(&mut buf, f.lba << lu.block_shift)
         .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
@@ -173,6 +207,9 @@ pub fn write(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, S
         return Ok(Outcome::good());
     }
     let fua = f.flags & 0x08 != 0;
+    let _range = lu
+        .locks
+        .shared(f.lba, (data.len() >> lu.block_shift) as u64);
     lu.backend
         .write_at(data, f.lba << lu.block_shift, fua)
         .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
@@ -195,6 +232,7 @@ pub fn verify(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, 
     if f.len == 0 {
         return Ok(Outcome::good());
     }
+    let _range = lu.locks.shared(f.lba, u64::from(f.len));
     match bytchk {
         0 => lu.scan(f.lba, u64::from(f.len), |_, _| None)?,
         1 => {
@@ -237,6 +275,9 @@ pub fn write_and_verify(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result
     if data.is_empty() {
         return Ok(Outcome::good());
     }
+    let _range = lu
+        .locks
+        .shared(f.lba, (data.len() >> lu.block_shift) as u64);
     lu.backend
         .write_at(data, f.lba << lu.block_shift, true)
         .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;

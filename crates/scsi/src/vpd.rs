@@ -9,12 +9,15 @@
 //! | 83h  | Device Identification         | SPC-4 §7.8.6   |
 //! | B0h  | Block Limits                  | SBC-3 §6.5.3   |
 //! | B1h  | Block Device Characteristics  | SBC-3 §6.5.2   |
+//! | B2h  | Logical Block Provisioning    | SBC-3 §6.5.4 (thin units only) |
 //!
-//! Logical Block Provisioning (B2h) is not served: the unit is fully
-//! provisioned (READ CAPACITY(16) LBPME = 0), and libiscsi's tests only read
-//! B2h when LBPME is set. Any other page, a page code without EVPD, and the
-//! obsolete CMDDT bit answer INVALID FIELD IN CDB. Every answer is cut to
-//! the allocation length.
+//! Logical Block Provisioning (B2h) is served and listed only when the unit
+//! is thin provisioned (READ CAPACITY(16) LBPME = 1, see
+//! [`crate::provisioning`]). Extended INQUIRY Data (86h) is not served: it
+//! describes protection information and ordering attributes this unit does
+//! not have, and neither libiscsi nor Linux needs it. Any other page, a
+//! page code without EVPD, and the obsolete CMDDT bit answer INVALID FIELD
+//! IN CDB. Every answer is cut to the allocation length.
 
 use crate::cdb::be16;
 use crate::lu::{data_in, Command, LogicalUnit, LuConfig, Outcome, OPTIMAL_TRANSFER_BYTES};
@@ -27,8 +30,8 @@ pub const STD_INQUIRY_LEN: usize = 96;
 /// SPC-4, SBC-3 (each "no version claimed").
 const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
 
-/// VPD pages served, ascending.
-const SUPPORTED_PAGES: [u8; 5] = [0x00, 0x80, 0x83, 0xB0, 0xB1];
+/// VPD pages served, ascending; the last one only when thin provisioned.
+const SUPPORTED_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2];
 
 /// Protocol identifier of iSCSI (SPC-4 §7.6.1, table 362).
 const PROTOCOL_ISCSI: u8 = 0x5;
@@ -75,11 +78,12 @@ pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
         return data_in(lu.std_inquiry.to_vec(), alloc);
     }
     let data = match page {
-        0x00 => page_with(0x00, &SUPPORTED_PAGES),
+        0x00 => page_with(0x00, &SUPPORTED_PAGES[..5 + usize::from(lu.thin)]),
         0x80 => page_with(0x80, lu.cfg.serial.as_bytes()),
         0x83 => device_identification(lu, cmd),
         0xB0 => block_limits(lu),
         0xB1 => block_device_characteristics(),
+        0xB2 if lu.thin => logical_block_provisioning(),
         _ => return Outcome::check(Sense::invalid_cdb(2, None)),
     };
     data_in(data, alloc)
@@ -151,18 +155,40 @@ fn device_identification(lu: &LogicalUnit, cmd: &Command<'_>) -> Vec<u8> {
     d
 }
 
-/// Block Limits (B0h), the SBC-3 length of 3Ch: transfer limits set,
-/// COMPARE AND WRITE, UNMAP, WRITE SAME and atomic limits zero (those
-/// commands are not implemented).
+/// Block Limits (B0h), the SBC-4 length of 3Ch (`b[i]` is byte `i + 4`):
+/// WSNZ = 0 (WRITE SAME of 0 blocks means to the end), the COMPARE AND
+/// WRITE, transfer and WRITE SAME limits, the UNMAP limits and granularity
+/// (thin units only; zero otherwise, as UNMAP is then refused), and the
+/// atomic write limits: maximum atomic transfer length, no alignment or
+/// granularity requirement, no atomic boundaries.
 fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     let bs = lu.cfg.block_size;
     let mut b = [0u8; 0x3C];
-    // b[0] WSNZ = 0, b[1] MAXIMUM COMPARE AND WRITE LENGTH = 0.
+    b[1] = crate::MAX_COMPARE_AND_WRITE_BLOCKS;
     let granularity = (4096 / bs).max(1) as u16; // OPTIMAL TRANSFER LENGTH GRANULARITY
     b[2..4].copy_from_slice(&granularity.to_be_bytes());
     b[4..8].copy_from_slice(&lu.max_transfer_blocks.to_be_bytes());
     b[8..12].copy_from_slice(&(OPTIMAL_TRANSFER_BYTES / bs).to_be_bytes());
+    if lu.thin {
+        b[16..20].copy_from_slice(&crate::MAX_UNMAP_BLOCKS.to_be_bytes());
+        b[20..24].copy_from_slice(&crate::MAX_UNMAP_DESCRIPTORS.to_be_bytes());
+        b[24..28].copy_from_slice(&lu.unmap_granularity_blocks().to_be_bytes());
+        // UGAVALID = 1, UNMAP GRANULARITY ALIGNMENT = 0.
+        b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes());
+    }
+    b[32..40].copy_from_slice(&lu.max_write_same_blocks().to_be_bytes());
+    b[40..44].copy_from_slice(&lu.max_atomic_blocks.to_be_bytes());
+    // ATOMIC ALIGNMENT, ATOMIC TRANSFER LENGTH GRANULARITY, MAXIMUM ATOMIC
+    // TRANSFER LENGTH WITH ATOMIC BOUNDARY, MAXIMUM ATOMIC BOUNDARY SIZE: 0.
     page_with(0xB0, &b)
+}
+
+/// Logical Block Provisioning (B2h, SBC-3 §6.5.4): no threshold, LBPU
+/// (UNMAP), LBPWS and LBPWS10 (WRITE SAME with UNMAP), LBPRZ = 1
+/// (deallocated blocks read as zeros; SBC-4's 3-bit field value 001b sits
+/// in the same bit), ANC_SUP = 0, DP = 0, provisioning type 010b (thin).
+fn logical_block_provisioning() -> Vec<u8> {
+    page_with(0xB2, &[0x00, 0x80 | 0x40 | 0x20 | 0x04, 0x02, 0x00])
 }
 
 /// Block Device Characteristics (B1h): MEDIUM ROTATION RATE 1 (a

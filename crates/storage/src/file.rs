@@ -5,6 +5,24 @@
 //! returns), and one without, used for write-back writes, which
 //! [`BlockBackend::flush`] makes stable with `fdatasync`. Write-through is
 //! the default; write-back is opt-in (config, or MODE SELECT setting WCE).
+//!
+//! Zeroing and thin provisioning (`fallocate(2)`, `lseek(2)`):
+//!
+//! | call           | regular file                           | block device                              |
+//! |----------------|----------------------------------------|-------------------------------------------|
+//! | `write_zeroes` | `FALLOC_FL_ZERO_RANGE`                 | `FALLOC_FL_ZERO_RANGE` (BLKZEROOUT path)  |
+//! | `discard`      | `FALLOC_FL_PUNCH_HOLE \| KEEP_SIZE`     | `FALLOC_FL_PUNCH_HOLE \| KEEP_SIZE`        |
+//! | `allocation`   | `SEEK_DATA` / `SEEK_HOLE`              | everything allocated                      |
+//!
+//! On a block device the kernel turns `PUNCH_HOLE` into a write-zeroes
+//! request that may unmap but must read back zeros (it fails rather than
+//! fall back when the device cannot), so discarded blocks always read as
+//! zeros. BLKDISCARD is never used: whether discarded blocks read back as
+//! zeros is not guaranteed. As a block device's allocation cannot be
+//! queried, it does not claim [`BlockBackend::can_deallocate`] and is
+//! presented fully provisioned. When a filesystem or device refuses a
+//! `fallocate` mode (`EOPNOTSUPP`), zeros are written instead. Under
+//! write-through the change is made stable with `fdatasync` before return.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -12,7 +30,9 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::{check_range, BlockBackend, WriteCache};
+use crate::{
+    check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Extent, WriteCache,
+};
 
 /// A store backed by a file or block device.
 #[derive(Debug)]
@@ -22,6 +42,10 @@ pub struct FileBackend {
     dsync: File,
     size: u64,
     write_back: AtomicBool,
+    block_device: bool,
+    /// The filesystem's block size (`st_blksize`): the unit holes are
+    /// punched in.
+    fs_block: u64,
 }
 
 impl FileBackend {
@@ -36,7 +60,17 @@ impl FileBackend {
         }
         let plain = opts.open(path)?;
         let meta = plain.metadata()?;
-        let size = if meta.file_type().is_block_device() {
+        let block_device = meta.file_type().is_block_device();
+        let fs_block = {
+            use std::os::unix::fs::MetadataExt;
+            let b = meta.blksize();
+            if b.is_power_of_two() && (512..=(1 << 20)).contains(&b) {
+                b
+            } else {
+                4096
+            }
+        };
+        let size = if block_device {
             block_device_size(&plain)?
         } else {
             if let Some(want) = create_size {
@@ -63,7 +97,63 @@ impl FileBackend {
             dsync,
             size,
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
+            block_device,
+            fs_block,
         })
+    }
+
+    /// `fallocate(mode)` over the range; `Ok(false)` when the filesystem
+    /// or device does not support the mode.
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "range too large",
+            ));
+        };
+        loop {
+            // SAFETY: plain fallocate(2) on a descriptor open for the
+            // lifetime of `self`; no memory is passed.
+            let r = unsafe { libc::fallocate(self.plain.as_raw_fd(), mode, off, n) };
+            if r == 0 {
+                return Ok(true);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => return Ok(false),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// After a `fallocate`: under write-through the change must be stable.
+    fn settle(&self) -> io::Result<()> {
+        if self.write_back.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            self.plain.sync_data()
+        }
+    }
+
+    /// `lseek(whence)` from `offset`; `None` for ENXIO (no data / hole
+    /// past `offset`).
+    fn seek(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+        use std::os::fd::AsRawFd;
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+        // SAFETY: lseek(2) on a descriptor open for the lifetime of `self`.
+        // The file position it moves is never used: all I/O is positional.
+        let r = unsafe { libc::lseek(self.plain.as_raw_fd(), off, whence) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENXIO) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        Ok(Some(r as u64))
     }
 
     /// The path this backend serves.
@@ -124,6 +214,72 @@ impl BlockBackend for FileBackend {
         self.write_back.store(wb, Ordering::Relaxed);
         Ok(())
     }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range_u64(self.size, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len)? {
+            return self.settle();
+        }
+        write_zeroes_by_writing(self, offset, len)
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range_u64(self.size, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if self.fallocate(mode, offset, len)? {
+            return self.settle();
+        }
+        self.write_zeroes(offset, len)
+    }
+    fn can_deallocate(&self) -> bool {
+        !self.block_device
+    }
+    fn discard_granularity(&self) -> u64 {
+        self.fs_block
+    }
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        check_range_u64(self.size, offset, len)?;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
+        }
+        let end = offset + len;
+        let whole = Extent {
+            allocated: true,
+            len,
+        };
+        if self.block_device {
+            return Ok(whole);
+        }
+        let data = match self.seek(offset, libc::SEEK_DATA) {
+            Ok(d) => d,
+            // No SEEK_DATA support: everything counts as allocated.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(whole),
+            Err(e) => return Err(e),
+        };
+        match data {
+            // A hole from `offset` up to the next data (or the end).
+            Some(d) if d > offset => Ok(Extent {
+                allocated: false,
+                len: d.min(end) - offset,
+            }),
+            None => Ok(Extent {
+                allocated: false,
+                len,
+            }),
+            // Data at `offset`, up to the next hole (EOF counts as one).
+            Some(_) => {
+                let hole = self.seek(offset, libc::SEEK_HOLE)?.unwrap_or(end);
+                Ok(Extent {
+                    allocated: true,
+                    len: hole.clamp(offset + 1, end) - offset,
+                })
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +300,94 @@ mod tests {
         f.set_write_cache(WriteCache::WriteBack).unwrap();
         assert_eq!(f.write_cache(), WriteCache::WriteBack);
         f.write_at(&[6u8; 512], 0, false).unwrap();
+        f.flush().unwrap();
+    }
+
+    #[test]
+    fn discard_punches_holes_and_allocation_sees_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("thin.img");
+        let size = 4u64 << 20;
+        let f = FileBackend::open(&p, Some(size), WriteCache::WriteThrough).unwrap();
+        assert!(f.can_deallocate());
+        let g = f.discard_granularity();
+        assert!(g.is_power_of_two());
+        // A fresh sparse file is one hole.
+        let e = f.allocation(0, size).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: false,
+                len: size
+            }
+        );
+        f.write_at(&vec![9u8; 1 << 20], 1 << 20, false).unwrap();
+        let e = f.allocation(0, size).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: false,
+                len: 1 << 20
+            }
+        );
+        let e = f.allocation(1 << 20, size - (1 << 20)).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: true,
+                len: 1 << 20
+            }
+        );
+        let e = f.allocation((1 << 20) + 512, 100).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: true,
+                len: 100
+            }
+        );
+        // Punch the middle: zeros there, data around, a hole in between.
+        let (at, n) = ((1 << 20) + 4 * g, 8 * g);
+        f.discard(at, n).unwrap();
+        let mut b = vec![1u8; 1 << 20];
+        f.read_at(&mut b, 1 << 20).unwrap();
+        let (lo, hi) = ((4 * g) as usize, (12 * g) as usize);
+        assert!(b[..lo].iter().all(|&x| x == 9));
+        assert!(b[lo..hi].iter().all(|&x| x == 0));
+        assert!(b[hi..].iter().all(|&x| x == 9));
+        let e = f.allocation(at, n).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: false,
+                len: n
+            }
+        );
+        // A partial discard zero-fills.
+        f.discard((1 << 20) + 100, 200).unwrap();
+        let mut s = vec![1u8; 300];
+        f.read_at(&mut s, (1 << 20) + 50).unwrap();
+        assert!(s[..50].iter().all(|&x| x == 9));
+        assert!(s[50..250].iter().all(|&x| x == 0));
+        assert!(s[250..].iter().all(|&x| x == 9));
+        assert!(f.discard(size - 512, 1024).is_err());
+        assert!(f.allocation(size, 1).is_err());
+    }
+
+    #[test]
+    fn write_zeroes_allocates_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("z.img");
+        let f = FileBackend::open(&p, Some(1 << 20), WriteCache::WriteBack).unwrap();
+        f.write_at(&[3u8; 8192], 0, false).unwrap();
+        f.write_zeroes(512, 4096).unwrap();
+        let mut b = vec![1u8; 8192];
+        f.read_at(&mut b, 0).unwrap();
+        assert!(b[..512].iter().all(|&x| x == 3));
+        assert!(b[512..4608].iter().all(|&x| x == 0));
+        assert!(b[4608..].iter().all(|&x| x == 3));
+        assert!(f.allocation(0, 8192).unwrap().allocated);
+        assert!(f.write_zeroes(1 << 20, 1).is_err());
         f.flush().unwrap();
     }
 

@@ -23,6 +23,22 @@
 //!   call can wait on a device. Backends that never wait (RAM, null) run on
 //!   the connection's event loop; others run on a pool of I/O threads, so a
 //!   slow device never stalls parsing and serving other commands.
+//! * **Provisioning and zeroing.** [`BlockBackend::write_zeroes`] leaves
+//!   the range reading as zeros and allocated (provisioned);
+//!   [`BlockBackend::discard`] leaves it reading as zeros and frees
+//!   whatever whole allocation units ([`BlockBackend::discard_granularity`])
+//!   it covers, zero-filling the rest. Both are writes for the ordering and
+//!   durability rules above (stable on return under write-through, made
+//!   stable by `flush` under write-back). Only a backend whose
+//!   [`BlockBackend::can_deallocate`] is true really frees space; the SCSI
+//!   layer reports thin provisioning (LBPME, LBPRZ) only for those.
+//!   [`BlockBackend::allocation`] tells which ranges hold allocated data
+//!   (GET LBA STATUS); a backend that cannot tell reports everything
+//!   allocated, which is always a truthful answer.
+//! * **Atomicity.** [`BlockBackend::max_atomic_write`] is the largest
+//!   `write_at` the backend lands all-or-nothing even across a crash
+//!   (SBC-4 §4.29 atomic writes); concurrent commands are kept apart by the
+//!   SCSI layer's range locks, not by the backend.
 
 mod file;
 mod mem;
@@ -78,11 +94,94 @@ pub trait BlockBackend: Send + Sync + 'static {
     fn may_block(&self) -> bool {
         true
     }
+
+    /// Writes `len` zero bytes at `offset`; the range stays allocated.
+    /// Durable like a `write_at` without FUA. The default writes zeros
+    /// from a bounded buffer.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        write_zeroes_by_writing(self, offset, len)
+    }
+
+    /// Deallocates `len` bytes at `offset`: afterwards the range reads as
+    /// zeros, and the whole allocation units it covers are freed when
+    /// [`Self::can_deallocate`] is true. Durable like a `write_at` without
+    /// FUA. The default zeroes the range without freeing anything.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.write_zeroes(offset, len)
+    }
+
+    /// True when [`Self::discard`] frees space (thin provisioning is
+    /// possible) and [`Self::allocation`] tells freed ranges apart.
+    fn can_deallocate(&self) -> bool {
+        false
+    }
+
+    /// The unit, in bytes, that [`Self::discard`] frees whole (a power of
+    /// two); partial units are zero-filled and stay allocated.
+    fn discard_granularity(&self) -> u64 {
+        4096
+    }
+
+    /// The allocation state of the bytes from `offset`: the first run of
+    /// `len` bytes at most that is all allocated or all deallocated.
+    /// `offset` lies inside the store and `len` is at least 1. The default
+    /// reports everything allocated.
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        check_range_u64(self.size(), offset, len)?;
+        Ok(Extent {
+            allocated: true,
+            len,
+        })
+    }
+
+    /// The largest `write_at`, in bytes, that lands all-or-nothing even
+    /// across a crash or power loss; 0 when the backend promises nothing
+    /// beyond what the device does for a single logical block. Volatile
+    /// backends lose everything in a crash, so they return `u64::MAX`.
+    fn max_atomic_write(&self) -> u64 {
+        0
+    }
+}
+
+/// A run of bytes with one allocation state ([`BlockBackend::allocation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// True when the run holds allocated (mapped) data; false when it was
+    /// never written or was discarded, and reads as zeros.
+    pub allocated: bool,
+    /// Length of the run in bytes.
+    pub len: u64,
+}
+
+/// Largest buffer [`write_zeroes_by_writing`] allocates.
+const ZERO_CHUNK: u64 = 1 << 20;
+
+/// Writes zeros over `len` bytes at `offset` with `write_at`, from a buffer
+/// of at most 1 MiB: the fallback of [`BlockBackend::write_zeroes`].
+pub fn write_zeroes_by_writing<B: BlockBackend + ?Sized>(
+    b: &B,
+    offset: u64,
+    len: u64,
+) -> io::Result<()> {
+    check_range_u64(b.size(), offset, len)?;
+    let zeros = vec![0u8; len.min(ZERO_CHUNK) as usize];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(ZERO_CHUNK);
+        b.write_at(&zeros[..n as usize], offset + done, false)?;
+        done += n;
+    }
+    Ok(())
 }
 
 /// Checks that `len` bytes at `offset` lie inside a store of `size` bytes.
 fn check_range(size: u64, offset: u64, len: usize) -> io::Result<()> {
-    match offset.checked_add(len as u64) {
+    check_range_u64(size, offset, len as u64)
+}
+
+/// [`check_range`] for a `u64` length.
+fn check_range_u64(size: u64, offset: u64, len: u64) -> io::Result<()> {
+    match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,

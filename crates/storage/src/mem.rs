@@ -4,12 +4,16 @@
 //! only what has been written; never-written chunks read as zeros. Each
 //! chunk has its own reader/writer lock, so I/O to different chunks never
 //! contends and a read never sees a torn write within a chunk.
+//!
+//! Thin provisioning: [`BlockBackend::discard`] frees every whole chunk it
+//! covers and zero-fills the partial ones; [`BlockBackend::allocation`]
+//! reports chunks held as allocated and the others as deallocated.
 
 use std::io;
 
 use parking_lot::RwLock;
 
-use crate::{check_range, BlockBackend, WriteCache};
+use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
 
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
@@ -108,6 +112,71 @@ impl BlockBackend for MemBackend {
     fn may_block(&self) -> bool {
         false
     }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range_u64(self.size, offset, len)?;
+        self.for_each_range(offset, len, |idx, within, n| {
+            let mut g = self.chunks[idx].write();
+            let c = g.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
+            c[within..within + n].fill(0);
+        });
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range_u64(self.size, offset, len)?;
+        self.for_each_range(offset, len, |idx, within, n| {
+            let mut g = self.chunks[idx].write();
+            // The last chunk may be short: whole means up to the end.
+            let chunk_len = (self.size - ((idx as u64) << CHUNK_SHIFT)).min(CHUNK) as usize;
+            if within == 0 && n == chunk_len {
+                *g = None;
+            } else if let Some(c) = g.as_mut() {
+                c[within..within + n].fill(0);
+            }
+        });
+        Ok(())
+    }
+    fn can_deallocate(&self) -> bool {
+        true
+    }
+    fn discard_granularity(&self) -> u64 {
+        CHUNK
+    }
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        check_range_u64(self.size, offset, len)?;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
+        }
+        let state = |idx: usize| self.chunks[idx].read().is_some();
+        let first = (offset >> CHUNK_SHIFT) as usize;
+        let allocated = state(first);
+        let mut end = ((first as u64) + 1) << CHUNK_SHIFT;
+        while end < offset + len && state((end >> CHUNK_SHIFT) as usize) == allocated {
+            end += CHUNK;
+        }
+        Ok(Extent {
+            allocated,
+            len: end.min(offset + len) - offset,
+        })
+    }
+    fn max_atomic_write(&self) -> u64 {
+        u64::MAX
+    }
+}
+
+impl MemBackend {
+    /// [`Self::for_each_chunk`] for a `u64` length, without a buffer:
+    /// calls `f(chunk_index, offset_in_chunk, bytes)`.
+    fn for_each_range(&self, offset: u64, len: u64, mut f: impl FnMut(usize, usize, usize)) {
+        let mut done = 0u64;
+        while done < len {
+            let pos = offset + done;
+            let idx = (pos >> CHUNK_SHIFT) as usize;
+            let within = pos & (CHUNK - 1);
+            let n = (CHUNK - within).min(len - done);
+            f(idx, within as usize, n as usize);
+            done += n;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -128,5 +197,87 @@ mod tests {
         assert!(z.iter().all(|&b| b == 0));
         assert_eq!(m.resident_bytes(), 2 * CHUNK);
         assert!(m.read_at(&mut z, 3 * CHUNK - 100).is_err());
+    }
+
+    #[test]
+    fn discard_frees_whole_chunks_and_zeroes_partial_ones() {
+        let m = MemBackend::new(3 * CHUNK + 8192);
+        m.write_at(&vec![7u8; (3 * CHUNK + 8192) as usize], 0, false)
+            .unwrap();
+        assert_eq!(m.resident_bytes(), 4 * CHUNK);
+        // From the middle of chunk 0 to the middle of chunk 2.
+        m.discard(CHUNK - 512, CHUNK + 1024).unwrap();
+        assert_eq!(m.resident_bytes(), 3 * CHUNK, "chunk 1 freed");
+        let mut b = vec![1u8; (2 * CHUNK) as usize];
+        m.read_at(&mut b, CHUNK / 2).unwrap();
+        let zero_from = (CHUNK / 2 - 512) as usize;
+        let zero_to = zero_from + (CHUNK + 1024) as usize;
+        assert!(b[..zero_from].iter().all(|&x| x == 7));
+        assert!(b[zero_from..zero_to].iter().all(|&x| x == 0));
+        assert!(b[zero_to..].iter().all(|&x| x == 7));
+        // The short last chunk is freed whole too.
+        m.discard(3 * CHUNK, 8192).unwrap();
+        assert_eq!(m.resident_bytes(), 2 * CHUNK);
+        assert!(m.discard(3 * CHUNK, 8193).is_err());
+        assert!(m.discard(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn write_zeroes_keeps_chunks_allocated() {
+        let m = MemBackend::new(2 * CHUNK);
+        m.write_zeroes(0, 2 * CHUNK).unwrap();
+        assert_eq!(m.resident_bytes(), 2 * CHUNK);
+        let e = m.allocation(0, 2 * CHUNK).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: true,
+                len: 2 * CHUNK
+            }
+        );
+        let mut b = vec![1u8; 4096];
+        m.read_at(&mut b, CHUNK).unwrap();
+        assert!(b.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn allocation_runs() {
+        let m = MemBackend::new(4 * CHUNK);
+        m.write_at(&[1u8; 512], CHUNK + 5, false).unwrap();
+        m.write_at(&[1u8; 512], 2 * CHUNK, false).unwrap();
+        let e = m.allocation(100, 4 * CHUNK - 100).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: false,
+                len: CHUNK - 100
+            }
+        );
+        let e = m.allocation(CHUNK, 3 * CHUNK).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: true,
+                len: 2 * CHUNK
+            }
+        );
+        let e = m.allocation(CHUNK + 7, 10).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: true,
+                len: 10
+            }
+        );
+        let e = m.allocation(3 * CHUNK, CHUNK).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: false,
+                len: CHUNK
+            }
+        );
+        assert!(m.allocation(4 * CHUNK, 1).is_err());
+        assert!(m.allocation(0, 0).is_err());
     }
 }

@@ -1,9 +1,14 @@
 //! The null backend: reads return zeros, writes are discarded (like tgt's
 //! `null` store and SPDK's null bdev). For measuring the protocol path.
+//!
+//! Zeroing and discarding are range-checked no-ops (everything reads as
+//! zeros already) and every range is deallocated, but the backend does not
+//! claim [`BlockBackend::can_deallocate`]: it has no space to free, so the
+//! SCSI layer presents it fully provisioned.
 
 use std::io;
 
-use crate::{check_range, BlockBackend, WriteCache};
+use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
 
 /// A store of `size` bytes that holds nothing.
 #[derive(Debug)]
@@ -47,5 +52,38 @@ impl BlockBackend for NullBackend {
     }
     fn may_block(&self) -> bool {
         false
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range_u64(self.size, offset, len)
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range_u64(self.size, offset, len)
+    }
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        check_range_u64(self.size, offset, len)?;
+        Ok(Extent {
+            allocated: false,
+            len,
+        })
+    }
+    fn max_atomic_write(&self) -> u64 {
+        u64::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroing_and_discard_are_range_checked() {
+        let n = NullBackend::new(1 << 20);
+        n.write_zeroes(0, 1 << 20).unwrap();
+        n.discard(4096, 4096).unwrap();
+        assert!(n.discard(1 << 20, 1).is_err());
+        assert!(n.write_zeroes(u64::MAX, 2).is_err());
+        let e = n.allocation(0, 512).unwrap();
+        assert!(!e.allocated);
+        assert!(!n.can_deallocate());
     }
 }

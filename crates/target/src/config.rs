@@ -23,6 +23,7 @@
 //! size = "10G"                 # creates the file when missing
 //! block_size = 512             # 512 or 4096
 //! write_cache = "through"      # through (default) | back
+//! thin = true                  # default; false: fully provisioned
 //! ```
 
 use std::net::SocketAddr;
@@ -222,6 +223,13 @@ pub struct LunConfig {
     /// Refuse writes (DATA PROTECT) and report write protect.
     #[serde(default)]
     pub read_only: bool,
+    /// Thin provisioning: UNMAP and WRITE SAME with UNMAP free space, and
+    /// the LUN says so (LBPME). On by default; it takes effect only where
+    /// the backend can free space (mem, and file on a regular file; not a
+    /// block device or null). `thin = false` presents the LUN fully
+    /// provisioned.
+    #[serde(default = "default_thin")]
+    pub thin: bool,
     /// Unit serial number (VPD 0x80); derived from the target and LUN when
     /// absent, so it stays the same across restarts.
     #[serde(default)]
@@ -230,6 +238,10 @@ pub struct LunConfig {
 
 fn default_block_size() -> u32 {
     512
+}
+
+fn default_thin() -> bool {
+    true
 }
 
 impl LunConfig {
@@ -249,6 +261,7 @@ impl LunConfig {
             block_size: 512,
             write_cache: CacheConfig::Through,
             read_only: false,
+            thin: true,
             serial: None,
         };
         match kind {
@@ -472,6 +485,19 @@ mod tests {
         assert_eq!(c.listen.len(), 2);
         assert_eq!(c.limits().queue_depth, 8192);
         assert_eq!(c.target[0].lun[0].size_bytes().unwrap(), Some(64 << 20));
+        assert!(c.target[0].lun[0].thin, "thin by default");
+    }
+
+    #[test]
+    fn thin_can_be_turned_off() {
+        let c = Config::from_toml(
+            "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\nthin = false\n",
+        )
+        .unwrap();
+        assert!(!c.target[0].lun[0].thin);
+        let rt = crate::lunmap::TargetRt::build(&c.target[0]).unwrap();
+        assert!(!rt.luns[0].thin());
+        assert!(LunConfig::from_spec("mem:1M").unwrap().thin);
     }
 
     #[test]

@@ -101,6 +101,7 @@ impl TargetRt {
                 },
                 revision: "0001".into(),
                 read_only: l.read_only,
+                thin: l.thin,
             };
             let lu = LogicalUnit::new(backend, lu_cfg).map_err(|e| format!("{at}: {e}"))?;
             luns.push(Arc::new(lu));
@@ -159,6 +160,7 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
         tpg: o.tpg,
         target_port_name: &o.port_name,
         initiator_port_name: &o.initiator_port_name,
+        expected_data_out: Some(if req.write { req.edtl } else { 0 }),
     };
     let out = lu.execute(&cmd);
     Completion {

@@ -62,10 +62,20 @@ fn invalid_combinations() {
         1,
         Some(1),
     );
-    // Pages we do not serve, including Logical Block Provisioning.
-    for page in [0x01, 0x81, 0x86, 0xB2, 0xB3, 0xFF] {
+    // Pages we do not serve.
+    for page in [0x01, 0x81, 0x86, 0xB3, 0xFF] {
         invalid_cdb(&run(&lu, &inquiry(true, page, 255), &[]), 2, None);
     }
+    // Logical Block Provisioning only on a thin unit.
+    let full = LogicalUnit::new(
+        Arc::new(MemBackend::new(BLOCKS * u64::from(BS))),
+        LuConfig {
+            thin: false,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    invalid_cdb(&run(&full, &inquiry(true, 0xB2, 255), &[]), 2, None);
 }
 
 #[test]
@@ -74,9 +84,9 @@ fn supported_pages_are_sorted_and_all_served() {
     let o = run(&lu, &inquiry(true, 0x00, 255), &[]);
     good(&o);
     let d = &o.data;
-    assert_eq!(&d[..4], &[0x00, 0x00, 0x00, 5]);
+    assert_eq!(&d[..4], &[0x00, 0x00, 0x00, 6]);
     let pages = &d[4..];
-    assert_eq!(pages, &[0x00, 0x80, 0x83, 0xB0, 0xB1]);
+    assert_eq!(pages, &[0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2]);
     assert!(pages.windows(2).all(|w| w[0] < w[1]));
     for &p in pages {
         let o = run(&lu, &inquiry(true, p, 255), &[]);
@@ -168,13 +178,23 @@ fn block_limits_and_characteristics() {
     let d = &o.data;
     assert_eq!(d.len(), 64);
     assert_eq!(&d[..4], &[0, 0xB0, 0, 0x3C]);
-    assert_eq!(d[5], 0, "no COMPARE AND WRITE");
+    assert_eq!(d[4], 0, "WSNZ = 0");
+    assert_eq!(d[5], crate::MAX_COMPARE_AND_WRITE_BLOCKS);
     assert_eq!(u16::from_be_bytes([d[6], d[7]]), 8);
     let be32 = |i: usize| u32::from_be_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]);
     assert_eq!(be32(8), crate::MAX_TRANSFER_BYTES / BS);
     assert_eq!(be32(12), crate::OPTIMAL_TRANSFER_BYTES / BS);
     assert!(be32(8) >= 256, "libiscsi sends up to 256 blocks");
-    assert_eq!((be32(20), be32(24)), (0, 0), "no UNMAP");
+    assert_eq!(
+        (be32(20), be32(24)),
+        (crate::MAX_UNMAP_BLOCKS, crate::MAX_UNMAP_DESCRIPTORS)
+    );
+    assert_eq!(be32(28), (1 << 20) / BS, "MemBackend frees 1 MiB chunks");
+    assert_eq!(be32(32), 0x8000_0000, "UGAVALID, alignment 0");
+    let ws = u64::from(be32(36)) << 32 | u64::from(be32(40));
+    assert_eq!(ws, crate::MAX_WRITE_SAME_BYTES / u64::from(BS));
+    assert_eq!(be32(44), be32(8), "RAM: atomic up to the transfer limit");
+    assert_eq!((be32(48), be32(52), be32(56), be32(60)), (0, 0, 0, 0));
 
     let o = run(&lu, &inquiry(true, 0xB1, 255), &[]);
     let d = &o.data;

@@ -67,9 +67,10 @@ fn unknown_short_and_naca() {
         )
     };
     bad_op(&run(&lu, &[], &[]));
-    // REPORT LUNS (the target's), COMPARE AND WRITE, UNMAP, WRITE SAME, vendor.
-    // (MAINTENANCE IN 0xA3 is implemented for REPORT SUPPORTED OPERATION CODES.)
-    for code in [0xA0, 0x89, 0x42, 0x41, 0x93, 0xC0, 0x7F, 0x04] {
+    // REPORT LUNS (the target's), SANITIZE, FORMAT UNIT, WRITE SAME(32),
+    // vendor. (MAINTENANCE IN 0xA3 is implemented for REPORT SUPPORTED
+    // OPERATION CODES.)
+    for code in [0xA0, 0x48, 0x04, 0x7F, 0xC0, 0x3B] {
         bad_op(&run(&lu, &[code; 16], &[]));
     }
     // Shorter than the opcode's CDB: INVALID FIELD IN CDB.
@@ -88,8 +89,8 @@ fn unknown_short_and_naca() {
     let mut long = read10(0, 1).to_vec();
     long.extend_from_slice(&[0xFF; 6]);
     good(&run(&lu, &long, &[]));
-    // Other SERVICE ACTION IN(16) actions (e.g. GET LBA STATUS).
-    let mut c = cdb16(op::SERVICE_ACTION_IN_16, 0x12, 0, 24);
+    // Other SERVICE ACTION IN(16) actions (e.g. REPORT REFERRALS).
+    let mut c = cdb16(op::SERVICE_ACTION_IN_16, 0x13, 0, 24);
     invalid_cdb(&run(&lu, &c, &[]), 1, Some(4));
     c[1] = 0x10;
     good(&run(&lu, &c, &[]));
@@ -124,6 +125,7 @@ fn read_capacity() {
     let mut want = [0u8; 32];
     want[..8].copy_from_slice(&(BLOCKS - 1).to_be_bytes());
     want[8..12].copy_from_slice(&BS.to_be_bytes());
+    want[14] = 0xC0; // LBPME, LBPRZ: thin on a RAM backend
     assert_eq!(&o.data[..], &want[..]);
     for alloc in 0..=40u32 {
         rc16[10..14].copy_from_slice(&alloc.to_be_bytes());

@@ -1,10 +1,12 @@
 //! Unit tests of the logical unit, driven through [`LogicalUnit::execute`]
 //! as the target does, against [`MemBackend`] or [`TestBackend`].
 
+mod atomic;
 mod inquiry;
 mod misc;
 mod mode;
 mod props;
+mod provisioning;
 mod rw;
 
 use std::io;
@@ -34,6 +36,7 @@ pub fn cfg() -> LuConfig {
         product: "ironsan-disk".into(),
         revision: "0.1".into(),
         read_only: false,
+        thin: true,
     }
 }
 
@@ -58,6 +61,7 @@ pub fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId) -> Command<'a> {
         tpg: 2,
         target_port_name: PORT_NAME,
         initiator_port_name: "iqn.2026-11.test:init,i,0x800000000001",
+        expected_data_out: None,
     }
 }
 
