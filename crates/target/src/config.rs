@@ -72,6 +72,12 @@ pub struct Config {
     /// The targets served.
     #[serde(default)]
     pub target: Vec<TargetConfig>,
+    /// Directory for state that must survive a restart: persistent
+    /// reservations made with APTPL = 1, one file per LU
+    /// (`<target name>.lun<N>.pr`). Unset (the default): APTPL is refused
+    /// and reservations do not survive a restart.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
 }
 
 fn default_listen() -> Vec<SocketAddr> {

@@ -109,7 +109,7 @@ impl Server {
         let targets = cfg
             .target
             .iter()
-            .map(TargetRt::build)
+            .map(|t| TargetRt::build(t, cfg.state_dir.as_deref()))
             .collect::<Result<Vec<_>, _>>()?;
         let mut listeners = Vec::new();
         for (i, addr) in cfg.listen.iter().enumerate() {

@@ -34,6 +34,7 @@ pub fn cfg() -> LuConfig {
         product: "ironsan-disk".into(),
         revision: "0.1".into(),
         read_only: false,
+        pr_state: None,
     }
 }
 
