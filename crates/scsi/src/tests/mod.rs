@@ -4,6 +4,7 @@
 mod inquiry;
 mod misc;
 mod mode;
+mod pr;
 mod props;
 mod rw;
 
