@@ -508,6 +508,18 @@ mod tests {
     }
 
     #[test]
+    fn state_dir_is_optional() {
+        let lun = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n";
+        let c = Config::from_toml(lun).unwrap();
+        assert_eq!(c.state_dir, None);
+        let c = Config::from_toml(&format!("state_dir = \"/var/lib/ironsan\"\n{lun}")).unwrap();
+        assert_eq!(
+            c.state_dir.as_deref(),
+            Some(std::path::Path::new("/var/lib/ironsan"))
+        );
+    }
+
+    #[test]
     fn lun_specs() {
         assert_eq!(
             LunConfig::from_spec("mem:1G").unwrap().size.as_deref(),

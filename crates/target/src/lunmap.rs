@@ -286,4 +286,17 @@ mod tests {
         assert_eq!(serial_for("iqn.x:y", 0).len(), 16);
         assert_eq!(serial_for("iqn.x:y", 3), serial_for("iqn.x:y", 3));
     }
+
+    #[test]
+    fn state_files_are_per_lun_and_safe_names() {
+        let d = Path::new("/state");
+        assert_eq!(
+            pr_state_file(d, "iqn.2026-11.io.ironsan:disk0", 1),
+            Path::new("/state/iqn.2026-11.io.ironsan_disk0.lun1.pr")
+        );
+        assert_eq!(
+            pr_state_file(d, "../x/y", 0),
+            Path::new("/state/.._x_y.lun0.pr")
+        );
+    }
 }

@@ -12,8 +12,8 @@
 //! registration record, reported with ALL_TG_PT = 1 by READ FULL STATUS).
 //!
 //! SPC-2 reservations belong to one session ([`NexusId`]) and end with it
-//! ([`Reservations::nexus_lost`]), with a LOGICAL UNIT RESET or a target
-//! reset ([`Reservations::reset`]); persistent ones survive all three.
+//! ([`crate::LogicalUnit::nexus_lost`]), with a LOGICAL UNIT RESET or a target
+//! reset ([`crate::LogicalUnit::reset`]); persistent ones survive all three.
 //!
 //! # Holder rules (SPC-4 §5.9.10)
 //! ```text
@@ -70,7 +70,7 @@
 //! only when the logical unit has a state file (`LuConfig::pr_state`),
 //! TMV = 1 with all six types, ALLOW COMMANDS = 011b.
 
-mod access;
+pub mod access;
 mod persist;
 mod prin;
 mod prout;
