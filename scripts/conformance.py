@@ -64,12 +64,15 @@ def parse(output):
         if m:
             current = (suite, m.group(1).strip())
             rest = m.group(2)
-            # Text after the result word on this line is suite clean-up.
-            skipped = False
+            # Text after the result word on this line is suite clean-up;
+            # otherwise it is the test's first log line, which may be the
+            # skip notice itself.
             word = rest.split(" ")[0]
             if word in ("passed", "FAILED"):
-                results[current] = "failed" if word == "FAILED" else ("skipped" if skipped else "passed")
+                results[current] = "failed" if word == "FAILED" else "passed"
                 current = None
+            else:
+                skipped = "[SKIPPED]" in rest
             continue
         if current is None:
             continue

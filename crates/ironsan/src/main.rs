@@ -72,6 +72,9 @@ struct ServeArgs {
     /// Data digest only: off, allowed or required (overrides --digest).
     #[arg(long, value_name = "POLICY", value_parser = parse_digest)]
     data_digest: Option<DigestConfig>,
+    /// Directory for persistent reservation state (APTPL); none: APTPL is refused.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -95,6 +98,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             limits: Default::default(),
             timeouts: Default::default(),
             target: Vec::new(),
+            state_dir: None,
         },
     };
     if !a.listen.is_empty() {
@@ -135,6 +139,9 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
         if !cfg.target.iter().any(|t| &t.name == name) {
             bail!("--target {name}: not in the configuration, and no --lun given for it");
         }
+    }
+    if let Some(d) = &a.state_dir {
+        cfg.state_dir = Some(d.clone());
     }
     if let Some(q) = a.queue_depth {
         cfg.limits.queue_depth = q;

@@ -868,6 +868,17 @@ impl Session {
         out.push(&r.encode(), &[], self.dg);
     }
 
+    /// Aborts this session's tasks for `lun` as ABORT TASK SET does, without
+    /// sending anything for them (a completion that arrives later is
+    /// dropped). The driver calls this when another I_T nexus's PERSISTENT
+    /// RESERVE OUT PREEMPT AND ABORT removed this session's registration
+    /// (SPC-4 §5.9.11.5). Returns how many tasks were aborted.
+    pub fn abort_lun_tasks(&mut self, lun: Lun) -> usize {
+        let before = self.tasks.len();
+        self.abort(|_, task| task_lun(task) == lun);
+        before - self.tasks.len()
+    }
+
     /// Aborts every task `f` selects: no response will be sent for them.
     fn abort(&mut self, f: impl Fn(u32, &Task) -> bool) {
         let victims: Vec<u32> = self

@@ -38,6 +38,10 @@ opcodes! {
     INQUIRY = 0x12, 6, "INQUIRY";
     /// SPC-4 §6.9.
     MODE_SELECT_6 = 0x15, 6, "MODE SELECT(6)";
+    /// SPC-2 §7.21.
+    RESERVE_6 = 0x16, 6, "RESERVE(6)";
+    /// SPC-2 §7.19.
+    RELEASE_6 = 0x17, 6, "RELEASE(6)";
     /// SPC-4 §6.11.
     MODE_SENSE_6 = 0x1A, 6, "MODE SENSE(6)";
     /// SBC-3 §5.25.
@@ -76,8 +80,16 @@ opcodes! {
     READ_DEFECT_DATA_12 = 0xB7, 12, "READ DEFECT DATA(12)";
     /// SPC-4 §6.10.
     MODE_SELECT_10 = 0x55, 10, "MODE SELECT(10)";
+    /// SPC-2 §7.22.
+    RESERVE_10 = 0x56, 10, "RESERVE(10)";
+    /// SPC-2 §7.20.
+    RELEASE_10 = 0x57, 10, "RELEASE(10)";
     /// SPC-4 §6.12.
     MODE_SENSE_10 = 0x5A, 10, "MODE SENSE(10)";
+    /// SPC-4 §6.15.
+    PERSISTENT_RESERVE_IN = 0x5E, 10, "PERSISTENT RESERVE IN";
+    /// SPC-4 §6.16.
+    PERSISTENT_RESERVE_OUT = 0x5F, 10, "PERSISTENT RESERVE OUT";
     /// SBC-3 §5.16.
     READ_16 = 0x88, 16, "READ(16)";
     /// SBC-3 §5.42.
@@ -259,6 +271,11 @@ pub fn plan(cdb: &[u8], block_size: u32, max_blocks: u32) -> (u32, u32) {
         op::READ_DEFECT_DATA_10 => (0, u32::from(be16(cdb, 7))),
         op::READ_DEFECT_DATA_12 => (0, be32(cdb, 6)),
         op::SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_GET_LBA_STATUS => (0, be32(cdb, 10)),
+        op::PERSISTENT_RESERVE_IN => (0, u32::from(be16(cdb, 7))),
+        op::PERSISTENT_RESERVE_OUT => match be32(cdb, 5) {
+            n if n <= crate::pr::MAX_PARAMETER_LIST => (n, 0),
+            _ => (0, 0),
+        },
         _ => (0, 0),
     }
 }

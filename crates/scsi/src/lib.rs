@@ -24,6 +24,7 @@
 //! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, B0h, B1h, B2h (thin)   |
 //! | `mode`   | MODE SENSE / MODE SELECT (Caching, Control pages)           |
 //! | `ua`     | unit attention conditions per I_T nexus                     |
+//! | [`pr`]   | RESERVE / RELEASE, PERSISTENT RESERVE IN / OUT (SPC-4 §5.9) |
 //! | [`sense`]| sense keys, ASC/ASCQ table, fixed and descriptor formats    |
 //!
 //! REPORT LUNS is answered by the target (it knows every LUN), not here.
@@ -42,6 +43,7 @@ mod locks;
 mod lu;
 mod mode;
 mod opcodes;
+pub mod pr;
 mod provisioning;
 mod rw;
 mod ua;

@@ -10,6 +10,7 @@
 //! [`crate::vpd`] for INQUIRY and [`crate::mode`] for MODE SENSE/SELECT.
 
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -20,10 +21,10 @@ use crate::cdb::{self, be32, be64, op};
 use crate::locks::LbaLocks;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::ua::UnitAttentions;
-use crate::{atomic, defects, mode, provisioning, rw, status, vpd};
+use crate::{atomic, defects, mode, pr, provisioning, rw, status, vpd};
 
-/// Identifies one I_T nexus (an iSCSI session) for unit attentions and,
-/// later, reservations.
+/// Identifies one I_T nexus (an iSCSI session) for unit attentions, SPC-2
+/// reservations and the delivery of persistent reservation events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NexusId(pub u64);
 
@@ -53,6 +54,11 @@ pub struct LuConfig {
     /// ([`storage::BlockBackend::can_deallocate`]). With `false`, or a
     /// backend that cannot, the unit is fully provisioned.
     pub thin: bool,
+    /// Where persistent reservation state is kept across restarts when an
+    /// initiator asks for APTPL = 1 (one file per LU; see [`crate::pr`]).
+    /// `None`: APTPL is not supported (PTPL_C = 0) and a registration with
+    /// APTPL = 1 fails with INVALID FIELD IN PARAMETER LIST.
+    pub pr_state: Option<PathBuf>,
 }
 
 /// Longest unit serial number accepted (it also goes into the T10 vendor
@@ -86,6 +92,9 @@ pub enum LuError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The persistent reservation state file cannot be read.
+    #[error("persistent reservation state {0}")]
+    PrState(String),
 }
 
 /// The data-out and data-in byte counts a CDB implies on its own.
@@ -227,6 +236,8 @@ pub struct LogicalUnit {
     /// The WCE value in force when the unit was created (the default page).
     pub(crate) default_wce: bool,
     pub(crate) std_inquiry: [u8; vpd::STD_INQUIRY_LEN],
+    /// SPC-2 and persistent reservations.
+    pub(crate) pr: pr::Reservations,
 }
 
 impl std::fmt::Debug for LogicalUnit {
@@ -292,7 +303,9 @@ impl LogicalUnit {
         // backend lands it whole across a crash.
         let atomic = backend.max_atomic_write() / u64::from(bs);
         let max_atomic_blocks = atomic.clamp(1, u64::from(max_transfer_blocks)) as u32;
+        let pr = pr::Reservations::open(cfg.pr_state.clone()).map_err(LuError::PrState)?;
         Ok(LogicalUnit {
+            pr,
             block_shift: bs.trailing_zeros(),
             num_blocks: size / u64::from(bs),
             max_transfer_blocks,
@@ -369,6 +382,9 @@ impl LogicalUnit {
             return Outcome::check(Sense::invalid_opcode());
         };
         if !self.ua.is_quiet(cmd.nexus) {
+            // A session's first command (or one with a condition pending):
+            // reservations learn which I_T nexus the session is.
+            self.pr.note(cmd);
             match opcode {
                 // SPC-4 §5.8.7: INQUIRY neither reports nor clears a UA,
                 // REQUEST SENSE reports it as its data (below).
@@ -394,6 +410,9 @@ impl LogicalUnit {
         if cdb[len - 1] & 0x04 != 0 {
             // CONTROL byte NACA bit: ACA is not supported (NORMACA = 0).
             return Outcome::check(Sense::invalid_cdb(len as u16 - 1, Some(2)));
+        }
+        if let Some(conflict) = self.pr.check(cmd, cdb) {
+            return conflict;
         }
         let block = match opcode {
             op::READ_10 | op::READ_16 | op::READ_12 | op::READ_6 => rw::read(self, cdb),
@@ -441,6 +460,10 @@ impl LogicalUnit {
             },
             op::START_STOP_UNIT => start_stop_unit(cdb),
             op::PREVENT_ALLOW_MEDIUM_REMOVAL => prevent_allow(cdb),
+            op::PERSISTENT_RESERVE_IN => pr::persistent_reserve_in(self, cmd, cdb),
+            op::PERSISTENT_RESERVE_OUT => pr::persistent_reserve_out(self, cmd, cdb),
+            op::RESERVE_6 | op::RESERVE_10 => pr::reserve(self, cmd, cdb),
+            op::RELEASE_6 | op::RELEASE_10 => pr::release(self, cmd, cdb),
             _ => Outcome::check(Sense::invalid_opcode()),
         }
     }
@@ -452,13 +475,31 @@ impl LogicalUnit {
     /// (which SAM-5 asks for): an initiator that turned the write cache off
     /// would otherwise be left writing into a volatile cache it believes
     /// disabled. The Caching page keeps telling the truth either way.
+    ///
+    /// An SPC-2 reservation is released; persistent reservations and
+    /// registrations are not affected (SPC-4 §5.9.1).
     pub fn reset(&self) {
+        self.pr.reset();
         self.ua.broadcast(Asc::BUS_DEVICE_RESET, None);
     }
 
-    /// The nexus `n` is gone (its session ended): forget its state.
+    /// The nexus `n` is gone (its session ended or was reinstated): forget
+    /// its unit attentions and release its SPC-2 reservation. Persistent
+    /// registrations stay: they belong to the initiator port and target
+    /// port, and apply again to the next session with the same ISID.
     pub fn nexus_lost(&self, n: NexusId) {
+        self.pr.nexus_lost(n);
         self.ua.forget(n);
+    }
+
+    /// Sets the function that PREEMPT AND ABORT calls with the sessions
+    /// whose registrations it removed, so that the transport aborts their
+    /// tasks for this logical unit (SPC-4 §5.9.11.5; as ABORT TASK SET,
+    /// without status). Called before the PERSISTENT RESERVE OUT returns
+    /// GOOD, from the thread executing it; it must not block. Can be set
+    /// once; false if it already was.
+    pub fn set_preempt_abort_hook(&self, hook: pr::PreemptAbortHook) -> bool {
+        self.pr.set_abort_hook(hook)
     }
 
     /// Unit attention conditions queued for `n` (diagnostics).

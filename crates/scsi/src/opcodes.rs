@@ -50,6 +50,14 @@ const USAGE: &[Usage] = &[
     },
     Usage {
         sa: None,
+        bits: &[op::RESERVE_6, 0, 0, 0, 0, 0],
+    },
+    Usage {
+        sa: None,
+        bits: &[op::RELEASE_6, 0, 0, 0, 0, 0],
+    },
+    Usage {
+        sa: None,
         bits: &[op::MODE_SENSE_6, 0x08, 0xff, 0xff, 0xff, 0],
     },
     Usage {
@@ -172,7 +180,151 @@ const USAGE: &[Usage] = &[
     },
     Usage {
         sa: None,
+        bits: &[op::RESERVE_10, 0x12, 0, 0, 0, 0, 0, 0, 0, 0],
+    },
+    Usage {
+        sa: None,
+        bits: &[op::RELEASE_10, 0x12, 0, 0, 0, 0, 0, 0, 0, 0],
+    },
+    Usage {
+        sa: None,
         bits: &[op::MODE_SENSE_10, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0],
+    },
+    Usage {
+        sa: Some(0),
+        bits: &[op::PERSISTENT_RESERVE_IN, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    },
+    Usage {
+        sa: Some(1),
+        bits: &[op::PERSISTENT_RESERVE_IN, 1, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    },
+    Usage {
+        sa: Some(2),
+        bits: &[op::PERSISTENT_RESERVE_IN, 2, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    },
+    Usage {
+        sa: Some(3),
+        bits: &[op::PERSISTENT_RESERVE_IN, 3, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    },
+    Usage {
+        sa: Some(0),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            0,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(1),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            1,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(2),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            2,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(3),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            3,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(4),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            4,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(5),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            5,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(6),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            6,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(7),
+        bits: &[
+            op::PERSISTENT_RESERVE_OUT,
+            7,
+            0xff,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+        ],
     },
     Usage {
         sa: None,
@@ -624,6 +776,7 @@ mod tests {
                 assert_eq!(u.bits[1] & 0x1f, sa);
             }
         }
+        // Opcode order; service actions of one opcode in ascending order.
         assert!(USAGE
             .windows(2)
             .all(|w| (w[0].bits[0], w[0].sa) < (w[1].bits[0], w[1].sa)));

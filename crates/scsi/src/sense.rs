@@ -98,6 +98,8 @@ asc_table! {
     LOGICAL_UNIT_NOT_SUPPORTED = (0x25, 0x00), "LOGICAL UNIT NOT SUPPORTED";
     /// 26/00: a parameter list field holds a value we do not accept.
     INVALID_FIELD_IN_PARAMETER_LIST = (0x26, 0x00), "INVALID FIELD IN PARAMETER LIST";
+    /// 26/04: PERSISTENT RESERVE OUT RELEASE with the wrong scope or type.
+    INVALID_RELEASE_OF_PERSISTENT_RESERVATION = (0x26, 0x04), "INVALID RELEASE OF PERSISTENT RESERVATION";
     /// 27/00: the logical unit is write protected.
     WRITE_PROTECTED = (0x27, 0x00), "WRITE PROTECTED";
     /// 29/00: power on, reset or bus device reset.
@@ -110,6 +112,12 @@ asc_table! {
     I_T_NEXUS_LOSS = (0x29, 0x07), "I_T NEXUS LOSS OCCURRED";
     /// 2A/01: another I_T nexus changed mode parameters.
     MODE_PARAMETERS_CHANGED = (0x2A, 0x01), "MODE PARAMETERS CHANGED";
+    /// 2A/03: another I_T nexus preempted or cleared the reservation.
+    RESERVATIONS_PREEMPTED = (0x2A, 0x03), "RESERVATIONS PREEMPTED";
+    /// 2A/04: a registrants-only or all-registrants reservation was released.
+    RESERVATIONS_RELEASED = (0x2A, 0x04), "RESERVATIONS RELEASED";
+    /// 2A/05: another I_T nexus removed this nexus's registration.
+    REGISTRATIONS_PREEMPTED = (0x2A, 0x05), "REGISTRATIONS PREEMPTED";
     /// 2A/09: the capacity changed.
     CAPACITY_DATA_CHANGED = (0x2A, 0x09), "CAPACITY DATA HAS CHANGED";
     /// 39/00: saved mode pages are not implemented.
@@ -120,6 +128,8 @@ asc_table! {
     INQUIRY_DATA_CHANGED = (0x3F, 0x03), "INQUIRY DATA HAS CHANGED";
     /// 44/00: an internal failure of the target.
     INTERNAL_TARGET_FAILURE = (0x44, 0x00), "INTERNAL TARGET FAILURE";
+    /// 55/04: no room for another persistent reservation registration.
+    INSUFFICIENT_REGISTRATION_RESOURCES = (0x55, 0x04), "INSUFFICIENT REGISTRATION RESOURCES";
 }
 
 /// Which byte (and bit) of the CDB or parameter list was wrong: the

@@ -73,6 +73,12 @@ pub struct Config {
     /// The targets served.
     #[serde(default)]
     pub target: Vec<TargetConfig>,
+    /// Directory for state that must survive a restart: persistent
+    /// reservations made with APTPL = 1, one file per LU
+    /// (`<target name>.lun<N>.pr`). Unset (the default): APTPL is refused
+    /// and reservations do not survive a restart.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
 }
 
 fn default_listen() -> Vec<SocketAddr> {
@@ -495,7 +501,7 @@ mod tests {
         )
         .unwrap();
         assert!(!c.target[0].lun[0].thin);
-        let rt = crate::lunmap::TargetRt::build(&c.target[0]).unwrap();
+        let rt = crate::lunmap::TargetRt::build(&c.target[0], None).unwrap();
         assert!(!rt.luns[0].thin());
         assert!(LunConfig::from_spec("mem:1M").unwrap().thin);
     }
@@ -525,6 +531,18 @@ mod tests {
         for c in cases {
             assert!(Config::from_toml(&c).is_err(), "accepted:\n{c}");
         }
+    }
+
+    #[test]
+    fn state_dir_is_optional() {
+        let lun = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n";
+        let c = Config::from_toml(lun).unwrap();
+        assert_eq!(c.state_dir, None);
+        let c = Config::from_toml(&format!("state_dir = \"/var/lib/ironsan\"\n{lun}")).unwrap();
+        assert_eq!(
+            c.state_dir.as_deref(),
+            Some(std::path::Path::new("/var/lib/ironsan"))
+        );
     }
 
     #[test]

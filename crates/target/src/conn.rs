@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::lunmap::{answer_above_lu, run_on_lu, Origin, TargetRt};
-use crate::server::{Portal, SessionEntry, SessionKey, Shared};
+use crate::server::{AbortRequests, Portal, SessionEntry, SessionKey, Shared};
 
 /// Stop reading while this much output is queued.
 const OUTPUT_HIGH_WATER: usize = 8 << 20;
@@ -119,13 +119,17 @@ pub(crate) async fn serve(
             return;
         }
     };
-    let (nexus, kill) = match &key {
+    let (nexus, kill, aborts) = match &key {
         Some(k) => {
             let reg = shared.registry.lock();
             let e = reg.get(k).expect("registered at login");
-            (e.nexus, e.kill.clone())
+            (e.nexus, e.kill.clone(), e.aborts.clone())
         }
-        None => (shared.fresh_nexus(), Arc::new(tokio::sync::Notify::new())),
+        None => (
+            shared.fresh_nexus(),
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::default(),
+        ),
     };
     let target = shared.target(&session.params().target_name);
     tracing::info!(
@@ -149,7 +153,7 @@ pub(crate) async fn serve(
         ),
     };
     let why = c
-        .full_feature(session, &shared, target, origin, kill, shutdown)
+        .full_feature(session, &shared, target, origin, (kill, aborts), shutdown)
         .await;
     tracing::info!(%peer, reason = why, "connection closed");
     if let Some(k) = key {
@@ -294,6 +298,7 @@ impl Conn {
                                 tsih,
                                 nexus,
                                 kill: Arc::new(tokio::sync::Notify::new()),
+                                aborts: Arc::default(),
                             },
                         );
                         if let Some(old) = old {
@@ -330,7 +335,7 @@ impl Conn {
         shared: &Shared,
         target: Option<&TargetRt>,
         origin: Origin,
-        kill: Arc<tokio::sync::Notify>,
+        (kill, aborts): (Arc<tokio::sync::Notify>, Arc<AbortRequests>),
         mut shutdown: watch::Receiver<bool>,
     ) -> &'static str {
         let p = session.params().clone();
@@ -424,6 +429,13 @@ impl Conn {
                     }
                 }
                 _ = kill.notified() => return "session reinstated",
+                _ = aborts.notify.notified() => {
+                    let luns = std::mem::take(&mut *aborts.luns.lock());
+                    for lun in luns {
+                        let n = session.abort_lun_tasks(lun);
+                        tracing::info!(?lun, tasks = n, "tasks aborted by PREEMPT AND ABORT");
+                    }
+                }
                 _ = shutdown.changed(), if !stopping => stopping = true,
                 _ = tick.tick() => {
                     if session.ping_outstanding() {

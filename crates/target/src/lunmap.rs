@@ -3,6 +3,7 @@
 //! exist (SPC-4 §5.8.4: INQUIRY reports peripheral qualifier 011b, other
 //! commands LOGICAL UNIT NOT SUPPORTED).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -58,6 +59,23 @@ pub fn naa_for(target: &str, index: usize, serial: &str) -> [u8; 16] {
     b
 }
 
+/// The persistent reservation state file of LUN `index` of `target` in
+/// `dir`: `<target>.lun<index>.pr`, with characters other than ASCII
+/// letters, digits, `.`, `-` and `_` in the name replaced by `_`.
+pub fn pr_state_file(dir: &Path, target: &str, index: usize) -> PathBuf {
+    let safe: String = target
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("{safe}.lun{index}.pr"))
+}
+
 /// The default unit serial number of LUN `index` of `target`.
 pub fn serial_for(target: &str, index: usize) -> String {
     format!(
@@ -67,8 +85,13 @@ pub fn serial_for(target: &str, index: usize) -> String {
 }
 
 impl TargetRt {
-    /// Opens every LUN's backend and builds its logical unit.
-    pub fn build(cfg: &TargetConfig) -> Result<TargetRt, String> {
+    /// Opens every LUN's backend and builds its logical unit; with
+    /// `state_dir`, each LU keeps its persistent reservation state in
+    /// [`pr_state_file`].
+    pub fn build(cfg: &TargetConfig, state_dir: Option<&Path>) -> Result<TargetRt, String> {
+        if let Some(d) = state_dir {
+            std::fs::create_dir_all(d).map_err(|e| format!("state_dir {}: {e}", d.display()))?;
+        }
         let mut luns = Vec::new();
         for (i, l) in cfg.lun.iter().enumerate() {
             let at = format!("target {} LUN {i}", cfg.name);
@@ -102,6 +125,7 @@ impl TargetRt {
                 revision: "0001".into(),
                 read_only: l.read_only,
                 thin: l.thin,
+                pr_state: state_dir.map(|d| pr_state_file(d, &cfg.name, i)),
             };
             let lu = LogicalUnit::new(backend, lu_cfg).map_err(|e| format!("{at}: {e}"))?;
             luns.push(Arc::new(lu));
@@ -263,5 +287,18 @@ mod tests {
         assert_eq!(a[0] >> 4, 6);
         assert_eq!(serial_for("iqn.x:y", 0).len(), 16);
         assert_eq!(serial_for("iqn.x:y", 3), serial_for("iqn.x:y", 3));
+    }
+
+    #[test]
+    fn state_files_are_per_lun_and_safe_names() {
+        let d = Path::new("/state");
+        assert_eq!(
+            pr_state_file(d, "iqn.2026-11.io.ironsan:disk0", 1),
+            Path::new("/state/iqn.2026-11.io.ironsan_disk0.lun1.pr")
+        );
+        assert_eq!(
+            pr_state_file(d, "../x/y", 0),
+            Path::new("/state/.._x_y.lun0.pr")
+        );
     }
 }

@@ -8,11 +8,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use iscsi_proto::discovery::Listing;
 use iscsi_proto::params::Limits;
+use iscsi_wire::pdu::Lun;
 use parking_lot::Mutex;
 use scsi::NexusId;
 use tokio::net::TcpListener;
@@ -47,6 +48,28 @@ pub(crate) struct SessionEntry {
     pub nexus: NexusId,
     /// Notified to make the session's connection close (reinstatement).
     pub kill: Arc<Notify>,
+    /// LUNs whose tasks this session must abort (PREEMPT AND ABORT).
+    pub aborts: Arc<AbortRequests>,
+}
+
+/// Task-set aborts asked of one session by another session's PERSISTENT
+/// RESERVE OUT PREEMPT AND ABORT: the LUNs, and a wake-up for the
+/// session's connection task.
+#[derive(Debug, Default)]
+pub(crate) struct AbortRequests {
+    pub luns: Mutex<Vec<Lun>>,
+    pub notify: Notify,
+}
+
+impl AbortRequests {
+    fn push(&self, lun: Lun) {
+        let mut l = self.luns.lock();
+        if !l.contains(&lun) {
+            l.push(lun);
+        }
+        drop(l);
+        self.notify.notify_one();
+    }
 }
 
 /// State shared by every connection.
@@ -83,6 +106,28 @@ impl Shared {
     }
 }
 
+/// Lets every LU's PREEMPT AND ABORT reach the sessions it preempted: the
+/// hook finds their registry entries and asks them to abort their tasks
+/// for that LUN. Holds the shared state weakly (the LUs live inside it).
+fn install_abort_hooks(shared: &Arc<Shared>) {
+    for t in &shared.targets {
+        for (i, lu) in t.luns.iter().enumerate() {
+            let weak: Weak<Shared> = Arc::downgrade(shared);
+            let target = t.name.clone();
+            let lun = Lun::from_index(i as u16);
+            lu.set_preempt_abort_hook(Arc::new(move |victims: &[NexusId]| {
+                let Some(shared) = weak.upgrade() else { return };
+                let reg = shared.registry.lock();
+                for (k, e) in reg.iter() {
+                    if k.target == target && victims.contains(&e.nexus) {
+                        e.aborts.push(lun);
+                    }
+                }
+            }));
+        }
+    }
+}
+
 /// A bound, not yet running target.
 pub struct Server {
     shared: Arc<Shared>,
@@ -109,7 +154,7 @@ impl Server {
         let targets = cfg
             .target
             .iter()
-            .map(TargetRt::build)
+            .map(|t| TargetRt::build(t, cfg.state_dir.as_deref()))
             .collect::<Result<Vec<_>, _>>()?;
         let mut listeners = Vec::new();
         for (i, addr) in cfg.listen.iter().enumerate() {
@@ -146,10 +191,9 @@ impl Server {
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
         };
-        Ok(Server {
-            shared: Arc::new(shared),
-            listeners,
-        })
+        let shared = Arc::new(shared);
+        install_abort_hooks(&shared);
+        Ok(Server { shared, listeners })
     }
 
     /// The bound portal addresses, in configuration order.

@@ -400,3 +400,20 @@ fn unknown_and_misplaced_pdus_are_rejected() {
         matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == reject_reason::PROTOCOL_ERROR)
     );
 }
+
+#[test]
+fn abort_lun_tasks_drops_them_silently() {
+    // PREEMPT AND ABORT from another session (SPC-4 §5.9.11.5).
+    let mut s = session(true);
+    let mut out = Outbox::new();
+    // A write waiting for its data and a read handed to the driver.
+    run(&mut s, cmd(5, 10, 0x2a, 1, 512, &[]), &mut out);
+    let ev = run(&mut s, cmd(6, 11, 0x28, 1, 512, &[]), &mut out);
+    assert!(matches!(ev[..], [Event::Execute(_)]));
+    sent(&mut out);
+    assert_eq!(s.abort_lun_tasks(Lun::from_index(1)), 0, "other LUN");
+    assert_eq!(s.abort_lun_tasks(Lun::from_index(0)), 2);
+    assert_eq!(s.in_flight(), 0);
+    s.complete(Itt(6), Completion::default(), &mut out);
+    assert!(sent(&mut out).is_empty(), "no status for aborted tasks");
+}

@@ -5,6 +5,7 @@ mod atomic;
 mod inquiry;
 mod misc;
 mod mode;
+mod pr;
 mod props;
 mod provisioning;
 mod rw;
@@ -37,6 +38,7 @@ pub fn cfg() -> LuConfig {
         revision: "0.1".into(),
         read_only: false,
         thin: true,
+        pr_state: None,
     }
 }
 
