@@ -18,6 +18,8 @@
 //! | `lu`     | dispatch, TEST UNIT READY, REQUEST SENSE, READ CAPACITY(10/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
 //! | `rw`     | READ, WRITE, VERIFY, WRITE AND VERIFY, PRE-FETCH, SYNCHRONIZE CACHE |
 //! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, B0h, B1h               |
+//! | `alua`   | target port groups, REPORT / SET TARGET PORT GROUPS, access states |
+//! | `xcopy`  | EXTENDED COPY (LID1), RECEIVE COPY RESULTS                  |
 //! | `mode`   | MODE SENSE / MODE SELECT (Caching, Control pages)           |
 //! | `ua`     | unit attention conditions per I_T nexus                     |
 //! | [`sense`]| sense keys, ASC/ASCQ table, fixed and descriptor formats    |
@@ -31,19 +33,27 @@
 
 pub mod sense;
 
+mod alua;
 mod cdb;
 mod lu;
 mod mode;
 mod opcodes;
+mod peers;
 mod rw;
 mod ua;
 mod vpd;
+mod xcopy;
 
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan, MAX_SERIAL_LEN,
     MAX_TRANSFER_BYTES, OPTIMAL_TRANSFER_BYTES,
 };
+pub use alua::{AccessState, AluaError, GroupSpec, PortGroups};
+pub use peers::TargetLus;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
+pub use xcopy::{
+    MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
+};
 
 /// SCSI status codes (SAM-5 §5.3).
 pub mod status {

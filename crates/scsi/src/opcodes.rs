@@ -152,6 +152,69 @@ const USAGE: &[Usage] = &[
         bits: &[op::MODE_SENSE_10, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0],
     },
     Usage {
+        sa: Some(cdb::SA_EXTENDED_COPY_LID1),
+        bits: &[
+            op::EXTENDED_COPY,
+            cdb::SA_EXTENDED_COPY_LID1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(cdb::SA_COPY_STATUS),
+        bits: &[
+            op::RECEIVE_COPY_RESULTS,
+            cdb::SA_COPY_STATUS,
+            0xff,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(cdb::SA_OPERATING_PARAMETERS),
+        bits: &[
+            op::RECEIVE_COPY_RESULTS,
+            cdb::SA_OPERATING_PARAMETERS,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
         sa: None,
         bits: &[
             op::READ_16,
@@ -303,6 +366,23 @@ const USAGE: &[Usage] = &[
         bits: &[REPORT_LUNS, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
     },
     Usage {
+        sa: Some(cdb::SA_REPORT_TARGET_PORT_GROUPS),
+        bits: &[
+            op::MAINTENANCE_IN,
+            0xe0 | cdb::SA_REPORT_TARGET_PORT_GROUPS,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
         sa: Some(cdb::SA_REPORT_SUPPORTED_OPCODES),
         bits: &[
             op::MAINTENANCE_IN,
@@ -311,6 +391,23 @@ const USAGE: &[Usage] = &[
             0xff,
             0xff,
             0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(cdb::SA_SET_TARGET_PORT_GROUPS),
+        bits: &[
+            op::MAINTENANCE_OUT,
+            cdb::SA_SET_TARGET_PORT_GROUPS,
+            0,
+            0,
+            0,
+            0,
             0xff,
             0xff,
             0xff,
@@ -399,7 +496,16 @@ fn timeouts(out: &mut Vec<u8>) {
 
 /// Answers REPORT SUPPORTED OPERATION CODES; `cdb` is a MAINTENANCE IN CDB
 /// of at least 12 bytes with service action 0Ch.
+#[cfg(test)]
 pub(crate) fn report(cdb: &[u8]) -> Outcome {
+    report_with(cdb, |_, _| true)
+}
+
+/// As [`report`], listing only the commands for which `enabled(opcode,
+/// service action)` holds (those that depend on configuration, such as SET
+/// TARGET PORT GROUPS without explicit ALUA, are reported as not supported).
+pub(crate) fn report_with(cdb: &[u8], enabled: impl Fn(u8, Option<u8>) -> bool) -> Outcome {
+    let usage = || USAGE.iter().filter(|u| enabled(u.bits[0], u.sa));
     let rctd = cdb[2] & 0x80 != 0;
     let options = cdb[2] & 0x07;
     let req_op = cdb[3];
@@ -409,7 +515,7 @@ pub(crate) fn report(cdb: &[u8]) -> Outcome {
     match options {
         0 => {
             out.extend_from_slice(&[0; 4]);
-            for u in USAGE {
+            for u in usage() {
                 out.push(u.bits[0]);
                 out.push(0);
                 out.extend_from_slice(&u16::from(u.sa.unwrap_or(0)).to_be_bytes());
@@ -424,13 +530,13 @@ pub(crate) fn report(cdb: &[u8]) -> Outcome {
             out[..4].copy_from_slice(&len.to_be_bytes());
         }
         1..=3 => {
-            let known = USAGE.iter().any(|u| u.bits[0] == req_op);
-            let has_sa = USAGE.iter().any(|u| u.bits[0] == req_op && u.sa.is_some());
+            let known = usage().any(|u| u.bits[0] == req_op);
+            let has_sa = usage().any(|u| u.bits[0] == req_op && u.sa.is_some());
             // 001b: the opcode must not have service actions; 010b: it must.
             if (options == 1 && has_sa) || (options == 2 && known && !has_sa) {
                 return Outcome::check(Sense::invalid_cdb(2, Some(0)));
             }
-            let found = USAGE.iter().find(|u| {
+            let found = usage().find(|u| {
                 u.bits[0] == req_op
                     && u.sa
                         .is_none_or(|sa| options != 1 && u16::from(sa) == req_sa)
@@ -477,7 +583,10 @@ mod tests {
                 assert_eq!(u.bits[1] & 0x1f, sa);
             }
         }
-        assert!(USAGE.windows(2).all(|w| w[0].bits[0] < w[1].bits[0]));
+        // Opcode order; several service actions of one opcode in SA order.
+        assert!(USAGE
+            .windows(2)
+            .all(|w| (w[0].bits[0], w[0].sa) < (w[1].bits[0], w[1].sa)));
     }
 
     fn rsoc(rctd: bool, options: u8, op: u8, sa: u16, alloc: u32) -> Outcome {

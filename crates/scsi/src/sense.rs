@@ -76,10 +76,18 @@ macro_rules! asc_table {
 asc_table! {
     /// 00/00: nothing to report.
     NO_ADDITIONAL_SENSE = (0x00, 0x00), "NO ADDITIONAL SENSE INFORMATION";
+    /// 00/16: a command with the same identifier is still being processed.
+    OPERATION_IN_PROGRESS = (0x00, 0x16), "OPERATION IN PROGRESS";
     /// 04/02: the unit needs a START STOP UNIT (START = 1).
     NOT_READY_INIT_REQUIRED = (0x04, 0x02), "LOGICAL UNIT NOT READY, INITIALIZING COMMAND REQUIRED";
+    /// 04/0B: the command came through a target port in the standby state.
+    NOT_ACCESSIBLE_STANDBY = (0x04, 0x0B), "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE";
+    /// 04/0C: the command came through a target port in the unavailable state.
+    NOT_ACCESSIBLE_UNAVAILABLE = (0x04, 0x0C), "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE";
     /// 0C/00: a write (or the flush of cached writes) failed.
     WRITE_ERROR = (0x0C, 0x00), "WRITE ERROR";
+    /// 0D/02: a copy source or destination cannot be reached by the copy manager.
+    COPY_TARGET_NOT_REACHABLE = (0x0D, 0x02), "COPY TARGET DEVICE NOT REACHABLE";
     /// 0E/03: the data-out does not match the command (iSCSI EDTL short of a block).
     INVALID_FIELD_IN_INFORMATION_UNIT = (0x0E, 0x03), "INVALID FIELD IN COMMAND INFORMATION UNIT";
     /// 11/00: a read failed.
@@ -98,6 +106,14 @@ asc_table! {
     LOGICAL_UNIT_NOT_SUPPORTED = (0x25, 0x00), "LOGICAL UNIT NOT SUPPORTED";
     /// 26/00: a parameter list field holds a value we do not accept.
     INVALID_FIELD_IN_PARAMETER_LIST = (0x26, 0x00), "INVALID FIELD IN PARAMETER LIST";
+    /// 26/06: more CSCD descriptors than the copy manager supports.
+    TOO_MANY_TARGET_DESCRIPTORS = (0x26, 0x06), "TOO MANY TARGET DESCRIPTORS";
+    /// 26/07: a CSCD descriptor type the copy manager does not support.
+    UNSUPPORTED_TARGET_DESCRIPTOR_TYPE = (0x26, 0x07), "UNSUPPORTED TARGET DESCRIPTOR TYPE CODE";
+    /// 26/08: more segment descriptors than the copy manager supports.
+    TOO_MANY_SEGMENT_DESCRIPTORS = (0x26, 0x08), "TOO MANY SEGMENT DESCRIPTORS";
+    /// 26/09: a segment descriptor type the copy manager does not support.
+    UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE = (0x26, 0x09), "UNSUPPORTED SEGMENT DESCRIPTOR TYPE CODE";
     /// 27/00: the logical unit is write protected.
     WRITE_PROTECTED = (0x27, 0x00), "WRITE PROTECTED";
     /// 29/00: power on, reset or bus device reset.
@@ -110,6 +126,8 @@ asc_table! {
     I_T_NEXUS_LOSS = (0x29, 0x07), "I_T NEXUS LOSS OCCURRED";
     /// 2A/01: another I_T nexus changed mode parameters.
     MODE_PARAMETERS_CHANGED = (0x2A, 0x01), "MODE PARAMETERS CHANGED";
+    /// 2A/06: a target port group changed its asymmetric access state.
+    ASYMMETRIC_ACCESS_STATE_CHANGED = (0x2A, 0x06), "ASYMMETRIC ACCESS STATE CHANGED";
     /// 2A/09: the capacity changed.
     CAPACITY_DATA_CHANGED = (0x2A, 0x09), "CAPACITY DATA HAS CHANGED";
     /// 39/00: saved mode pages are not implemented.
@@ -120,6 +138,8 @@ asc_table! {
     INQUIRY_DATA_CHANGED = (0x3F, 0x03), "INQUIRY DATA HAS CHANGED";
     /// 44/00: an internal failure of the target.
     INTERNAL_TARGET_FAILURE = (0x44, 0x00), "INTERNAL TARGET FAILURE";
+    /// 55/03: the copy manager has no resources for another copy now.
+    INSUFFICIENT_RESOURCES = (0x55, 0x03), "INSUFFICIENT RESOURCES";
 }
 
 /// Which byte (and bit) of the CDB or parameter list was wrong: the

@@ -98,6 +98,17 @@ impl UnitAttentions {
         }
     }
 
+    /// Registers `n` if new and establishes `code` (sense key UNIT
+    /// ATTENTION) for it alone.
+    pub fn establish(&self, n: NexusId, code: Asc) {
+        let mut map = self.inner.lock();
+        self.register(&mut map, n);
+        if let Some(q) = map.get_mut(&n) {
+            push(q, Sense::new(SenseKey::UnitAttention, code));
+            self.known.set_attention(n, true);
+        }
+    }
+
     /// Drops everything about `n` (its session is gone).
     pub fn forget(&self, n: NexusId) {
         let mut map = self.inner.lock();

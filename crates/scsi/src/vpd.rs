@@ -42,7 +42,9 @@ fn space_padded(dst: &mut [u8], s: &str) {
 
 /// The standard INQUIRY data (SPC-4 §6.6.2): a connected direct-access
 /// device, not removable, SPC-4, response data format 2, command queuing,
-/// no ACA, no hierarchical addressing, no ALUA (TPGS = 0), no protection.
+/// no ACA, no hierarchical addressing, no protection; implicit ALUA (TPGS
+/// 01b, raised to 11b by [`crate::LogicalUnit::with_port_groups`] when SET
+/// TARGET PORT GROUPS is allowed) and a copy manager (3PC, SPC-4 §6.4).
 pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
     let mut d = [0u8; STD_INQUIRY_LEN];
     d[0] = 0x00; // PERIPHERAL QUALIFIER 000b, DEVICE TYPE 00h
@@ -50,6 +52,7 @@ pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
     d[2] = 0x06; // VERSION: SPC-4
     d[3] = 0x02; // NORMACA = 0, HISUP = 0, RESPONSE DATA FORMAT = 2
     d[4] = (STD_INQUIRY_LEN - 5) as u8; // ADDITIONAL LENGTH
+    d[5] = 0x10 | 0x08; // TPGS = 01b, 3PC
     d[7] = 0x02; // CMDQUE
     space_padded(&mut d[8..16], &cfg.vendor);
     space_padded(&mut d[16..32], &cfg.product);

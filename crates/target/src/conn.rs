@@ -136,13 +136,14 @@ pub(crate) async fn serve(
     let origin = Origin {
         nexus,
         relative_port: portal.tpgt,
-        tpg: portal.tpgt,
+        tpg: portal.alua_group,
         port_name: format!("{},t,0x{:04x}", session.params().target_name, portal.tpgt),
         initiator_port_name: format!(
             "{},i,0x{}",
             session.params().initiator_name,
             isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
         ),
+        lus: target.map(|t| crate::lunmap::LunSet(t.luns.clone())),
     };
     let why = c
         .full_feature(session, &shared, target, origin, kill, shutdown)
@@ -281,6 +282,7 @@ impl Conn {
                             initiator: outcome.params.initiator_name.clone(),
                             isid: outcome.isid,
                             target: outcome.params.target_name.clone(),
+                            tpgt: portal.tpgt,
                         };
                         let tsih = shared.fresh_tsih();
                         let nexus = shared.fresh_nexus();
@@ -297,7 +299,12 @@ impl Conn {
                             tracing::info!(initiator = %k.initiator, "session reinstated");
                             old.kill.notify_one();
                             if let Some(t) = shared.target(&k.target) {
-                                t.luns.iter().for_each(|lu| lu.nexus_lost(old.nexus));
+                                // The same I_T nexus continues in the new
+                                // session: it learns of the loss (29/07).
+                                t.luns.iter().for_each(|lu| {
+                                    lu.nexus_lost(old.nexus);
+                                    lu.nexus_reinstated(nexus);
+                                });
                             }
                         }
                         resp.tsih = tsih;

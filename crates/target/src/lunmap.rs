@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use iscsi_proto::session::{Completion, ExecRequest};
 use iscsi_wire::pdu::Lun;
-use scsi::{LogicalUnit, LuConfig, NexusId};
+use scsi::{GroupSpec, LogicalUnit, LuConfig, NexusId, PortGroups, TargetLus};
 use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache};
 
 use crate::config::{BackendKind, CacheConfig, TargetConfig};
@@ -18,7 +18,29 @@ pub struct TargetRt {
     pub name: String,
     pub alias: Option<String>,
     /// LUN n is `luns[n]`.
-    pub luns: Vec<Arc<LogicalUnit>>,
+    pub luns: Arc<[Arc<LogicalUnit>]>,
+}
+
+/// The LUs of one target as a logical unit sees its siblings (EXTENDED
+/// COPY sources and destinations, SET TARGET PORT GROUPS): every LU of the
+/// session's target, which every initiator logged in to it may reach.
+#[derive(Clone)]
+pub struct LunSet(pub Arc<[Arc<LogicalUnit>]>);
+
+impl std::fmt::Debug for LunSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LunSet({} LUs)", self.0.len())
+    }
+}
+
+impl TargetLus for LunSet {
+    fn by_naa(&self, naa: &[u8]) -> Option<Arc<LogicalUnit>> {
+        self.0.iter().find(|lu| lu.config().naa[..] == *naa).cloned()
+    }
+
+    fn for_each_lu(&self, f: &mut dyn FnMut(&LogicalUnit)) {
+        self.0.iter().for_each(|lu| f(lu));
+    }
 }
 
 impl std::fmt::Debug for TargetRt {
@@ -67,8 +89,16 @@ pub fn serial_for(target: &str, index: usize) -> String {
 }
 
 impl TargetRt {
-    /// Opens every LUN's backend and builds its logical unit.
-    pub fn build(cfg: &TargetConfig) -> Result<TargetRt, String> {
+    /// Opens every LUN's backend and builds its logical unit, with the
+    /// ALUA target port groups `groups` (explicit ALUA if `explicit`).
+    pub fn build(
+        cfg: &TargetConfig,
+        groups: Vec<GroupSpec>,
+        explicit: bool,
+    ) -> Result<TargetRt, String> {
+        let port_groups = Arc::new(
+            PortGroups::new(groups, explicit).map_err(|e| format!("target {}: {e}", cfg.name))?,
+        );
         let mut luns = Vec::new();
         for (i, l) in cfg.lun.iter().enumerate() {
             let at = format!("target {} LUN {i}", cfg.name);
@@ -102,13 +132,15 @@ impl TargetRt {
                 revision: "0001".into(),
                 read_only: l.read_only,
             };
-            let lu = LogicalUnit::new(backend, lu_cfg).map_err(|e| format!("{at}: {e}"))?;
+            let lu = LogicalUnit::new(backend, lu_cfg)
+                .map_err(|e| format!("{at}: {e}"))?
+                .with_port_groups(port_groups.clone());
             luns.push(Arc::new(lu));
         }
         Ok(TargetRt {
             name: cfg.name.clone(),
             alias: cfg.alias.clone(),
-            luns,
+            luns: luns.into(),
         })
     }
 
@@ -127,6 +159,8 @@ pub struct Origin {
     pub port_name: String,
     /// `initiator-name,i,0x<ISID>` of the session.
     pub initiator_port_name: String,
+    /// The LUs of the session's target.
+    pub lus: Option<LunSet>,
 }
 
 const ILLEGAL_REQUEST: u8 = 0x05;
@@ -159,6 +193,7 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
         tpg: o.tpg,
         target_port_name: &o.port_name,
         initiator_port_name: &o.initiator_port_name,
+        lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
     };
     let out = lu.execute(&cmd);
     Completion {

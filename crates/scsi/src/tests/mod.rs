@@ -58,6 +58,7 @@ pub fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId) -> Command<'a> {
         tpg: 2,
         target_port_name: PORT_NAME,
         initiator_port_name: "iqn.2026-11.test:init,i,0x800000000001",
+        lus: None,
     }
 }
 
