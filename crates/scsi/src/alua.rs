@@ -436,7 +436,7 @@ pub(crate) fn set(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
             Asc::PARAMETER_LIST_LENGTH_ERROR,
         ))
     };
-    if len < 4 || (len - 4) % 4 != 0 || cmd.data_out.len() < len {
+    if len < 4 || !(len - 4).is_multiple_of(4) || cmd.data_out.len() < len {
         return length_error();
     }
     let list = &cmd.data_out[4..len];
@@ -494,11 +494,8 @@ mod tests {
             AluaError::ZeroPort
         );
         assert_eq!(
-            PortGroups::new(
-                vec![spec(1, &[1], Standby), spec(1, &[2], Standby)],
-                false
-            )
-            .unwrap_err(),
+            PortGroups::new(vec![spec(1, &[1], Standby), spec(1, &[2], Standby)], false)
+                .unwrap_err(),
             AluaError::DuplicateGroup(1)
         );
         assert_eq!(
@@ -566,11 +563,19 @@ mod tests {
         let refused = |st, c: &[u8]| refusal(st, c).map(|s| (s.key, s.code));
         let nr_s = Some((SenseKey::NotReady, Asc::NOT_ACCESSIBLE_STANDBY));
         let nr_u = Some((SenseKey::NotReady, Asc::NOT_ACCESSIBLE_UNAVAILABLE));
-        for st in [AccessState::ActiveOptimized, AccessState::ActiveNonOptimized] {
+        for st in [
+            AccessState::ActiveOptimized,
+            AccessState::ActiveNonOptimized,
+        ] {
             assert_eq!(refusal(st, &cdb(op::WRITE_10, 0)), None);
         }
         // Data commands and TEST UNIT READY are refused in both.
-        for o in [op::READ_10, op::WRITE_16, op::TEST_UNIT_READY, op::READ_CAPACITY_10] {
+        for o in [
+            op::READ_10,
+            op::WRITE_16,
+            op::TEST_UNIT_READY,
+            op::READ_CAPACITY_10,
+        ] {
             assert_eq!(refused(standby, &cdb(o, 0)), nr_s, "{o:#x}");
             assert_eq!(refused(unavailable, &cdb(o, 0)), nr_u, "{o:#x}");
         }

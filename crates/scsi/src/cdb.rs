@@ -249,11 +249,25 @@ pub fn plan(cdb: &[u8], block_size: u32, max_blocks: u32) -> (u32, u32) {
         op::MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_TARGET_PORT_GROUPS => (0, be32(cdb, 6)),
         op::MAINTENANCE_OUT if cdb[1] & 0x1F == SA_SET_TARGET_PORT_GROUPS => {
             let len = be32(cdb, 6);
-            (if len <= crate::alua::MAX_STPG_LIST { len } else { 0 }, 0)
+            (
+                if len <= crate::alua::MAX_STPG_LIST {
+                    len
+                } else {
+                    0
+                },
+                0,
+            )
         }
         op::EXTENDED_COPY if cdb[1] & 0x1F == SA_EXTENDED_COPY_LID1 => {
             let len = be32(cdb, 10);
-            (if len <= crate::xcopy::MAX_PARAM_LIST { len } else { 0 }, 0)
+            (
+                if len <= crate::xcopy::MAX_PARAM_LIST {
+                    len
+                } else {
+                    0
+                },
+                0,
+            )
         }
         op::RECEIVE_COPY_RESULTS
             if matches!(cdb[1] & 0x1F, SA_COPY_STATUS | SA_OPERATING_PARAMETERS) =>

@@ -44,11 +44,11 @@ mod ua;
 mod vpd;
 mod xcopy;
 
+pub use alua::{AccessState, AluaError, GroupSpec, PortGroups};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan, MAX_SERIAL_LEN,
     MAX_TRANSFER_BYTES, OPTIMAL_TRANSFER_BYTES,
 };
-pub use alua::{AccessState, AluaError, GroupSpec, PortGroups};
 pub use peers::TargetLus;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
 pub use xcopy::{

@@ -408,7 +408,10 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         let (dst, _) = unit(s.dst, s.at + 6)?;
         let (sbs, dbs) = (u64::from(src.cfg.block_size), u64::from(dst.cfg.block_size));
         let bytes = u64::from(s.blocks) * if s.dc { dbs } else { sbs };
-        if bytes > u64::from(MAX_SEGMENT_BYTES) || bytes % sbs != 0 || bytes % dbs != 0 {
+        if bytes > u64::from(MAX_SEGMENT_BYTES)
+            || !bytes.is_multiple_of(sbs)
+            || !bytes.is_multiple_of(dbs)
+        {
             return Err(illegal(Asc::INVALID_FIELD_IN_PARAMETER_LIST, s.at + 10));
         }
         let fits = |u: &LogicalUnit, lba: u64, bs: u64| {

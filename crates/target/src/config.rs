@@ -289,7 +289,9 @@ impl Config {
             }
         }
         if !self.alua.group.is_empty() {
-            if let Some(p) = (1..=n).find(|p| !self.alua.group.iter().any(|g| g.portals.contains(p))) {
+            if let Some(p) =
+                (1..=n).find(|p| !self.alua.group.iter().any(|g| g.portals.contains(p)))
+            {
                 return inv(format!("alua: portal {p} is in no group"));
             }
         }

@@ -35,7 +35,10 @@ impl std::fmt::Debug for LunSet {
 
 impl TargetLus for LunSet {
     fn by_naa(&self, naa: &[u8]) -> Option<Arc<LogicalUnit>> {
-        self.0.iter().find(|lu| lu.config().naa[..] == *naa).cloned()
+        self.0
+            .iter()
+            .find(|lu| lu.config().naa[..] == *naa)
+            .cloned()
     }
 
     fn for_each_lu(&self, f: &mut dyn FnMut(&LogicalUnit)) {

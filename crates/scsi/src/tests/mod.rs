@@ -1,11 +1,13 @@
 //! Unit tests of the logical unit, driven through [`LogicalUnit::execute`]
 //! as the target does, against [`MemBackend`] or [`TestBackend`].
 
+mod alua;
 mod inquiry;
 mod misc;
 mod mode;
 mod props;
 mod rw;
+mod xcopy;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
