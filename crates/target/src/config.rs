@@ -641,6 +641,43 @@ mod tests {
     }
 
     #[test]
+    fn alua_groups() {
+        let base = "listen = [\"127.0.0.1:3260\", \"127.0.0.1:3261\", \"127.0.0.1:3262\"]\n";
+        let target = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n";
+        // Default: one active/optimized group per portal, id = position.
+        let c = Config::from_toml(&format!("{base}{target}")).unwrap();
+        let g = c.port_groups();
+        assert_eq!(g.len(), 3);
+        assert_eq!((g[2].id, g[2].ports.clone()), (3, vec![3]));
+        assert_eq!(c.group_of_portal(2), 2);
+        assert!(!c.alua.explicit);
+        // Configured groups.
+        let alua = "[alua]\nexplicit = true\n[[alua.group]]\nid = 7\nportals = [1, 3]\n\
+                    [[alua.group]]\nid = 9\nportals = [2]\nstate = \"standby\"\npreferred = true\n";
+        let c = Config::from_toml(&format!("{base}{alua}{target}")).unwrap();
+        assert!(c.alua.explicit);
+        assert_eq!(c.group_of_portal(3), 7);
+        assert_eq!(c.group_of_portal(2), 9);
+        let g = c.port_groups();
+        assert_eq!(g[1].state, scsi::AccessState::Standby);
+        assert!(g[1].preferred);
+        // Refused: a portal that does not exist, a portal in no group, a
+        // portal in two groups, duplicate ids, id 0, an unknown state.
+        for bad in [
+            "[[alua.group]]\nid = 1\nportals = [1, 2, 3, 4]\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2]\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2]\n[[alua.group]]\nid = 2\nportals = [2, 3]\n",
+            "[[alua.group]]\nid = 1\nportals = [1]\n[[alua.group]]\nid = 1\nportals = [2, 3]\n",
+            "[[alua.group]]\nid = 0\nportals = [1, 2, 3]\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2, 3]\nstate = \"offline\"\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2, 3]\nbogus = 1\n",
+        ] {
+            let text = format!("{base}[alua]\n{bad}{target}");
+            assert!(Config::from_toml(&text).is_err(), "accepted:\n{text}");
+        }
+    }
+
+    #[test]
     fn lun_specs() {
         assert_eq!(
             LunConfig::from_spec("mem:1G").unwrap().size.as_deref(),
