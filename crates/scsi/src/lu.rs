@@ -324,6 +324,13 @@ impl LogicalUnit {
         self.backend.may_block()
     }
 
+    /// Whether `cdb` may take long even on a backend that never blocks
+    /// (EXTENDED COPY moves up to 256 MiB): the driver should run it off
+    /// its event loop, as it does for [`Self::may_block`] units.
+    pub fn is_long_running(&self, cdb: &[u8]) -> bool {
+        cdb.first() == Some(&op::EXTENDED_COPY)
+    }
+
     /// The configuration the unit was created with.
     pub fn config(&self) -> &LuConfig {
         &self.cfg

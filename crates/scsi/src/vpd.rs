@@ -7,6 +7,7 @@
 //! | 00h  | Supported VPD Pages           | SPC-4 §7.8.13  |
 //! | 80h  | Unit Serial Number            | SPC-4 §7.8.15  |
 //! | 83h  | Device Identification         | SPC-4 §7.8.6   |
+//! | 86h  | Extended INQUIRY Data         | SPC-4 §7.8.7   |
 //! | B0h  | Block Limits                  | SBC-3 §6.5.3   |
 //! | B1h  | Block Device Characteristics  | SBC-3 §6.5.2   |
 //!
@@ -28,7 +29,7 @@ pub const STD_INQUIRY_LEN: usize = 96;
 const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
 
 /// VPD pages served, ascending.
-const SUPPORTED_PAGES: [u8; 5] = [0x00, 0x80, 0x83, 0xB0, 0xB1];
+const SUPPORTED_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0x86, 0xB0, 0xB1];
 
 /// Protocol identifier of iSCSI (SPC-4 §7.6.1, table 362).
 const PROTOCOL_ISCSI: u8 = 0x5;
@@ -82,6 +83,7 @@ pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
         0x80 => page_with(0x80, lu.cfg.serial.as_bytes()),
         0x83 => device_identification(lu, cmd),
         0xB0 => block_limits(lu),
+        0x86 => extended_inquiry(lu),
         0xB1 => block_device_characteristics(),
         _ => return Outcome::check(Sense::invalid_cdb(2, None)),
     };
@@ -166,6 +168,20 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     b[4..8].copy_from_slice(&lu.max_transfer_blocks.to_be_bytes());
     b[8..12].copy_from_slice(&(OPTIMAL_TRANSFER_BYTES / bs).to_be_bytes());
     page_with(0xB0, &b)
+}
+
+/// Extended INQUIRY Data (86h), page length 3Ch: no protection
+/// information, SIMPLE task attribute only (SIMPSUP; the iSCSI layer does
+/// not order HEAD OF QUEUE or ORDERED tasks), V_SUP when the write cache is
+/// on (WCE = 1, a volatile cache that SYNCHRONIZE CACHE and FUA empty), no
+/// unit attention sense key specific data, sense data length not reported.
+fn extended_inquiry(lu: &LogicalUnit) -> Vec<u8> {
+    let mut b = [0u8; 0x3C];
+    b[1] = 0x01; // SIMPSUP
+    if lu.backend.write_cache() == storage::WriteCache::WriteBack {
+        b[2] = 0x01; // V_SUP
+    }
+    page_with(0x86, &b)
 }
 
 /// Block Device Characteristics (B1h): MEDIUM ROTATION RATE 1 (a

@@ -459,7 +459,7 @@ fn execute(
         return session.complete(req.itt, c, out);
     }
     let lu = t.lu(req.lun).expect("checked by answer_above_lu").clone();
-    if !lu.may_block() {
+    if !lu.may_block() && !lu.is_long_running(req.cdb.as_slice()) {
         let c = run_on_lu(&lu, &req, origin);
         return session.complete(req.itt, c, out);
     }
