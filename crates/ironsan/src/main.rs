@@ -97,6 +97,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             listen: vec![DEFAULT_LISTEN.parse().expect("valid")],
             limits: Default::default(),
             timeouts: Default::default(),
+            alua: Default::default(),
             target: Vec::new(),
             state_dir: None,
         },

@@ -90,6 +90,11 @@ opcodes! {
     PERSISTENT_RESERVE_IN = 0x5E, 10, "PERSISTENT RESERVE IN";
     /// SPC-4 §6.16.
     PERSISTENT_RESERVE_OUT = 0x5F, 10, "PERSISTENT RESERVE OUT";
+    /// EXTENDED COPY; LID1 is service action 00h (SPC-4 §6.4).
+    EXTENDED_COPY = 0x83, 16, "EXTENDED COPY";
+    /// RECEIVE COPY RESULTS; COPY STATUS 00h, OPERATING PARAMETERS 03h
+    /// (SPC-4 §6.18).
+    RECEIVE_COPY_RESULTS = 0x84, 16, "RECEIVE COPY RESULTS";
     /// SBC-3 §5.16.
     READ_16 = 0x88, 16, "READ(16)";
     /// SBC-3 §5.42.
@@ -107,6 +112,9 @@ opcodes! {
     /// MAINTENANCE IN; REPORT SUPPORTED OPERATION CODES is service action
     /// 0Ch (SPC-4 §6.35).
     MAINTENANCE_IN = 0xA3, 12, "MAINTENANCE IN";
+    /// MAINTENANCE OUT; SET TARGET PORT GROUPS is service action 0Ah
+    /// (SPC-4 §6.46).
+    MAINTENANCE_OUT = 0xA4, 12, "MAINTENANCE OUT";
     /// SBC-3 §5.15.
     READ_12 = 0xA8, 12, "READ(12)";
     /// SBC-3 §5.41.
@@ -123,6 +131,16 @@ pub const SA_READ_CAPACITY_16: u8 = 0x10;
 pub const SA_GET_LBA_STATUS: u8 = 0x12;
 /// REPORT SUPPORTED OPERATION CODES service action of MAINTENANCE IN.
 pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
+/// REPORT TARGET PORT GROUPS service action of MAINTENANCE IN (SPC-4 §6.36).
+pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
+/// SET TARGET PORT GROUPS service action of MAINTENANCE OUT (SPC-4 §6.46).
+pub const SA_SET_TARGET_PORT_GROUPS: u8 = 0x0A;
+/// EXTENDED COPY(LID1) service action of EXTENDED COPY (SPC-4 §6.4).
+pub const SA_EXTENDED_COPY_LID1: u8 = 0x00;
+/// COPY STATUS service action of RECEIVE COPY RESULTS (SPC-4 §6.18.3).
+pub const SA_COPY_STATUS: u8 = 0x00;
+/// OPERATING PARAMETERS service action of RECEIVE COPY RESULTS (SPC-4 §6.18.4).
+pub const SA_OPERATING_PARAMETERS: u8 = 0x03;
 
 /// The CDB length an implemented opcode needs, `None` for others.
 #[inline]
@@ -276,6 +294,34 @@ pub fn plan(cdb: &[u8], block_size: u32, max_blocks: u32) -> (u32, u32) {
             n if n <= crate::pr::MAX_PARAMETER_LIST => (n, 0),
             _ => (0, 0),
         },
+        op::MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_TARGET_PORT_GROUPS => (0, be32(cdb, 6)),
+        op::MAINTENANCE_OUT if cdb[1] & 0x1F == SA_SET_TARGET_PORT_GROUPS => {
+            let len = be32(cdb, 6);
+            (
+                if len <= crate::alua::MAX_STPG_LIST {
+                    len
+                } else {
+                    0
+                },
+                0,
+            )
+        }
+        op::EXTENDED_COPY if cdb[1] & 0x1F == SA_EXTENDED_COPY_LID1 => {
+            let len = be32(cdb, 10);
+            (
+                if len <= crate::xcopy::MAX_PARAM_LIST {
+                    len
+                } else {
+                    0
+                },
+                0,
+            )
+        }
+        op::RECEIVE_COPY_RESULTS
+            if matches!(cdb[1] & 0x1F, SA_COPY_STATUS | SA_OPERATING_PARAMETERS) =>
+        {
+            (0, be32(cdb, 10))
+        }
         _ => (0, 0),
     }
 }

@@ -21,7 +21,9 @@
 //! | `provisioning` | WRITE SAME(10/16), UNMAP, GET LBA STATUS (thin provisioning) |
 //! | `defects`| READ DEFECT DATA(10/12)                                     |
 //! | `locks`  | striped LBA range locks that make the read-modify-write commands atomic |
-//! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, B0h, B1h, B2h (thin)   |
+//! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, 86h, B0h, B1h, B2h (thin)   |
+//! | `alua`   | target port groups, REPORT / SET TARGET PORT GROUPS, access states |
+//! | `xcopy`  | EXTENDED COPY (LID1), RECEIVE COPY RESULTS                  |
 //! | `mode`   | MODE SENSE / MODE SELECT (Caching, Control pages)           |
 //! | `ua`     | unit attention conditions per I_T nexus                     |
 //! | [`pr`]   | RESERVE / RELEASE, PERSISTENT RESERVE IN / OUT (SPC-4 §5.9) |
@@ -36,6 +38,7 @@
 
 pub mod sense;
 
+mod alua;
 mod atomic;
 mod cdb;
 mod defects;
@@ -43,18 +46,25 @@ mod locks;
 mod lu;
 mod mode;
 mod opcodes;
+mod peers;
 pub mod pr;
 mod provisioning;
 mod rw;
 mod ua;
 mod vpd;
+mod xcopy;
 
+pub use alua::{AccessState, AluaError, GroupSpec, PortGroups};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,
     MAX_COMPARE_AND_WRITE_BLOCKS, MAX_SERIAL_LEN, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS,
     MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BYTES, OPTIMAL_TRANSFER_BYTES,
 };
+pub use peers::TargetLus;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
+pub use xcopy::{
+    MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
+};
 
 /// SCSI status codes (SAM-5 §5.3).
 pub mod status {

@@ -17,10 +17,13 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use storage::{BlockBackend, WriteCache};
 
+use crate::alua::{self, PortGroups};
 use crate::cdb::{self, be32, be64, op};
 use crate::locks::LbaLocks;
+use crate::peers::TargetLus;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::ua::UnitAttentions;
+use crate::xcopy::{self, CopyState};
 use crate::{atomic, defects, mode, pr, provisioning, rw, status, vpd};
 
 /// Identifies one I_T nexus (an iSCSI session) for unit attentions, SPC-2
@@ -116,9 +119,11 @@ pub struct Command<'a> {
     pub data_out: &'a [u8],
     /// The I_T nexus the command came from.
     pub nexus: NexusId,
-    /// Relative target port identifier of the path (VPD 83h).
+    /// Relative target port identifier of the path (VPD 83h, REPORT
+    /// TARGET PORT GROUPS).
     pub relative_port: u16,
-    /// Target port group of the path (VPD 83h).
+    /// ALUA target port group of the path (VPD 83h): its access state
+    /// ([`crate::PortGroups::state`]) decides which commands run.
     pub tpg: u16,
     /// SCSI name string of the target port, e.g.
     /// `iqn.2026-11.io.ironsan:t0,t,0x0001` (VPD 83h).
@@ -132,6 +137,10 @@ pub struct Command<'a> {
     /// must match the CDB exactly (COMPARE AND WRITE, WRITE SAME) fail
     /// with INVALID FIELD IN COMMAND INFORMATION UNIT when it differs.
     pub expected_data_out: Option<u32>,
+    /// The logical units of the same target this nexus may reach: copy
+    /// sources and destinations of EXTENDED COPY, and the units that see a
+    /// SET TARGET PORT GROUPS change. `None`: only this unit.
+    pub lus: Option<&'a dyn TargetLus>,
 }
 
 /// The result of a command: status, sense data, data-in.
@@ -238,6 +247,10 @@ pub struct LogicalUnit {
     pub(crate) std_inquiry: [u8; vpd::STD_INQUIRY_LEN],
     /// SPC-2 and persistent reservations.
     pub(crate) pr: pr::Reservations,
+    /// The target port groups of the target, shared by its units.
+    pub(crate) alua: Arc<PortGroups>,
+    /// Copy manager state (EXTENDED COPY results).
+    pub(crate) copies: CopyState,
 }
 
 impl std::fmt::Debug for LogicalUnit {
@@ -316,9 +329,26 @@ impl LogicalUnit {
             mode_lock: Mutex::new(()),
             default_wce,
             std_inquiry,
+            alua: Arc::new(PortGroups::default()),
+            copies: CopyState::default(),
             backend,
             cfg,
         })
+    }
+
+    /// Uses the target port groups `pg` (shared by every unit of the
+    /// target) for ALUA: access states, REPORT/SET TARGET PORT GROUPS and
+    /// the INQUIRY TPGS field. Without it the unit has implicit ALUA with
+    /// every port active/optimized.
+    pub fn with_port_groups(mut self, pg: Arc<PortGroups>) -> Self {
+        self.std_inquiry[5] = (self.std_inquiry[5] & !0x30) | (pg.tpgs() << 4);
+        self.alua = pg;
+        self
+    }
+
+    /// The target port groups this unit reports.
+    pub fn port_groups(&self) -> &Arc<PortGroups> {
+        &self.alua
     }
 
     /// Establish POWER ON, RESET, OR BUS DEVICE RESET OCCURRED (29/00) for
@@ -344,6 +374,13 @@ impl LogicalUnit {
     /// Whether a command may wait on a device ([`BlockBackend::may_block`]).
     pub fn may_block(&self) -> bool {
         self.backend.may_block()
+    }
+
+    /// Whether `cdb` may take long even on a backend that never blocks
+    /// (EXTENDED COPY moves up to 256 MiB): the driver should run it off
+    /// its event loop, as it does for [`Self::may_block`] units.
+    pub fn is_long_running(&self, cdb: &[u8]) -> bool {
+        cdb.first() == Some(&op::EXTENDED_COPY)
     }
 
     /// The configuration the unit was created with.
@@ -411,6 +448,12 @@ impl LogicalUnit {
             // CONTROL byte NACA bit: ACA is not supported (NORMACA = 0).
             return Outcome::check(Sense::invalid_cdb(len as u16 - 1, Some(2)));
         }
+        let access = self.alua.state(cmd.tpg);
+        if !access.is_active() {
+            if let Some(s) = alua::refusal(access, cdb) {
+                return Outcome::check(s);
+            }
+        }
         if let Some(conflict) = self.pr.check(cmd, cdb) {
             return conflict;
         }
@@ -440,7 +483,7 @@ impl LogicalUnit {
     fn execute_other(&self, opcode: u8, cdb: &[u8], cmd: &Command<'_>) -> Outcome {
         match opcode {
             op::TEST_UNIT_READY => Outcome::good(),
-            op::REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
+            op::REQUEST_SENSE => self.request_sense(cdb, cmd),
             op::INQUIRY => vpd::inquiry(self, cmd, cdb),
             op::MODE_SENSE_6 | op::MODE_SENSE_10 => mode::sense(self, cdb),
             op::MODE_SELECT_6 | op::MODE_SELECT_10 => mode::select(self, cdb, cmd),
@@ -455,9 +498,25 @@ impl LogicalUnit {
                 _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
             },
             op::MAINTENANCE_IN => match cdb[1] & 0x1F {
-                cdb::SA_REPORT_SUPPORTED_OPCODES => crate::opcodes::report(cdb, self.thin),
+                cdb::SA_REPORT_SUPPORTED_OPCODES => {
+                    let (explicit, thin) = (self.alua.is_explicit(), self.thin);
+                    crate::opcodes::report_with(cdb, |code, _| {
+                        (explicit || code != op::MAINTENANCE_OUT) && (thin || code != op::UNMAP)
+                    })
+                }
+                cdb::SA_REPORT_TARGET_PORT_GROUPS => alua::report(&self.alua, cmd, cdb),
                 _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
             },
+            op::MAINTENANCE_OUT => match cdb[1] & 0x1F {
+                cdb::SA_SET_TARGET_PORT_GROUPS => alua::set(self, cmd, cdb),
+                // No other MAINTENANCE OUT service action is implemented.
+                _ => Outcome::check(Sense::invalid_opcode()),
+            },
+            op::EXTENDED_COPY => match cdb[1] & 0x1F {
+                cdb::SA_EXTENDED_COPY_LID1 => xcopy::extended_copy(self, cmd, cdb),
+                _ => Outcome::check(Sense::invalid_cdb(1, Some(4))),
+            },
+            op::RECEIVE_COPY_RESULTS => xcopy::receive_copy_results(self, cmd, cdb),
             op::START_STOP_UNIT => start_stop_unit(cdb),
             op::PREVENT_ALLOW_MEDIUM_REMOVAL => prevent_allow(cdb),
             op::PERSISTENT_RESERVE_IN => pr::persistent_reserve_in(self, cmd, cdb),
@@ -490,6 +549,14 @@ impl LogicalUnit {
     pub fn nexus_lost(&self, n: NexusId) {
         self.pr.nexus_lost(n);
         self.ua.forget(n);
+        self.copies.forget(n);
+    }
+
+    /// `n` replaces a session of the same I_T nexus that was lost (iSCSI
+    /// session reinstatement, RFC 7143 §6.3.5): its first command reports
+    /// I_T NEXUS LOSS OCCURRED (29/07), SAM-5 §6.3.4.
+    pub fn nexus_reinstated(&self, n: NexusId) {
+        self.ua.establish(n, Asc::I_T_NEXUS_LOSS);
     }
 
     /// Sets the function that PREEMPT AND ABORT calls with the sessions
@@ -508,15 +575,19 @@ impl LogicalUnit {
     }
 
     /// REQUEST SENSE (SPC-4 §6.39): the pending unit attention (cleared),
-    /// else NO SENSE. DESC = 1 selects descriptor format.
-    fn request_sense(&self, cdb: &[u8], n: NexusId) -> Outcome {
+    /// else why the path cannot be used (standby or unavailable, SPC-4
+    /// §5.15.2.4), else NO SENSE. DESC = 1 selects descriptor format.
+    fn request_sense(&self, cdb: &[u8], cmd: &Command<'_>) -> Outcome {
+        let n = cmd.nexus;
         let desc = cdb[1] & 0x01 != 0;
         let pending = if self.ua.is_quiet(n) {
             None
         } else {
             self.ua.take(n)
         };
-        let sense = pending.unwrap_or(Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE));
+        let sense = pending
+            .or_else(|| alua::not_ready_sense(self.alua.state(cmd.tpg)))
+            .unwrap_or(Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE));
         let bytes = if desc {
             sense.to_descriptor_bytes()
         } else {

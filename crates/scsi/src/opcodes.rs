@@ -327,6 +327,69 @@ const USAGE: &[Usage] = &[
         ],
     },
     Usage {
+        sa: Some(cdb::SA_EXTENDED_COPY_LID1),
+        bits: &[
+            op::EXTENDED_COPY,
+            cdb::SA_EXTENDED_COPY_LID1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(cdb::SA_COPY_STATUS),
+        bits: &[
+            op::RECEIVE_COPY_RESULTS,
+            cdb::SA_COPY_STATUS,
+            0xff,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(cdb::SA_OPERATING_PARAMETERS),
+        bits: &[
+            op::RECEIVE_COPY_RESULTS,
+            cdb::SA_OPERATING_PARAMETERS,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
         sa: None,
         bits: &[
             op::READ_16,
@@ -583,6 +646,23 @@ const USAGE: &[Usage] = &[
         bits: &[REPORT_LUNS, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
     },
     Usage {
+        sa: Some(cdb::SA_REPORT_TARGET_PORT_GROUPS),
+        bits: &[
+            op::MAINTENANCE_IN,
+            0xe0 | cdb::SA_REPORT_TARGET_PORT_GROUPS,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
         sa: Some(cdb::SA_REPORT_SUPPORTED_OPCODES),
         bits: &[
             op::MAINTENANCE_IN,
@@ -591,6 +671,23 @@ const USAGE: &[Usage] = &[
             0xff,
             0xff,
             0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0,
+            0,
+        ],
+    },
+    Usage {
+        sa: Some(cdb::SA_SET_TARGET_PORT_GROUPS),
+        bits: &[
+            op::MAINTENANCE_OUT,
+            cdb::SA_SET_TARGET_PORT_GROUPS,
+            0,
+            0,
+            0,
+            0,
             0xff,
             0xff,
             0xff,
@@ -695,10 +792,17 @@ fn timeouts(out: &mut Vec<u8>) {
 }
 
 /// Answers REPORT SUPPORTED OPERATION CODES; `cdb` is a MAINTENANCE IN CDB
-/// of at least 12 bytes with service action 0Ch. UNMAP is reported only
-/// when the unit is `thin` (a fully provisioned unit refuses it).
+/// of at least 12 bytes with service action 0Ch.
+#[cfg(test)]
 pub(crate) fn report(cdb: &[u8], thin: bool) -> Outcome {
-    let usage = USAGE.iter().filter(|u| thin || u.bits[0] != op::UNMAP);
+    report_with(cdb, |code, _| thin || code != op::UNMAP)
+}
+
+/// As [`report`], listing only the commands for which `enabled(opcode,
+/// service action)` holds (those that depend on configuration, such as SET
+/// TARGET PORT GROUPS without explicit ALUA, are reported as not supported).
+pub(crate) fn report_with(cdb: &[u8], enabled: impl Fn(u8, Option<u8>) -> bool) -> Outcome {
+    let usage = || USAGE.iter().filter(|u| enabled(u.bits[0], u.sa));
     let rctd = cdb[2] & 0x80 != 0;
     let options = cdb[2] & 0x07;
     let req_op = cdb[3];
@@ -708,7 +812,7 @@ pub(crate) fn report(cdb: &[u8], thin: bool) -> Outcome {
     match options {
         0 => {
             out.extend_from_slice(&[0; 4]);
-            for u in usage {
+            for u in usage() {
                 out.push(u.bits[0]);
                 out.push(0);
                 out.extend_from_slice(&u16::from(u.sa.unwrap_or(0)).to_be_bytes());
@@ -723,13 +827,13 @@ pub(crate) fn report(cdb: &[u8], thin: bool) -> Outcome {
             out[..4].copy_from_slice(&len.to_be_bytes());
         }
         1..=3 => {
-            let known = usage.clone().any(|u| u.bits[0] == req_op);
-            let has_sa = usage.clone().any(|u| u.bits[0] == req_op && u.sa.is_some());
+            let known = usage().any(|u| u.bits[0] == req_op);
+            let has_sa = usage().any(|u| u.bits[0] == req_op && u.sa.is_some());
             // 001b: the opcode must not have service actions; 010b: it must.
             if (options == 1 && has_sa) || (options == 2 && known && !has_sa) {
                 return Outcome::check(Sense::invalid_cdb(2, Some(0)));
             }
-            let found = usage.clone().find(|u| {
+            let found = usage().find(|u| {
                 u.bits[0] == req_op
                     && u.sa
                         .is_none_or(|sa| options != 1 && u16::from(sa) == req_sa)

@@ -76,10 +76,18 @@ macro_rules! asc_table {
 asc_table! {
     /// 00/00: nothing to report.
     NO_ADDITIONAL_SENSE = (0x00, 0x00), "NO ADDITIONAL SENSE INFORMATION";
+    /// 00/16: a command with the same identifier is still being processed.
+    OPERATION_IN_PROGRESS = (0x00, 0x16), "OPERATION IN PROGRESS";
     /// 04/02: the unit needs a START STOP UNIT (START = 1).
     NOT_READY_INIT_REQUIRED = (0x04, 0x02), "LOGICAL UNIT NOT READY, INITIALIZING COMMAND REQUIRED";
+    /// 04/0B: the command came through a target port in the standby state.
+    NOT_ACCESSIBLE_STANDBY = (0x04, 0x0B), "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE";
+    /// 04/0C: the command came through a target port in the unavailable state.
+    NOT_ACCESSIBLE_UNAVAILABLE = (0x04, 0x0C), "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE";
     /// 0C/00: a write (or the flush of cached writes) failed.
     WRITE_ERROR = (0x0C, 0x00), "WRITE ERROR";
+    /// 0D/02: a copy source or destination cannot be reached by the copy manager.
+    COPY_TARGET_NOT_REACHABLE = (0x0D, 0x02), "COPY TARGET DEVICE NOT REACHABLE";
     /// 0E/03: the data-out does not match the command (iSCSI EDTL short of a block).
     INVALID_FIELD_IN_INFORMATION_UNIT = (0x0E, 0x03), "INVALID FIELD IN COMMAND INFORMATION UNIT";
     /// 11/00: a read failed.
@@ -100,6 +108,14 @@ asc_table! {
     INVALID_FIELD_IN_PARAMETER_LIST = (0x26, 0x00), "INVALID FIELD IN PARAMETER LIST";
     /// 26/04: PERSISTENT RESERVE OUT RELEASE with the wrong scope or type.
     INVALID_RELEASE_OF_PERSISTENT_RESERVATION = (0x26, 0x04), "INVALID RELEASE OF PERSISTENT RESERVATION";
+    /// 26/06: more CSCD descriptors than the copy manager supports.
+    TOO_MANY_TARGET_DESCRIPTORS = (0x26, 0x06), "TOO MANY TARGET DESCRIPTORS";
+    /// 26/07: a CSCD descriptor type the copy manager does not support.
+    UNSUPPORTED_TARGET_DESCRIPTOR_TYPE = (0x26, 0x07), "UNSUPPORTED TARGET DESCRIPTOR TYPE CODE";
+    /// 26/08: more segment descriptors than the copy manager supports.
+    TOO_MANY_SEGMENT_DESCRIPTORS = (0x26, 0x08), "TOO MANY SEGMENT DESCRIPTORS";
+    /// 26/09: a segment descriptor type the copy manager does not support.
+    UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE = (0x26, 0x09), "UNSUPPORTED SEGMENT DESCRIPTOR TYPE CODE";
     /// 27/00: the logical unit is write protected.
     WRITE_PROTECTED = (0x27, 0x00), "WRITE PROTECTED";
     /// 29/00: power on, reset or bus device reset.
@@ -118,6 +134,8 @@ asc_table! {
     RESERVATIONS_RELEASED = (0x2A, 0x04), "RESERVATIONS RELEASED";
     /// 2A/05: another I_T nexus removed this nexus's registration.
     REGISTRATIONS_PREEMPTED = (0x2A, 0x05), "REGISTRATIONS PREEMPTED";
+    /// 2A/06: a target port group changed its asymmetric access state.
+    ASYMMETRIC_ACCESS_STATE_CHANGED = (0x2A, 0x06), "ASYMMETRIC ACCESS STATE CHANGED";
     /// 2A/09: the capacity changed.
     CAPACITY_DATA_CHANGED = (0x2A, 0x09), "CAPACITY DATA HAS CHANGED";
     /// 39/00: saved mode pages are not implemented.
@@ -128,6 +146,8 @@ asc_table! {
     INQUIRY_DATA_CHANGED = (0x3F, 0x03), "INQUIRY DATA HAS CHANGED";
     /// 44/00: an internal failure of the target.
     INTERNAL_TARGET_FAILURE = (0x44, 0x00), "INTERNAL TARGET FAILURE";
+    /// 55/03: the copy manager has no resources for another copy now.
+    INSUFFICIENT_RESOURCES = (0x55, 0x03), "INSUFFICIENT RESOURCES";
     /// 55/04: no room for another persistent reservation registration.
     INSUFFICIENT_REGISTRATION_RESOURCES = (0x55, 0x04), "INSUFFICIENT REGISTRATION RESOURCES";
 }

@@ -7,6 +7,7 @@
 //! | 00h  | Supported VPD Pages           | SPC-4 §7.8.13  |
 //! | 80h  | Unit Serial Number            | SPC-4 §7.8.15  |
 //! | 83h  | Device Identification         | SPC-4 §7.8.6   |
+//! | 86h  | Extended INQUIRY Data         | SPC-4 §7.8.7   |
 //! | B0h  | Block Limits                  | SBC-3 §6.5.3   |
 //! | B1h  | Block Device Characteristics  | SBC-3 §6.5.2   |
 //! | B2h  | Logical Block Provisioning    | SBC-3 §6.5.4 (thin units only) |
@@ -31,7 +32,7 @@ pub const STD_INQUIRY_LEN: usize = 96;
 const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
 
 /// VPD pages served, ascending; the last one only when thin provisioned.
-const SUPPORTED_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2];
+const SUPPORTED_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xB0, 0xB1, 0xB2];
 
 /// Protocol identifier of iSCSI (SPC-4 §7.6.1, table 362).
 const PROTOCOL_ISCSI: u8 = 0x5;
@@ -45,7 +46,9 @@ fn space_padded(dst: &mut [u8], s: &str) {
 
 /// The standard INQUIRY data (SPC-4 §6.6.2): a connected direct-access
 /// device, not removable, SPC-4, response data format 2, command queuing,
-/// no ACA, no hierarchical addressing, no ALUA (TPGS = 0), no protection.
+/// no ACA, no hierarchical addressing, no protection; implicit ALUA (TPGS
+/// 01b, raised to 11b by [`crate::LogicalUnit::with_port_groups`] when SET
+/// TARGET PORT GROUPS is allowed) and a copy manager (3PC, SPC-4 §6.4).
 pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
     let mut d = [0u8; STD_INQUIRY_LEN];
     d[0] = 0x00; // PERIPHERAL QUALIFIER 000b, DEVICE TYPE 00h
@@ -53,6 +56,7 @@ pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
     d[2] = 0x06; // VERSION: SPC-4
     d[3] = 0x02; // NORMACA = 0, HISUP = 0, RESPONSE DATA FORMAT = 2
     d[4] = (STD_INQUIRY_LEN - 5) as u8; // ADDITIONAL LENGTH
+    d[5] = 0x10 | 0x08; // TPGS = 01b, 3PC
     d[7] = 0x02; // CMDQUE
     space_padded(&mut d[8..16], &cfg.vendor);
     space_padded(&mut d[16..32], &cfg.product);
@@ -78,10 +82,11 @@ pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
         return data_in(lu.std_inquiry.to_vec(), alloc);
     }
     let data = match page {
-        0x00 => page_with(0x00, &SUPPORTED_PAGES[..5 + usize::from(lu.thin)]),
+        0x00 => page_with(0x00, &SUPPORTED_PAGES[..6 + usize::from(lu.thin)]),
         0x80 => page_with(0x80, lu.cfg.serial.as_bytes()),
         0x83 => device_identification(lu, cmd),
         0xB0 => block_limits(lu),
+        0x86 => extended_inquiry(lu),
         0xB1 => block_device_characteristics(),
         0xB2 if lu.thin => logical_block_provisioning(),
         _ => return Outcome::check(Sense::invalid_cdb(2, None)),
@@ -189,6 +194,20 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
 /// in the same bit), ANC_SUP = 0, DP = 0, provisioning type 010b (thin).
 fn logical_block_provisioning() -> Vec<u8> {
     page_with(0xB2, &[0x00, 0x80 | 0x40 | 0x20 | 0x04, 0x02, 0x00])
+}
+
+/// Extended INQUIRY Data (86h), page length 3Ch: no protection
+/// information, SIMPLE task attribute only (SIMPSUP; the iSCSI layer does
+/// not order HEAD OF QUEUE or ORDERED tasks), V_SUP when the write cache is
+/// on (WCE = 1, a volatile cache that SYNCHRONIZE CACHE and FUA empty), no
+/// unit attention sense key specific data, sense data length not reported.
+fn extended_inquiry(lu: &LogicalUnit) -> Vec<u8> {
+    let mut b = [0u8; 0x3C];
+    b[1] = 0x01; // SIMPSUP
+    if lu.backend.write_cache() == storage::WriteCache::WriteBack {
+        b[2] = 0x01; // V_SUP
+    }
+    page_with(0x86, &b)
 }
 
 /// Block Device Characteristics (B1h): MEDIUM ROTATION RATE 1 (a

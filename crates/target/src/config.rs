@@ -13,6 +13,17 @@
 //! header_digest = "allowed"    # off | allowed | required
 //! data_digest = "allowed"
 //!
+//! [alua]                       # optional: default is one group per portal
+//! explicit = false             # allow SET TARGET PORT GROUPS (TPGS 11b)
+//! [[alua.group]]
+//! id = 1
+//! portals = [1]                # positions in `listen`, from 1
+//! state = "active-optimized"   # | active-non-optimized | standby | unavailable
+//! [[alua.group]]
+//! id = 2
+//! portals = [2]
+//! state = "active-non-optimized"
+//!
 //! [[target]]
 //! name = "iqn.2026-11.io.ironsan:disk0"
 //! alias = "disk0"
@@ -70,6 +81,9 @@ pub struct Config {
     /// Timeouts and keep-alive.
     #[serde(default)]
     pub timeouts: TimeoutsConfig,
+    /// ALUA target port groups of the portals.
+    #[serde(default)]
+    pub alua: AluaConfig,
     /// The targets served.
     #[serde(default)]
     pub target: Vec<TargetConfig>,
@@ -167,6 +181,130 @@ impl Default for TimeoutsConfig {
             nop_interval: 10,
             nop_timeout: 30,
         }
+    }
+}
+
+/// Asymmetric logical unit access (SPC-4 §5.15): how the portals (target
+/// ports, relative port id = position in `listen` from 1) are grouped and
+/// in which state each group is. Every target has its own copy of these
+/// states (SET TARGET PORT GROUPS through one target changes only it).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AluaConfig {
+    /// Explicit ALUA: initiators may change states with SET TARGET PORT
+    /// GROUPS (INQUIRY TPGS = 11b); otherwise implicit only (01b) and the
+    /// states below never change.
+    pub explicit: bool,
+    /// The groups. Empty: each portal is its own group, with id = its
+    /// portal group tag (its position), active/optimized. Otherwise every
+    /// portal must be in exactly one group.
+    pub group: Vec<AluaGroupConfig>,
+}
+
+/// One target port group.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AluaGroupConfig {
+    /// TARGET PORT GROUP identifier, 1..=65535.
+    pub id: u16,
+    /// Member portals: positions in `listen`, from 1.
+    pub portals: Vec<u16>,
+    /// Asymmetric access state at start.
+    #[serde(default)]
+    pub state: AluaStateConfig,
+    /// Report the group as preferred (PREF bit).
+    #[serde(default)]
+    pub preferred: bool,
+}
+
+/// An asymmetric access state as written in the config.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum AluaStateConfig {
+    /// Every command, full performance.
+    #[default]
+    ActiveOptimized,
+    /// Every command, possibly slower (the initiator prefers other paths).
+    ActiveNonOptimized,
+    /// Management commands only; I/O gets NOT READY 04/0B.
+    Standby,
+    /// Identification commands only; the rest gets NOT READY 04/0C.
+    Unavailable,
+}
+
+impl From<AluaStateConfig> for scsi::AccessState {
+    fn from(s: AluaStateConfig) -> Self {
+        match s {
+            AluaStateConfig::ActiveOptimized => scsi::AccessState::ActiveOptimized,
+            AluaStateConfig::ActiveNonOptimized => scsi::AccessState::ActiveNonOptimized,
+            AluaStateConfig::Standby => scsi::AccessState::Standby,
+            AluaStateConfig::Unavailable => scsi::AccessState::Unavailable,
+        }
+    }
+}
+
+impl Config {
+    /// The target port groups for `listen`: as configured, or one
+    /// active/optimized group per portal with id = its position.
+    pub fn port_groups(&self) -> Vec<scsi::GroupSpec> {
+        if self.alua.group.is_empty() {
+            return (1..=self.listen.len())
+                .map(|i| {
+                    let port = u16::try_from(i).unwrap_or(u16::MAX);
+                    scsi::GroupSpec {
+                        id: port,
+                        ports: vec![port],
+                        state: scsi::AccessState::ActiveOptimized,
+                        preferred: false,
+                    }
+                })
+                .collect();
+        }
+        self.alua
+            .group
+            .iter()
+            .map(|g| scsi::GroupSpec {
+                id: g.id,
+                ports: g.portals.clone(),
+                state: g.state.into(),
+                preferred: g.preferred,
+            })
+            .collect()
+    }
+
+    /// The ALUA target port group of portal `position` (from 1).
+    pub fn group_of_portal(&self, position: u16) -> u16 {
+        self.alua
+            .group
+            .iter()
+            .find(|g| g.portals.contains(&position))
+            .map_or(position, |g| g.id)
+    }
+
+    fn validate_alua(&self) -> Result<(), ConfigError> {
+        let inv = |m: String| Err(ConfigError::Invalid(m));
+        if self.listen.len() > usize::from(u16::MAX) {
+            return inv("listen: too many portals".into());
+        }
+        let n = self.listen.len() as u16;
+        for g in &self.alua.group {
+            if let Some(p) = g.portals.iter().find(|&&p| p == 0 || p > n) {
+                return inv(format!(
+                    "alua.group {}: portal {p} does not exist (portals are 1..={n}, positions in listen)",
+                    g.id
+                ));
+            }
+        }
+        if !self.alua.group.is_empty() {
+            if let Some(p) =
+                (1..=n).find(|p| !self.alua.group.iter().any(|g| g.portals.contains(p)))
+            {
+                return inv(format!("alua: portal {p} is in no group"));
+            }
+        }
+        scsi::PortGroups::new(self.port_groups(), self.alua.explicit)
+            .map_err(|e| ConfigError::Invalid(format!("alua: {e}")))?;
+        Ok(())
     }
 }
 
@@ -363,6 +501,7 @@ impl Config {
                 return inv(format!("listen: {a} is given twice"));
             }
         }
+        self.validate_alua()?;
         let l = &self.limits;
         if !(1..=MAX_QUEUE_DEPTH).contains(&l.queue_depth) {
             return inv(format!(
@@ -501,7 +640,7 @@ mod tests {
         )
         .unwrap();
         assert!(!c.target[0].lun[0].thin);
-        let rt = crate::lunmap::TargetRt::build(&c.target[0], None).unwrap();
+        let rt = crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None).unwrap();
         assert!(!rt.luns[0].thin());
         assert!(LunConfig::from_spec("mem:1M").unwrap().thin);
     }
@@ -543,6 +682,43 @@ mod tests {
             c.state_dir.as_deref(),
             Some(std::path::Path::new("/var/lib/ironsan"))
         );
+    }
+
+    #[test]
+    fn alua_groups() {
+        let base = "listen = [\"127.0.0.1:3260\", \"127.0.0.1:3261\", \"127.0.0.1:3262\"]\n";
+        let target = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n";
+        // Default: one active/optimized group per portal, id = position.
+        let c = Config::from_toml(&format!("{base}{target}")).unwrap();
+        let g = c.port_groups();
+        assert_eq!(g.len(), 3);
+        assert_eq!((g[2].id, g[2].ports.clone()), (3, vec![3]));
+        assert_eq!(c.group_of_portal(2), 2);
+        assert!(!c.alua.explicit);
+        // Configured groups.
+        let alua = "[alua]\nexplicit = true\n[[alua.group]]\nid = 7\nportals = [1, 3]\n\
+                    [[alua.group]]\nid = 9\nportals = [2]\nstate = \"standby\"\npreferred = true\n";
+        let c = Config::from_toml(&format!("{base}{alua}{target}")).unwrap();
+        assert!(c.alua.explicit);
+        assert_eq!(c.group_of_portal(3), 7);
+        assert_eq!(c.group_of_portal(2), 9);
+        let g = c.port_groups();
+        assert_eq!(g[1].state, scsi::AccessState::Standby);
+        assert!(g[1].preferred);
+        // Refused: a portal that does not exist, a portal in no group, a
+        // portal in two groups, duplicate ids, id 0, an unknown state.
+        for bad in [
+            "[[alua.group]]\nid = 1\nportals = [1, 2, 3, 4]\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2]\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2]\n[[alua.group]]\nid = 2\nportals = [2, 3]\n",
+            "[[alua.group]]\nid = 1\nportals = [1]\n[[alua.group]]\nid = 1\nportals = [2, 3]\n",
+            "[[alua.group]]\nid = 0\nportals = [1, 2, 3]\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2, 3]\nstate = \"offline\"\n",
+            "[[alua.group]]\nid = 1\nportals = [1, 2, 3]\nbogus = 1\n",
+        ] {
+            let text = format!("{base}[alua]\n{bad}{target}");
+            assert!(Config::from_toml(&text).is_err(), "accepted:\n{text}");
+        }
     }
 
     #[test]

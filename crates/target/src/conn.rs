@@ -144,13 +144,14 @@ pub(crate) async fn serve(
     let origin = Origin {
         nexus,
         relative_port: portal.tpgt,
-        tpg: portal.tpgt,
+        tpg: portal.alua_group,
         port_name: format!("{},t,0x{:04x}", session.params().target_name, portal.tpgt),
         initiator_port_name: format!(
             "{},i,0x{}",
             session.params().initiator_name,
             isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
         ),
+        lus: target.map(|t| crate::lunmap::LunSet(t.luns.clone())),
     };
     let why = c
         .full_feature(session, &shared, target, origin, (kill, aborts), shutdown)
@@ -289,6 +290,7 @@ impl Conn {
                             initiator: outcome.params.initiator_name.clone(),
                             isid: outcome.isid,
                             target: outcome.params.target_name.clone(),
+                            tpgt: portal.tpgt,
                         };
                         let tsih = shared.fresh_tsih();
                         let nexus = shared.fresh_nexus();
@@ -306,7 +308,12 @@ impl Conn {
                             tracing::info!(initiator = %k.initiator, "session reinstated");
                             old.kill.notify_one();
                             if let Some(t) = shared.target(&k.target) {
-                                t.luns.iter().for_each(|lu| lu.nexus_lost(old.nexus));
+                                // The same I_T nexus continues in the new
+                                // session: it learns of the loss (29/07).
+                                t.luns.iter().for_each(|lu| {
+                                    lu.nexus_lost(old.nexus);
+                                    lu.nexus_reinstated(nexus);
+                                });
                             }
                         }
                         resp.tsih = tsih;
@@ -468,7 +475,7 @@ fn execute(
         return session.complete(req.itt, c, out);
     }
     let lu = t.lu(req.lun).expect("checked by answer_above_lu").clone();
-    if !lu.may_block() {
+    if !lu.may_block() && !lu.is_long_running(req.cdb.as_slice()) {
         let c = run_on_lu(&lu, &req, origin);
         return session.complete(req.itt, c, out);
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use iscsi_proto::session::{Completion, ExecRequest};
 use iscsi_wire::pdu::Lun;
-use scsi::{LogicalUnit, LuConfig, NexusId};
+use scsi::{GroupSpec, LogicalUnit, LuConfig, NexusId, PortGroups, TargetLus};
 use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache};
 
 use crate::config::{BackendKind, CacheConfig, TargetConfig};
@@ -19,7 +19,32 @@ pub struct TargetRt {
     pub name: String,
     pub alias: Option<String>,
     /// LUN n is `luns[n]`.
-    pub luns: Vec<Arc<LogicalUnit>>,
+    pub luns: Arc<[Arc<LogicalUnit>]>,
+}
+
+/// The LUs of one target as a logical unit sees its siblings (EXTENDED
+/// COPY sources and destinations, SET TARGET PORT GROUPS): every LU of the
+/// session's target, which every initiator logged in to it may reach.
+#[derive(Clone)]
+pub struct LunSet(pub Arc<[Arc<LogicalUnit>]>);
+
+impl std::fmt::Debug for LunSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LunSet({} LUs)", self.0.len())
+    }
+}
+
+impl TargetLus for LunSet {
+    fn by_naa(&self, naa: &[u8]) -> Option<Arc<LogicalUnit>> {
+        self.0
+            .iter()
+            .find(|lu| lu.config().naa[..] == *naa)
+            .cloned()
+    }
+
+    fn for_each_lu(&self, f: &mut dyn FnMut(&LogicalUnit)) {
+        self.0.iter().for_each(|lu| f(lu));
+    }
 }
 
 impl std::fmt::Debug for TargetRt {
@@ -85,13 +110,22 @@ pub fn serial_for(target: &str, index: usize) -> String {
 }
 
 impl TargetRt {
-    /// Opens every LUN's backend and builds its logical unit; with
+    /// Opens every LUN's backend and builds its logical unit, with the
+    /// ALUA target port groups `groups` (explicit ALUA if `explicit`); with
     /// `state_dir`, each LU keeps its persistent reservation state in
     /// [`pr_state_file`].
-    pub fn build(cfg: &TargetConfig, state_dir: Option<&Path>) -> Result<TargetRt, String> {
+    pub fn build(
+        cfg: &TargetConfig,
+        groups: Vec<GroupSpec>,
+        explicit: bool,
+        state_dir: Option<&Path>,
+    ) -> Result<TargetRt, String> {
         if let Some(d) = state_dir {
             std::fs::create_dir_all(d).map_err(|e| format!("state_dir {}: {e}", d.display()))?;
         }
+        let port_groups = Arc::new(
+            PortGroups::new(groups, explicit).map_err(|e| format!("target {}: {e}", cfg.name))?,
+        );
         let mut luns = Vec::new();
         for (i, l) in cfg.lun.iter().enumerate() {
             let at = format!("target {} LUN {i}", cfg.name);
@@ -127,13 +161,15 @@ impl TargetRt {
                 thin: l.thin,
                 pr_state: state_dir.map(|d| pr_state_file(d, &cfg.name, i)),
             };
-            let lu = LogicalUnit::new(backend, lu_cfg).map_err(|e| format!("{at}: {e}"))?;
+            let lu = LogicalUnit::new(backend, lu_cfg)
+                .map_err(|e| format!("{at}: {e}"))?
+                .with_port_groups(port_groups.clone());
             luns.push(Arc::new(lu));
         }
         Ok(TargetRt {
             name: cfg.name.clone(),
             alias: cfg.alias.clone(),
-            luns,
+            luns: luns.into(),
         })
     }
 
@@ -152,6 +188,8 @@ pub struct Origin {
     pub port_name: String,
     /// `initiator-name,i,0x<ISID>` of the session.
     pub initiator_port_name: String,
+    /// The LUs of the session's target.
+    pub lus: Option<LunSet>,
 }
 
 const ILLEGAL_REQUEST: u8 = 0x05;
@@ -185,6 +223,7 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
         target_port_name: &o.port_name,
         initiator_port_name: &o.initiator_port_name,
         expected_data_out: Some(if req.write { req.edtl } else { 0 }),
+        lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
     };
     let out = lu.execute(&cmd);
     Completion {

@@ -1,8 +1,10 @@
 //! Portals, the session registry and shutdown.
 //!
 //! Every configured listen address is a portal and its own target portal
-//! group (tag and relative target port = its position, from 1). Every
-//! target is reachable through every portal.
+//! group (tag and relative target port = its position, from 1), and a
+//! member of one ALUA target port group (by default its own, with the same
+//! id; see [`crate::config::AluaConfig`]). Every target is reachable
+//! through every portal.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,15 +32,20 @@ pub(crate) struct Portal {
     pub addr: SocketAddr,
     /// Target portal group tag, also the relative target port identifier.
     pub tpgt: u16,
+    /// The ALUA target port group the port belongs to.
+    pub alua_group: u16,
 }
 
-/// Identity of a session for reinstatement (RFC 7143 §6.3.5): the
-/// initiator name, ISID and target.
+/// Identity of a session for reinstatement (RFC 7143 §4.4.3, §6.3.5):
+/// the initiator name and ISID, the target and the target portal group (a
+/// session with the same ISID through another portal group is another
+/// session, i.e. another I_T nexus, not a reinstatement).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SessionKey {
     pub initiator: String,
     pub isid: [u8; 6],
     pub target: String,
+    pub tpgt: u16,
 }
 
 /// A live session in the registry.
@@ -154,7 +161,14 @@ impl Server {
         let targets = cfg
             .target
             .iter()
-            .map(|t| TargetRt::build(t, cfg.state_dir.as_deref()))
+            .map(|t| {
+                TargetRt::build(
+                    t,
+                    cfg.port_groups(),
+                    cfg.alua.explicit,
+                    cfg.state_dir.as_deref(),
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut listeners = Vec::new();
         for (i, addr) in cfg.listen.iter().enumerate() {
@@ -167,6 +181,7 @@ impl Server {
                 Portal {
                     addr: bound,
                     tpgt: (i + 1) as u16,
+                    alua_group: cfg.group_of_portal((i + 1) as u16),
                 },
             ));
         }

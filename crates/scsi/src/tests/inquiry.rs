@@ -63,7 +63,7 @@ fn invalid_combinations() {
         Some(1),
     );
     // Pages we do not serve.
-    for page in [0x01, 0x81, 0x86, 0xB3, 0xFF] {
+    for page in [0x01, 0x81, 0x87, 0xB3, 0xFF] {
         invalid_cdb(&run(&lu, &inquiry(true, page, 255), &[]), 2, None);
     }
     // Logical Block Provisioning only on a thin unit.
@@ -84,9 +84,9 @@ fn supported_pages_are_sorted_and_all_served() {
     let o = run(&lu, &inquiry(true, 0x00, 255), &[]);
     good(&o);
     let d = &o.data;
-    assert_eq!(&d[..4], &[0x00, 0x00, 0x00, 6]);
+    assert_eq!(&d[..4], &[0x00, 0x00, 0x00, 7]);
     let pages = &d[4..];
-    assert_eq!(pages, &[0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2]);
+    assert_eq!(pages, &[0x00, 0x80, 0x83, 0x86, 0xB0, 0xB1, 0xB2]);
     assert!(pages.windows(2).all(|w| w[0] < w[1]));
     for &p in pages {
         let o = run(&lu, &inquiry(true, p, 255), &[]);
@@ -210,4 +210,16 @@ fn inquiry_ignores_unit_attention() {
     good(&run(&lu, &inquiry(false, 0, 96), &[]));
     good(&run(&lu, &inquiry(true, 0x83, 255), &[]));
     assert_eq!(lu.pending_unit_attentions(N1), 1);
+}
+
+#[test]
+fn extended_inquiry_data() {
+    let (lu, b) = test_lu(cfg());
+    let o = run(&lu, &inquiry(true, 0x86, 255), &[]);
+    good(&o);
+    assert_eq!(o.data.len(), 64);
+    assert_eq!(&o.data[..8], &[0, 0x86, 0, 0x3C, 0, 0x01, 0x00, 0]);
+    TestBackend::set(&b.write_back, true);
+    let o = run(&lu, &inquiry(true, 0x86, 255), &[]);
+    assert_eq!(o.data[6], 0x01, "V_SUP with the write cache on");
 }

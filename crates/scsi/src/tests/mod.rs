@@ -1,6 +1,7 @@
 //! Unit tests of the logical unit, driven through [`LogicalUnit::execute`]
 //! as the target does, against [`MemBackend`] or [`TestBackend`].
 
+mod alua;
 mod atomic;
 mod inquiry;
 mod misc;
@@ -9,6 +10,7 @@ mod pr;
 mod props;
 mod provisioning;
 mod rw;
+mod xcopy;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -64,6 +66,7 @@ pub fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId) -> Command<'a> {
         target_port_name: PORT_NAME,
         initiator_port_name: "iqn.2026-11.test:init,i,0x800000000001",
         expected_data_out: None,
+        lus: None,
     }
 }
 

@@ -77,6 +77,7 @@ fn exec(lu: &LogicalUnit, s: S, cdb: &[u8], data: &[u8]) -> Outcome {
         target_port_name: s.target,
         initiator_port_name: s.init,
         expected_data_out: None,
+        lus: None,
     })
 }
 
@@ -800,6 +801,7 @@ fn registration_resources_are_bounded() {
             target_port_name: TARGET_A,
             initiator_port_name: name,
             expected_data_out: None,
+            lus: None,
         };
         let o = lu.execute(&s);
         if i < crate::pr::MAX_REGISTRATIONS {
