@@ -75,6 +75,9 @@ struct ServeArgs {
     /// Directory for persistent reservation state (APTPL); none: APTPL is refused.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Event loop threads (default: one per CPU).
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -98,6 +101,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             limits: Default::default(),
             timeouts: Default::default(),
             alua: Default::default(),
+            workers: None,
             target: Vec::new(),
             state_dir: None,
         },
@@ -144,6 +148,9 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     if let Some(d) = &a.state_dir {
         cfg.state_dir = Some(d.clone());
     }
+    if let Some(w) = a.workers {
+        cfg.workers = Some(w);
+    }
     if let Some(q) = a.queue_depth {
         cfg.limits.queue_depth = q;
     }
@@ -172,8 +179,7 @@ async fn shutdown_signal() {
 
 fn serve(a: ServeArgs) -> Result<()> {
     let cfg = build_config(&a)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;

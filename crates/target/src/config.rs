@@ -84,6 +84,9 @@ pub struct Config {
     /// ALUA target port groups of the portals.
     #[serde(default)]
     pub alua: AluaConfig,
+    /// Event loop threads serving connections (default: one per CPU).
+    #[serde(default)]
+    pub workers: Option<usize>,
     /// The targets served.
     #[serde(default)]
     pub target: Vec<TargetConfig>,
@@ -530,6 +533,9 @@ impl Config {
         if l.socket_buffer > 64 << 20 {
             return inv("limits.socket_buffer: at most 64 MiB".into());
         }
+        if self.workers.is_some_and(|w| !(1..=256).contains(&w)) {
+            return inv("workers: must be 1..=256".into());
+        }
         if self.target.is_empty() {
             return inv("no target configured".into());
         }
@@ -640,7 +646,8 @@ mod tests {
         )
         .unwrap();
         assert!(!c.target[0].lun[0].thin);
-        let rt = crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None).unwrap();
+        let rt =
+            crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None).unwrap();
         assert!(!rt.luns[0].thin());
         assert!(LunConfig::from_spec("mem:1M").unwrap().thin);
     }

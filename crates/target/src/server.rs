@@ -18,8 +18,8 @@ use iscsi_proto::params::Limits;
 use iscsi_wire::pdu::Lun;
 use parking_lot::Mutex;
 use scsi::NexusId;
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
 use crate::config::Config;
@@ -138,6 +138,8 @@ fn install_abort_hooks(shared: &Arc<Shared>) {
 /// A bound, not yet running target.
 pub struct Server {
     shared: Arc<Shared>,
+    /// Event loop threads.
+    workers: usize,
     listeners: Vec<(TcpListener, Portal)>,
 }
 
@@ -208,7 +210,14 @@ impl Server {
         };
         let shared = Arc::new(shared);
         install_abort_hooks(&shared);
-        Ok(Server { shared, listeners })
+        let workers = cfg
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        Ok(Server {
+            shared,
+            workers,
+            listeners,
+        })
     }
 
     /// The bound portal addresses, in configuration order.
@@ -221,18 +230,72 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let (tx, rx) = watch::channel(false);
         let handle = ServerHandle { tx };
+        // One event loop per core (DESIGN.md "Cores"): each worker thread
+        // runs a single-threaded runtime; accepted connections are dealt to
+        // them in turn and stay there, so nothing on the data path is shared
+        // between threads or stolen across them.
+        let mut workers = Vec::new();
+        let mut senders = Vec::new();
+        for i in 0..self.workers.max(1) {
+            let (wtx, mut wrx) =
+                mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr, Portal)>();
+            senders.push(wtx);
+            let shared = self.shared.clone();
+            let stop = rx.clone();
+            let th = std::thread::Builder::new().name(format!("ironsan-io-{i}")).spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start an I/O worker");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut conns = JoinSet::new();
+                    loop {
+                        tokio::select! {
+                            c = wrx.recv() => match c {
+                                Some((s, peer, portal)) => match TcpStream::from_std(s) {
+                                    Ok(s) => {
+                                        conns.spawn(conn::serve(s, peer, portal, shared.clone(), stop.clone()));
+                                    }
+                                    Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
+                                },
+                                None => break,
+                            },
+                            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                        }
+                    }
+                    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                        while conns.join_next().await.is_some() {}
+                    })
+                    .await;
+                });
+            });
+            match th {
+                Ok(h) => workers.push(h),
+                Err(e) => tracing::error!(error = %e, "cannot start an I/O worker thread"),
+            }
+        }
+        let senders = Arc::new(senders);
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut accepts = JoinSet::new();
         for (l, portal) in self.listeners {
-            let shared = self.shared.clone();
-            let rx = rx.clone();
+            let mut stop = rx.clone();
+            let senders = senders.clone();
+            let next = next.clone();
             accepts.spawn(async move {
-                let mut conns = JoinSet::new();
-                let mut stop = rx.clone();
                 loop {
                     tokio::select! {
                         r = l.accept() => match r {
                             Ok((s, peer)) => {
-                                conns.spawn(conn::serve(s, peer, portal, shared.clone(), rx.clone()));
+                                let i = next.fetch_add(1, Ordering::Relaxed) % senders.len().max(1);
+                                match s.into_std() {
+                                    Ok(s) => {
+                                        let _ = senders[i].send((s, peer, portal));
+                                    }
+                                    Err(e) => tracing::warn!(error = %e, "cannot hand over a connection"),
+                                }
                             }
                             Err(e) => {
                                 tracing::warn!(error = %e, "accept failed");
@@ -240,20 +303,21 @@ impl Server {
                             }
                         },
                         _ = stop.changed() => break,
-                        Some(_) = conns.join_next(), if !conns.is_empty() => {}
                     }
                 }
-                drop(l);
-                let _ = tokio::time::timeout(Duration::from_secs(10), async {
-                    while conns.join_next().await.is_some() {}
-                })
-                .await;
             });
         }
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight commands");
         handle.shutdown();
         while accepts.join_next().await.is_some() {}
+        drop(senders);
+        let _ = tokio::task::spawn_blocking(move || {
+            for w in workers {
+                let _ = w.join();
+            }
+        })
+        .await;
         tracing::info!("stopped");
     }
 }
