@@ -168,13 +168,19 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     Ok(cfg)
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGINT and SIGTERM handlers now (so a signal that arrives
+/// before the server runs is not lost) and returns the future that
+/// resolves on the first of them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 fn serve(a: ServeArgs) -> Result<()> {
@@ -184,6 +190,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async {
+        let stop = shutdown_signal()?;
         let server = Server::bind(cfg.clone())
             .await
             .map_err(anyhow::Error::msg)?;
@@ -224,7 +231,7 @@ fn serve(a: ServeArgs) -> Result<()> {
                 t.name
             );
         }
-        server.run(shutdown_signal()).await;
+        server.run(stop).await;
         Ok::<_, anyhow::Error>(())
     })
 }
