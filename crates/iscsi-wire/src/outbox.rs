@@ -129,6 +129,7 @@ impl Outbox {
 
     /// Drops the first `n` bytes, which have been written.
     pub fn advance(&mut self, mut n: usize) {
+        self.seal();
         self.len -= n;
         while n > 0 {
             let front = self.queue.front_mut().expect("advance beyond queued bytes");

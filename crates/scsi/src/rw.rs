@@ -25,7 +25,6 @@
 //! ([`crate::locks`]) while it touches the backend, so it is ordered
 //! against COMPARE AND WRITE, ORWRITE and WRITE ATOMIC on the same blocks.
 
-use bytes::BytesMut;
 use storage::WriteCache;
 
 use crate::cdb::{self, Lba};
@@ -187,12 +186,12 @@ pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
             .flush()
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
-    let mut buf = BytesMut::zeroed((f.len as usize) << lu.block_shift);
     let _range = lu.locks.shared(f.lba, u64::from(f.len));
-    lu.backend
-        .read_at(&mut buf, f.lba << lu.block_shift)
+    let data = lu
+        .backend
+        .read_bytes(f.lba << lu.block_shift, (f.len as usize) << lu.block_shift)
         .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
-    Ok(Outcome::with_data(buf.freeze()))
+    Ok(Outcome::with_data(data))
 }
 
 /// WRITE(6/10/12/16) (SBC-3 §5.39–5.42).

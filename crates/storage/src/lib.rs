@@ -71,6 +71,16 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// Reads `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// Reads `len` bytes at `offset` into a new buffer. The default zeroes
+    /// a buffer and calls [`BlockBackend::read_at`]; backends that can fill
+    /// one without zeroing it first (or share an existing one) override it:
+    /// this is the read hot path.
+    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
+        let mut buf = vec![0u8; len];
+        self.read_at(&mut buf, offset)?;
+        Ok(bytes::Bytes::from(buf))
+    }
+
     /// Writes `buf` at `offset`; with `fua` the data is stable on return
     /// whatever the cache policy.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;

@@ -87,6 +87,19 @@ impl BlockBackend for MemBackend {
         });
         Ok(())
     }
+    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
+        check_range(self.size, offset, len)?;
+        // Filled by copying straight from the chunks: no zeroing first.
+        let mut v = Vec::with_capacity(len);
+        Self::for_each_chunk(offset, len, |idx, within, r| {
+            let n = r.len();
+            match &*self.chunks[idx].read() {
+                Some(c) => v.extend_from_slice(&c[within..within + n]),
+                None => v.resize(v.len() + n, 0),
+            }
+        });
+        Ok(bytes::Bytes::from(v))
+    }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
         check_range(self.size, offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
