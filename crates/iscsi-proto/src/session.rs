@@ -624,7 +624,7 @@ impl Session {
 
     /// Sends the result of a command handed out by [`Event::Execute`].
     /// A command aborted meanwhile is dropped silently.
-    pub fn complete(&mut self, itt: Itt, c: Completion, out: &mut Outbox) {
+    pub fn complete(&mut self, itt: Itt, mut c: Completion, out: &mut Outbox) {
         let Some(Task::Running {
             lun,
             edtl,
@@ -675,7 +675,14 @@ impl Session {
                         Residual::default()
                     },
                 };
-                out.push_bytes(&d.encode(n), c.data_in.slice(off..off + n), self.dg);
+                // The whole buffer moves into the send queue when one PDU
+                // carries it (the common case); otherwise a shared slice.
+                let piece = if off == 0 && n == c.data_in.len() {
+                    std::mem::take(&mut c.data_in)
+                } else {
+                    c.data_in.slice(off..off + n)
+                };
+                out.push_bytes(&d.encode(n), piece, self.dg);
                 data_sn += 1;
                 off += n;
             }

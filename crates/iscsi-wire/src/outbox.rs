@@ -29,6 +29,22 @@ pub struct Digests {
     pub data: bool,
 }
 
+/// Padding and data digest that follow a data segment: up to 8 bytes.
+fn trailer(data: &[u8], dg: Digests) -> ([u8; 8], usize) {
+    let mut t = [0u8; 8];
+    if data.is_empty() {
+        return (t, 0);
+    }
+    let pad = pad_len(data.len());
+    let mut n = pad;
+    if dg.data {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(data), &PAD[..pad]);
+        t[n..n + 4].copy_from_slice(&crc.to_le_bytes());
+        n += 4;
+    }
+    (t, n)
+}
+
 /// Pending output of one connection.
 #[derive(Debug, Default)]
 pub struct Outbox {
@@ -74,9 +90,12 @@ impl Outbox {
         self.push_header(bhs, dg);
         self.seal();
         self.len += data.len();
-        let d = data.clone();
+        // The trailer (padding, digest) is computed before the data is
+        // queued, so the buffer is moved rather than shared a second time.
+        let (t, n) = trailer(&data, dg);
         self.queue.push_back(data);
-        self.push_trailer(&[&d], dg);
+        self.pending.extend_from_slice(&t[..n]);
+        self.len += n;
     }
 
     fn push_header(&mut self, bhs: &[u8; BHS_LEN], dg: Digests) {
@@ -89,22 +108,10 @@ impl Outbox {
     }
 
     fn push_trailer(&mut self, data: &[&[u8]], dg: Digests) {
-        let dlen: usize = data.iter().map(|d| d.len()).sum();
-        if dlen == 0 {
-            return;
-        }
-        let start = self.pending.len();
-        let pad = &PAD[..pad_len(dlen)];
-        self.pending.extend_from_slice(pad);
-        if dg.data {
-            let mut crc = 0;
-            for d in data {
-                crc = crc32c::crc32c_append(crc, d);
-            }
-            crc = crc32c::crc32c_append(crc, pad);
-            self.pending.put_u32_le(crc);
-        }
-        self.len += self.pending.len() - start;
+        debug_assert_eq!(data.len(), 1);
+        let (t, n) = trailer(data[0], dg);
+        self.pending.extend_from_slice(&t[..n]);
+        self.len += n;
     }
 
     /// Moves the arena's bytes into the queue so that later pushes come
@@ -135,7 +142,10 @@ impl Outbox {
             let front = self.queue.front_mut().expect("advance beyond queued bytes");
             if front.len() <= n {
                 n -= front.len();
-                self.queue.pop_front();
+                if let Some(done) = self.queue.pop_front() {
+                    // Sent: a pooled read buffer goes back for reuse.
+                    bufpool::give(done);
+                }
             } else {
                 front.advance(n);
                 n = 0;

@@ -89,8 +89,9 @@ impl BlockBackend for MemBackend {
     }
     fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
         check_range(self.size, offset, len)?;
-        // Filled by copying straight from the chunks: no zeroing first.
-        let mut v = Vec::with_capacity(len);
+        // Filled by copying straight from the chunks into a pooled buffer:
+        // no zeroing first, no allocation in steady state.
+        let mut v = bufpool::take(len);
         Self::for_each_chunk(offset, len, |idx, within, r| {
             let n = r.len();
             match &*self.chunks[idx].read() {
@@ -98,7 +99,7 @@ impl BlockBackend for MemBackend {
                 None => v.resize(v.len() + n, 0),
             }
         });
-        Ok(bytes::Bytes::from(v))
+        Ok(v.freeze())
     }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
         check_range(self.size, offset, buf.len())?;

@@ -1,0 +1,101 @@
+//! Per-thread pools of I/O buffers (DESIGN.md: "no allocation or copy per
+//! I/O that can be avoided").
+//!
+//! A read fills a buffer from [`take`]; the buffer travels as [`Bytes`]
+//! through the SCSI and iSCSI layers to the send queue, which hands it back
+//! with [`give`] once the socket has taken it. [`give`] keeps it only when
+//! no other handle to it is alive ([`Bytes::try_into_mut`]), so a buffer is
+//! never reused while something can still read it. The target serves each
+//! connection on one thread (thread-per-core), so a buffer normally comes
+//! back to the pool it came from, and no lock is involved.
+//!
+//! Buffers are pooled by power-of-two capacity from 4 KiB to 1 MiB, at most
+//! [`MAX_POOLED_BYTES`] per thread; anything else is a plain allocation.
+
+use std::cell::RefCell;
+
+use bytes::{Bytes, BytesMut};
+
+/// Smallest pooled capacity.
+const MIN_CLASS: usize = 4096;
+/// Largest pooled capacity.
+const MAX_CLASS: usize = 1 << 20;
+const CLASSES: usize = 9; // 4K, 8K, …, 1M
+/// Bytes a thread keeps in its pool at most.
+pub const MAX_POOLED_BYTES: usize = 32 << 20;
+
+struct Pool {
+    free: [Vec<BytesMut>; CLASSES],
+    bytes: usize,
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool { free: Default::default(), bytes: 0 });
+}
+
+fn class_of(cap: usize) -> Option<usize> {
+    if !(MIN_CLASS..=MAX_CLASS).contains(&cap) || !cap.is_power_of_two() {
+        return None;
+    }
+    Some((cap.trailing_zeros() - MIN_CLASS.trailing_zeros()) as usize)
+}
+
+/// An empty buffer with room for at least `len` bytes.
+pub fn take(len: usize) -> BytesMut {
+    let cap = len.next_power_of_two().max(MIN_CLASS);
+    if let Some(c) = class_of(cap) {
+        let got = POOL.with(|p| {
+            let mut p = p.borrow_mut();
+            let b = p.free[c].pop();
+            if b.is_some() {
+                p.bytes -= cap;
+            }
+            b
+        });
+        if let Some(b) = got {
+            return b;
+        }
+        return BytesMut::with_capacity(cap);
+    }
+    BytesMut::with_capacity(len)
+}
+
+/// Returns a buffer to this thread's pool if nothing else holds it and it
+/// has a pooled size; otherwise it is simply dropped.
+pub fn give(b: Bytes) {
+    let Ok(mut m) = b.try_into_mut() else { return };
+    let cap = m.capacity();
+    let Some(c) = class_of(cap) else { return };
+    m.clear();
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.bytes + cap <= MAX_POOLED_BYTES {
+            p.bytes += cap;
+            p.free[c].push(m);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reuses_unique_buffers_only() {
+        let mut a = take(4096);
+        a.extend_from_slice(&[1; 4096]);
+        let ptr = a.as_ptr();
+        let frozen = a.freeze();
+        let other = frozen.clone();
+        give(frozen);
+        // Still shared: not pooled.
+        assert_ne!(take(4096).as_ptr(), ptr);
+        give(other);
+        let b = take(4000);
+        assert_eq!(b.as_ptr(), ptr, "the unique buffer came back");
+        assert!(b.is_empty() && b.capacity() >= 4096);
+        // Odd sizes are not pooled.
+        give(Bytes::from(vec![0u8; 5000]));
+        assert!(take(100).capacity() >= 100);
+    }
+}
