@@ -43,6 +43,9 @@ pub struct FileBackend {
     size: u64,
     write_back: AtomicBool,
     block_device: bool,
+    /// The file lives in memory (tmpfs, ramfs): I/O never waits on a
+    /// device, so it can run on the event loop.
+    in_memory: bool,
     /// The filesystem's block size (`st_blksize`): the unit holes are
     /// punched in.
     fs_block: u64,
@@ -91,6 +94,7 @@ impl FileBackend {
             .write(true)
             .custom_flags(libc::O_DSYNC)
             .open(path)?;
+        let in_memory = !block_device && memory_filesystem(&plain);
         Ok(FileBackend {
             path: path.to_path_buf(),
             plain,
@@ -98,6 +102,7 @@ impl FileBackend {
             size,
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
             block_device,
+            in_memory,
             fs_block,
         })
     }
@@ -176,9 +181,26 @@ fn block_device_size(f: &File) -> io::Result<u64> {
     Ok(size)
 }
 
+/// True when `f` is on tmpfs or ramfs (statfs(2) magic numbers).
+fn memory_filesystem(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    // SAFETY: an all-zero statfs is a valid value to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open and `st` is a valid out-pointer.
+    if unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    matches!(st.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
 impl BlockBackend for FileBackend {
     fn kind(&self) -> &'static str {
         "file"
+    }
+    fn may_block(&self) -> bool {
+        !self.in_memory
     }
     fn size(&self) -> u64 {
         self.size
@@ -389,6 +411,17 @@ mod tests {
         assert!(f.allocation(0, 8192).unwrap().allocated);
         assert!(f.write_zeroes(1 << 20, 1).is_err());
         f.flush().unwrap();
+    }
+
+    #[test]
+    fn files_in_memory_do_not_block() {
+        let shm = std::path::Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return;
+        }
+        let dir = tempfile::tempdir_in(shm).unwrap();
+        let f = FileBackend::open(&dir.path().join("lun"), Some(1 << 20), WriteCache::WriteThrough).unwrap();
+        assert!(!f.may_block(), "a tmpfs file is served on the event loop");
     }
 
     #[test]
