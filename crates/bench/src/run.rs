@@ -65,6 +65,8 @@ pub struct RunResult {
     pub verify_id: Option<u64>,
     /// With `--verify`: bytes read and checked.
     pub verified_bytes: u64,
+    /// The target's size in bytes.
+    pub capacity: u64,
 }
 
 /// One second of the series.
@@ -341,6 +343,7 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
         notes,
         verify_id: verify_id.or((spec.verify && learned != 0).then_some(learned)),
         verified_bytes,
+        capacity: cap,
     })
 }
 

@@ -225,9 +225,6 @@ impl JobSpec {
                 return Err(format!("--size {s} is smaller than --bs {}", self.bs));
             }
         }
-        if self.runtime.is_none() && self.size.is_none() {
-            return Err("give --runtime or --size".into());
-        }
         if self.targets.len() > 1 && self.multipath.is_none() {
             return Err(
                 "several targets: give --multipath rr[:N] or lqd (they must be one LU)".into(),

@@ -2,6 +2,7 @@
 //! `bench` drive any iSCSI target through the built-in initiator.
 
 mod client;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +38,10 @@ enum Cmd {
     Ls(client::LsArgs),
     /// Show INQUIRY data, identifiers and capacity of a LUN.
     Inq(client::InqArgs),
+    /// CrystalDiskMark's tests: read and write MB/s and IOPS per test (profiles cdm8, cdm6, nvme).
+    Cdm(tools::CdmArgs),
+    /// gpfsperf's command line and report: create|read|write|mixrw seq|rand TARGET -r SIZE -th N -n SIZE.
+    Gpfsperf(tools::GpfsperfArgs),
 }
 
 #[derive(Args, Debug)]
@@ -224,5 +229,7 @@ fn main() -> Result<()> {
         Cmd::Bench(a) => client::bench(a),
         Cmd::Ls(a) => client::ls(a),
         Cmd::Inq(a) => client::inq(a),
+        Cmd::Cdm(a) => tools::cdm(a),
+        Cmd::Gpfsperf(a) => tools::gpfsperf(a),
     }
 }
