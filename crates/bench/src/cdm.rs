@@ -113,8 +113,7 @@ impl Options {
         if !(1..=9).contains(&self.passes) {
             return Err(format!("--passes {}: must be 1..=9", self.passes));
         }
-        if self.duration < Duration::from_millis(100) || self.duration > Duration::from_secs(3600)
-        {
+        if self.duration < Duration::from_millis(100) || self.duration > Duration::from_secs(3600) {
             return Err(format!(
                 "--duration {:?}: must be 100ms..=1h",
                 self.duration
@@ -151,7 +150,11 @@ fn best_of(r: &RunResult, write: bool) -> Best {
     Best {
         mbps: d.bytes as f64 / secs / 1e6,
         iops: d.ios as f64 / secs,
-        lat_us: if d.ios > 0 { d.lat.mean() / 1000.0 } else { 0.0 },
+        lat_us: if d.ios > 0 {
+            d.lat.mean() / 1000.0
+        } else {
+            0.0
+        },
     }
 }
 

@@ -70,7 +70,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn value<'a>(it: &mut impl Iterator<Item = &'a String>, opt: &str) -> Result<&'a String, String> {
-    it.next().ok_or_else(|| format!("{opt} needs a value\n{USAGE}"))
+    it.next()
+        .ok_or_else(|| format!("{opt} needs a value\n{USAGE}"))
 }
 
 /// Parses gpfsperf's command line (after `gpfsperf`).
@@ -138,7 +139,11 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
     a.random = match pattern.as_str() {
         "seq" => false,
         "rand" => true,
-        _ => return Err(format!("pattern {pattern:?}: expected seq or rand\n{USAGE}")),
+        _ => {
+            return Err(format!(
+                "pattern {pattern:?}: expected seq or rand\n{USAGE}"
+            ))
+        }
     };
     a.target = target.clone();
     if a.rec == 0 || a.rec % 512 != 0 || a.rec > 64 << 20 {
@@ -158,7 +163,10 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
     }
     if let Some(n) = a.n {
         if n < a.rec {
-            return Err(format!("-n {n} is smaller than the record size -r {}", a.rec));
+            return Err(format!(
+                "-n {n} is smaller than the record size -r {}",
+                a.rec
+            ));
         }
     }
     Ok(a)
@@ -169,7 +177,11 @@ impl Args {
     pub fn job(&self, initiator: &str) -> Result<JobSpec, String> {
         let target = TargetSpec::parse(&self.target)?;
         let file = matches!(target, TargetSpec::File(_));
-        if file && self.op == Op::Create && self.n.is_none() && !std::path::Path::new(&self.target).exists() {
+        if file
+            && self.op == Op::Create
+            && self.n.is_none()
+            && !std::path::Path::new(&self.target).exists()
+        {
             return Err(format!(
                 "-n: create needs the size of the new file {} (e.g. -n 1g)",
                 self.target

@@ -40,6 +40,16 @@ fn nice_max(v: f64) -> f64 {
     10.0 * p
 }
 
+/// Tick steps for an axis ending at a `nice_max` value: round labels.
+fn ticks(top: f64) -> usize {
+    let lead = top / 10f64.powf(top.log10().floor());
+    if (lead - 2.0).abs() < 1e-9 {
+        4
+    } else {
+        5
+    }
+}
+
 fn human(v: f64) -> String {
     if v >= 1e6 {
         format!("{:.1}M", v / 1e6)
@@ -193,10 +203,18 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
             .collect::<Vec<_>>()
             .join(" "))
     );
-    // Seconds that are complete (the last one is usually partial).
-    let secs = &r.series[..];
-    let n = secs.len();
+    // Drop a last second that is only the tail of I/Os completing after
+    // the deadline (a sliver of a second gives a meaningless rate).
     let full = r.elapsed.as_secs_f64();
+    let keep = r
+        .series
+        .iter()
+        .enumerate()
+        .take_while(|(i, _)| full - *i as f64 >= 0.25 || *i == 0)
+        .count();
+    let secs = &r.series[..keep];
+    let n = secs.len();
+    let full = full.min(n as f64).max(0.25);
     let frac_of = |i: usize| {
         // A point in the middle of each second.
         ((i as f64 + 0.5) / full.max(n as f64).max(1.0)).min(1.0)
@@ -219,8 +237,10 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
             .map(|(i, x)| rate(x.read_ios, i).max(rate(x.write_ios, i)))
             .fold(0.0, f64::max),
     );
-    for k in 0..=4 {
-        p.ytick(&mut s, k as f64 / 4.0, &human(top * k as f64 / 4.0));
+    let steps = ticks(top);
+    for k in 0..=steps {
+        let f = k as f64 / steps as f64;
+        p.ytick(&mut s, f, &human(top * f));
     }
     time_ticks(&p, &mut s, secs_len.ceil() as usize);
     let mut legend = Vec::new();
@@ -297,9 +317,21 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
         &format!(
             "Latency histogram ({} I/Os; p50 {}, p99 {}, p99.9 {})",
             all.len(),
-            usec(if all.is_empty() { 0.0 } else { all.value_at_quantile(0.5) as f64 }),
-            usec(if all.is_empty() { 0.0 } else { all.value_at_quantile(0.99) as f64 }),
-            usec(if all.is_empty() { 0.0 } else { all.value_at_quantile(0.999) as f64 }),
+            usec(if all.is_empty() {
+                0.0
+            } else {
+                all.value_at_quantile(0.5) as f64
+            }),
+            usec(if all.is_empty() {
+                0.0
+            } else {
+                all.value_at_quantile(0.99) as f64
+            }),
+            usec(if all.is_empty() {
+                0.0
+            } else {
+                all.value_at_quantile(0.999) as f64
+            }),
         ),
         "share of I/Os",
         "completion latency (log)",
@@ -314,12 +346,10 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
     }
     let total = all.len().max(1) as f64;
     let ymax = nice_max(counts.iter().copied().max().unwrap_or(0) as f64 / total);
-    for k in 0..=4 {
-        p.ytick(
-            &mut s,
-            k as f64 / 4.0,
-            &format!("{:.0}%", ymax * 100.0 * k as f64 / 4.0),
-        );
+    let steps = ticks(ymax);
+    for k in 0..=steps {
+        let f = k as f64 / steps as f64;
+        p.ytick(&mut s, f, &format!("{:.0}%", ymax * 100.0 * f));
     }
     let mut d = lo;
     while d <= hi * 1.001 {
