@@ -146,7 +146,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
         }
     };
     a.target = target.clone();
-    if a.rec == 0 || a.rec % 512 != 0 || a.rec > 64 << 20 {
+    if a.rec == 0 || !a.rec.is_multiple_of(512) || a.rec > 64 << 20 {
         return Err(format!(
             "-r {}: the record size must be a multiple of 512 up to 64M",
             a.rec
@@ -236,7 +236,7 @@ impl Args {
 /// gpfsperf's way of writing sizes: 1M, 3G, 256K, or bytes.
 pub fn size_text(n: u64) -> String {
     for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{}{suffix}", n >> shift);
         }
     }

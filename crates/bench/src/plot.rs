@@ -103,10 +103,9 @@ impl Panel {
     }
     fn ytick(&self, s: &mut String, frac: f64, label: &str) {
         let y = self.y(frac);
-        let _ = write!(
+        let _ = writeln!(
             s,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text>
-"##,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
             W - RIGHT,
             LEFT - 6.0,
             y + 4.0,
@@ -115,10 +114,9 @@ impl Panel {
     }
     fn xtick(&self, s: &mut String, frac: f64, label: &str) {
         let x = self.x(frac);
-        let _ = write!(
+        let _ = writeln!(
             s,
-            r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="#999"/><text x="{x:.1}" y="{}" font-size="11" text-anchor="middle">{}</text>
-"##,
+            r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="#999"/><text x="{x:.1}" y="{}" font-size="11" text-anchor="middle">{}</text>"##,
             self.y0 + PANEL_H,
             self.y0 + PANEL_H + 5.0,
             self.y0 + PANEL_H + 18.0,
@@ -152,10 +150,9 @@ impl Panel {
         for (label, color) in items.iter().rev() {
             let w = 14.0 + 7.0 * label.chars().count() as f64;
             x -= w + 16.0;
-            let _ = write!(
+            let _ = writeln!(
                 s,
-                r##"<rect x="{x:.1}" y="{}" width="10" height="10" fill="{color}"/><text x="{:.1}" y="{}" font-size="12">{}</text>
-"##,
+                r##"<rect x="{x:.1}" y="{}" width="10" height="10" fill="{color}"/><text x="{:.1}" y="{}" font-size="12">{}</text>"##,
                 self.y0 - 22.0,
                 x + 14.0,
                 self.y0 - 13.0,
