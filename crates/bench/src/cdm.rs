@@ -177,18 +177,24 @@ pub fn job_for(base: &JobSpec, o: &Options, t: &Test, write: bool) -> JobSpec {
     s
 }
 
+/// Checks the options and every job of the profile, before any I/O.
+pub fn validate(base: &JobSpec, o: &Options) -> Result<(), String> {
+    o.validate()?;
+    for t in &o.profile.tests() {
+        job_for(base, o, t, false).validate()?;
+        job_for(base, o, t, true).validate()?;
+    }
+    Ok(())
+}
+
 /// Runs the profile; `progress` is told about each finished row.
 pub fn run_profile(
     base: &JobSpec,
     o: &Options,
     mut progress: impl FnMut(&Row),
 ) -> Result<Vec<Row>, String> {
-    o.validate()?;
+    validate(base, o)?;
     let tests = o.profile.tests();
-    // Every job must be valid before any I/O.
-    for t in &tests {
-        job_for(base, o, t, false).validate()?;
-    }
     if o.prepare && !o.read_only {
         let mut p = base.clone();
         p.name = "prepare".into();

@@ -97,6 +97,7 @@ pub fn cdm(a: CdmArgs) -> Result<()> {
         verify: false,
         verify_id: None,
     };
+    cdm::validate(&base, &o).map_err(anyhow::Error::msg)?;
     let name = a.targets.join(" ");
     if !a.json {
         print!("{}", cdm::header(&name, &o));

@@ -389,6 +389,8 @@ fn verify_catches_a_block_changed_behind_the_targets_back() {
             "--verify",
             "--verify-id",
             "0x1234",
+            "--iodepth",
+            "1",
             "--size",
             "4M",
             &u,
@@ -559,6 +561,9 @@ fn bad_arguments_are_refused_before_any_io() {
     refused(&["cdm", "--passes", "0", u], "--passes");
     refused(&["cdm", "--size", "100k", u], "--size");
     refused(&["cdm", "--duration", "forever", u], "--duration");
+    let out = run(&["cdm", "--multipath", "rr", u, "/tmp/x"]);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--multipath"));
     refused(&["gpfsperf", "read", "seq", u, "-bogus"], "-bogus");
     refused(&["gpfsperf", "read", "seq", u, "-r", "1000"], "-r");
     refused(&["gpfsperf", "read", "seq", u, "-th", "0"], "-th");
