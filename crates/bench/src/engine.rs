@@ -44,10 +44,21 @@ pub trait Engine: Send {
     fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String>;
     /// Waits for at least one completion and appends all available.
     fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String>;
-    /// Per-path I/O counts (multipath engines).
-    fn path_counts(&self) -> Vec<(String, u64)> {
+    /// Per-path I/O counts and failures (multipath engines).
+    fn path_stats(&self) -> Vec<PathStat> {
         Vec::new()
     }
+}
+
+/// One path of a multipath engine, for reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathStat {
+    /// `host:port` of the portal.
+    pub name: String,
+    /// I/Os completed on it.
+    pub ios: u64,
+    /// Why it was dropped, if it was.
+    pub failed: Option<String>,
 }
 
 /// A LUN through the built-in initiator.
@@ -61,46 +72,64 @@ pub struct IscsiEngine {
     scratch: Vec<(Itt, initiator::TaskResult)>,
 }
 
+/// Logs in to the URL's target, clears unit attentions and reads the
+/// LUN's capacity: (connection, LUN, capacity in bytes, block size).
+pub fn open_session(
+    url: &Url,
+    initiator_name: &str,
+) -> Result<(Connection, u16, u64, u32), String> {
+    let target = url.target.as_deref().ok_or("URL without a target")?;
+    let lun = url.lun.unwrap_or(0);
+    let cfg = LoginConfig::new(initiator_name, Some(target), initiator::random_isid());
+    let mut conn = Connection::login(&url.addr(), cfg).map_err(|e| format!("{url}: {e}"))?;
+    for _ in 0..5 {
+        let r = conn
+            .execute(lun, &scsi::test_unit_ready(), DataDir::None)
+            .map_err(|e| format!("{url}: {e}"))?;
+        if r.status == Some(0) {
+            break;
+        }
+    }
+    let r = conn
+        .execute(lun, &scsi::read_capacity16(), DataDir::Read(32))
+        .map_err(|e| format!("{url}: {e}"))?;
+    match (r.status, scsi::parse_capacity16(&r.data)) {
+        (Some(0), Some((blocks, bs))) => Ok((conn, lun, blocks * u64::from(bs), bs)),
+        _ => Err(format!(
+            "{url}: READ CAPACITY(16) failed (status {:?})",
+            r.status
+        )),
+    }
+}
+
+/// A command's outcome as an I/O result.
+pub fn task_result(r: &initiator::TaskResult) -> Result<(), String> {
+    match r.status {
+        Some(0) => Ok(()),
+        Some(s) => Err(match scsi::sense_code(&r.sense) {
+            Some((k, a, q)) => format!("status {s:#04x}, sense {k:x}/{a:02x}/{q:02x}"),
+            None => format!("status {s:#04x}"),
+        }),
+        None => Err("command rejected by the target".into()),
+    }
+}
+
 impl IscsiEngine {
     /// Logs in to the URL's target and reads the LUN's capacity.
     pub fn open(url: &Url, initiator_name: &str, keep_data: bool) -> Result<IscsiEngine, String> {
-        let target = url.target.as_deref().ok_or("URL without a target")?;
-        let lun = url.lun.unwrap_or(0);
-        let cfg = LoginConfig::new(initiator_name, Some(target), initiator::random_isid());
-        let mut conn = Connection::login(&url.addr(), cfg).map_err(|e| format!("{url}: {e}"))?;
-        // Clear unit attentions, then read the capacity.
-        for _ in 0..5 {
-            let r = conn
-                .execute(lun, &scsi::test_unit_ready(), DataDir::None)
-                .map_err(|e| format!("{url}: {e}"))?;
-            if r.status == Some(0) {
-                break;
-            }
-        }
-        let r = conn
-            .execute(lun, &scsi::read_capacity16(), DataDir::Read(32))
-            .map_err(|e| format!("{url}: {e}"))?;
-        let (blocks, bs) = match (r.status, scsi::parse_capacity16(&r.data)) {
-            (Some(0), Some(c)) => c,
-            _ => {
-                return Err(format!(
-                    "{url}: READ CAPACITY(16) failed (status {:?})",
-                    r.status
-                ))
-            }
-        };
+        let (conn, lun, capacity, bs) = open_session(url, initiator_name)?;
         Ok(IscsiEngine {
             conn,
             lun,
             bs,
-            capacity: blocks * u64::from(bs),
+            capacity,
             inflight: HashMap::new(),
             keep_data,
             scratch: Vec::new(),
         })
     }
 
-    /// The connection's current window and outstanding commands.
+    /// Commands in flight.
     pub fn outstanding(&self) -> usize {
         self.inflight.len()
     }
@@ -137,17 +166,9 @@ impl Engine for IscsiEngine {
             let Some(slot) = self.inflight.remove(&itt.0) else {
                 continue;
             };
-            let result = match r.status {
-                Some(0) => Ok(()),
-                Some(s) => Err(match scsi::sense_code(&r.sense) {
-                    Some((k, a, q)) => format!("status {s:#04x}, sense {k:x}/{a:02x}/{q:02x}"),
-                    None => format!("status {s:#04x}"),
-                }),
-                None => Err("command rejected by the target".into()),
-            };
             done.push(Done {
                 slot,
-                result,
+                result: task_result(&r),
                 data: self.keep_data.then_some(r.data),
             });
         }
@@ -167,7 +188,7 @@ pub struct PsyncEngine {
 }
 
 /// A heap buffer aligned for O_DIRECT.
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
 }
@@ -176,7 +197,7 @@ struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
+    pub(crate) fn new(len: usize) -> AlignedBuf {
         let layout =
             std::alloc::Layout::from_size_align(len.max(4096), 4096).expect("valid layout");
         // SAFETY: the layout has a non-zero size.
@@ -185,7 +206,7 @@ impl AlignedBuf {
             std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         AlignedBuf { ptr, layout }
     }
-    fn slice(&mut self, len: usize) -> &mut [u8] {
+    pub(crate) fn slice(&mut self, len: usize) -> &mut [u8] {
         // SAFETY: the allocation is at least `layout.size()` bytes, zeroed at
         // creation, and `len` is clamped to it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len.min(self.layout.size())) }
@@ -199,6 +220,47 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// Opens (or with `create_size`, creates or extends) a file or block
+/// device; returns it with its size in bytes.
+pub(crate) fn open_file(
+    path: &Path,
+    direct: bool,
+    create_size: Option<u64>,
+) -> Result<(File, u64), String> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true);
+    if create_size.is_some() {
+        o.create(true);
+    }
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    let file = o
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    let mut capacity = meta.len();
+    use std::os::unix::fs::FileTypeExt;
+    if meta.file_type().is_block_device() {
+        use std::io::{Seek, SeekFrom};
+        let mut f = &file;
+        capacity = f.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    } else if let Some(want) = create_size {
+        if capacity < want {
+            file.set_len(want)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            capacity = want;
+        }
+    }
+    if capacity == 0 {
+        return Err(format!(
+            "{}: empty; give --size to create it",
+            path.display()
+        ));
+    }
+    Ok((file, capacity))
+}
+
 impl PsyncEngine {
     /// Opens (or with `create_size`, creates) a file or block device.
     pub fn open(
@@ -208,37 +270,7 @@ impl PsyncEngine {
         max_io: u32,
         keep_data: bool,
     ) -> Result<Self, String> {
-        let mut o = OpenOptions::new();
-        o.read(true).write(true);
-        if create_size.is_some() {
-            o.create(true);
-        }
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        let file = o
-            .open(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let meta = file.metadata().map_err(|e| e.to_string())?;
-        let mut capacity = meta.len();
-        use std::os::unix::fs::FileTypeExt;
-        if meta.file_type().is_block_device() {
-            use std::io::{Seek, SeekFrom};
-            let mut f = &file;
-            capacity = f.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
-        } else if let Some(want) = create_size {
-            if capacity < want {
-                file.set_len(want)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                capacity = want;
-            }
-        }
-        if capacity == 0 {
-            return Err(format!(
-                "{}: empty; give --size to create it",
-                path.display()
-            ));
-        }
+        let (file, capacity) = open_file(path, direct, create_size)?;
         Ok(PsyncEngine {
             file,
             capacity,

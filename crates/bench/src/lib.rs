@@ -8,10 +8,16 @@
 //! one thread per job, each keeping `iodepth` I/Os in flight on its own
 //! engine; [`report`] prints text and fio-compatible JSON.
 
+pub mod cdm;
 pub mod engine;
+pub mod gpfsperf;
+pub mod multipath;
+pub mod plot;
 pub mod report;
 pub mod run;
 pub mod spec;
+pub mod uring;
+pub mod verify;
 pub mod workload;
 
 pub use run::{run, RunResult};

@@ -68,12 +68,13 @@ fn dir_text(name: &str, d: &DirStats, r: &RunResult) -> String {
 /// fio-style text.
 pub fn text(spec: &JobSpec, r: &RunResult) -> String {
     let mut s = format!(
-        "{}: rw={}, bs={}, iodepth={}, numjobs={}, target={}\n",
+        "{}: rw={}, bs={}, iodepth={}, numjobs={}, ioengine={}, target={}\n",
         spec.name,
         spec.rw.name(),
         spec.bs,
         spec.iodepth,
         spec.numjobs,
+        r.engine,
         spec.targets
             .iter()
             .map(|t| t.to_string())
@@ -83,8 +84,50 @@ pub fn text(spec: &JobSpec, r: &RunResult) -> String {
     s += &dir_text("read", &r.read, r);
     s += &dir_text("write", &r.write, r);
     if !r.paths.is_empty() {
-        let p: Vec<String> = r.paths.iter().map(|(n, c)| format!("{n}={c}")).collect();
+        let total: u64 = r.paths.iter().map(|p| p.ios).sum::<u64>().max(1);
+        let p: Vec<String> = r
+            .paths
+            .iter()
+            .map(|p| {
+                let mut t = format!(
+                    "{}={} ({:.1}%)",
+                    p.name,
+                    p.ios,
+                    p.ios as f64 * 100.0 / total as f64
+                );
+                if let Some(f) = &p.failed {
+                    t += &format!(" [failed: {f}]");
+                }
+                t
+            })
+            .collect();
         s += &format!("  paths: {}\n", p.join(", "));
+    }
+    if spec.verify {
+        match (r.verify_id, spec.rw.read_percent(spec.rwmixread)) {
+            (Some(id), 100) => {
+                s += &format!(
+                    "  verify: {} bytes read and checked, all blocks good (run id {id:#018x})\n",
+                    r.verified_bytes
+                )
+            }
+            (Some(id), _) => {
+                s += &format!(
+                    "  verify: blocks written with run id {id:#018x}; check them with \
+                     --rw read --verify --verify-id {id:#x}\n"
+                );
+                if r.verified_bytes > 0 {
+                    s += &format!(
+                        "  verify: {} bytes read and checked, all good\n",
+                        r.verified_bytes
+                    );
+                }
+            }
+            (None, _) => s += "  verify: nothing read\n",
+        }
+    }
+    for n in &r.notes {
+        s += &format!("  note: {n}\n");
     }
     for e in &r.error_samples {
         s += &format!("  error: {e}\n");
@@ -134,7 +177,12 @@ pub fn json(spec: &JobSpec, r: &RunResult) -> Value {
         .series
         .iter()
         .enumerate()
-        .map(|(i, s)| json!({"second": i, "read_iops": s.0, "write_iops": s.1, "read_bytes": s.2, "write_bytes": s.3}))
+        .map(|(i, s)| {
+            let q = |p: f64| if s.lat.is_empty() { 0 } else { s.lat.value_at_quantile(p) };
+            json!({"second": i, "read_iops": s.read_ios, "write_iops": s.write_ios,
+                "read_bytes": s.read_bytes, "write_bytes": s.write_bytes,
+                "lat_ns": {"p50": q(0.5), "p99": q(0.99), "max": if s.lat.is_empty() { 0 } else { s.lat.max() }}})
+        })
         .collect();
     let ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -160,8 +208,15 @@ pub fn json(spec: &JobSpec, r: &RunResult) -> Value {
         "ironsan": {
             "targets": spec.targets.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
             "series": series,
-            "paths": r.paths.iter().map(|(n, c)| json!({"path": n, "ios": c})).collect::<Vec<_>>(),
+            "ioengine": r.engine,
+            "paths": r.paths.iter().map(|p| json!({"path": p.name, "ios": p.ios, "failed": p.failed})).collect::<Vec<_>>(),
             "errors": r.error_samples,
+            "notes": r.notes,
+            "verify": if spec.verify {
+                json!({"run_id": r.verify_id.map(|i| format!("{i:#x}")), "verified_bytes": r.verified_bytes})
+            } else {
+                Value::Null
+            },
         }
     })
 }

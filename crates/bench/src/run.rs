@@ -9,8 +9,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 
-use crate::engine::{Done, Engine, Io, IscsiEngine, PsyncEngine};
-use crate::spec::{JobSpec, TargetSpec};
+use crate::engine::{Done, Engine, Io, IscsiEngine, PathStat, PsyncEngine};
+use crate::multipath::MultipathEngine;
+use crate::spec::{IoEngineKind, JobSpec, TargetSpec};
+use crate::uring::UringEngine;
+use crate::verify::{self, RunIdCheck};
 use crate::workload::Workload;
 
 /// Totals of one direction.
@@ -48,41 +51,146 @@ pub struct RunResult {
     pub write: DirStats,
     /// Measured time.
     pub elapsed: Duration,
-    /// Completions per second: (reads, writes, read bytes, write bytes).
-    pub series: Vec<(u64, u64, u64, u64)>,
-    /// I/Os per path, for multipath runs.
-    pub paths: Vec<(String, u64)>,
+    /// Completions per second of the measured time.
+    pub series: Vec<Second>,
+    /// I/Os per path, for multipath runs (summed over jobs).
+    pub paths: Vec<PathStat>,
     /// First errors seen (at most 10).
     pub error_samples: Vec<String>,
+    /// The engine used (`iscsi`, `multipath`, `io_uring`, `psync`).
+    pub engine: &'static str,
+    /// Things the user should know (an engine fallback).
+    pub notes: Vec<String>,
+    /// With `--verify`: the run id written or checked.
+    pub verify_id: Option<u64>,
+    /// With `--verify`: bytes read and checked.
+    pub verified_bytes: u64,
+    /// The target's size in bytes.
+    pub capacity: u64,
+}
+
+/// One second of the series.
+#[derive(Clone, Debug)]
+pub struct Second {
+    pub read_ios: u64,
+    pub write_ios: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Latency of the I/Os completed in this second (2 significant digits).
+    pub lat: Histogram<u64>,
+}
+
+impl Second {
+    fn new() -> Second {
+        Second {
+            read_ios: 0,
+            write_ios: 0,
+            read_bytes: 0,
+            write_bytes: 0,
+            lat: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("bounds"),
+        }
+    }
+
+    fn merge(&mut self, o: &Second) {
+        self.read_ios += o.read_ios;
+        self.write_ios += o.write_ios;
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+        self.lat.add(&o.lat).expect("same bounds");
+    }
 }
 
 struct JobOut {
     read: DirStats,
     write: DirStats,
-    series: Vec<(u64, u64, u64, u64)>,
-    paths: Vec<(String, u64)>,
+    series: Vec<Second>,
+    paths: Vec<PathStat>,
     errors: Vec<String>,
+    verified: u64,
+}
+
+/// An opened engine with its name and a note on any fallback.
+pub struct Opened {
+    pub engine: Box<dyn Engine>,
+    pub name: &'static str,
+    pub note: Option<String>,
 }
 
 /// Opens the engine for one job.
-pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Box<dyn Engine>, String> {
+pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
+    let plain = |engine: Box<dyn Engine>, name| Opened {
+        engine,
+        name,
+        note: None,
+    };
     match &spec.targets[0] {
-        TargetSpec::Iscsi(u) if spec.targets.len() == 1 => {
-            Ok(Box::new(IscsiEngine::open(u, &spec.initiator, keep_data)?))
+        TargetSpec::Iscsi(u) if spec.targets.len() == 1 => Ok(plain(
+            Box::new(IscsiEngine::open(u, &spec.initiator, keep_data)?),
+            "iscsi",
+        )),
+        TargetSpec::Iscsi(_) => {
+            let urls = spec
+                .targets
+                .iter()
+                .filter_map(|t| match t {
+                    TargetSpec::Iscsi(u) => Some(u.clone()),
+                    TargetSpec::File(_) => None,
+                })
+                .collect::<Vec<_>>();
+            let policy = spec.multipath.ok_or("several targets need --multipath")?;
+            Ok(plain(
+                Box::new(MultipathEngine::open(
+                    &urls,
+                    &spec.initiator,
+                    keep_data,
+                    policy,
+                )?),
+                "multipath",
+            ))
         }
-        TargetSpec::Iscsi(_) => Err("multipath is not available in this build".into()),
         TargetSpec::File(p) => {
             let create = spec
                 .create
                 .then(|| spec.offset + spec.size.unwrap_or(0))
                 .filter(|s| *s > 0);
-            Ok(Box::new(PsyncEngine::open(
-                p,
-                spec.direct,
-                create,
-                spec.bs,
-                keep_data,
-            )?))
+            let psync = || -> Result<Box<dyn Engine>, String> {
+                Ok(Box::new(PsyncEngine::open(
+                    p,
+                    spec.direct,
+                    create,
+                    spec.bs,
+                    keep_data,
+                )?))
+            };
+            match spec.ioengine {
+                IoEngineKind::Psync => Ok(plain(psync()?, "psync")),
+                IoEngineKind::IoUring | IoEngineKind::Auto => {
+                    match UringEngine::open(
+                        p,
+                        spec.direct,
+                        create,
+                        spec.bs,
+                        spec.iodepth,
+                        keep_data,
+                    ) {
+                        Ok(e) => Ok(plain(Box::new(e), "io_uring")),
+                        Err(e)
+                            if spec.ioengine == IoEngineKind::Auto
+                                && e.starts_with("io_uring unavailable") =>
+                        {
+                            Ok(Opened {
+                                engine: psync()?,
+                                name: "psync",
+                                note: Some(format!(
+                                    "{e}; falling back to psync (one I/O at a time per job)"
+                                )),
+                            })
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                IoEngineKind::Iscsi => Err("--ioengine iscsi needs an iscsi:// target".into()),
+            }
         }
     }
 }
@@ -97,11 +205,22 @@ pub struct Progress {
 /// Runs the plan. `progress` is updated as I/Os complete.
 pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult, String> {
     spec.validate()?;
+    let keep_data = spec.verify && spec.rw.read_percent(spec.rwmixread) > 0;
     let mut engines = Vec::new();
+    let mut notes = Vec::new();
+    let mut engine_name = "";
     for _ in 0..spec.numjobs {
-        engines.push(open_engine(spec, false)?);
+        let o = open_engine(spec, keep_data)?;
+        engine_name = o.name;
+        if let Some(n) = o.note {
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
+        engines.push(o.engine);
     }
     let cap = engines[0].capacity();
+    let target_bs = engines[0].block_size();
     let bs = u64::from(spec.bs);
     if u64::from(engines[0].block_size()) > bs || bs % u64::from(engines[0].block_size()) != 0 {
         return Err(format!(
@@ -127,14 +246,29 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
     }
     let barrier = Arc::new(Barrier::new(spec.numjobs as usize));
     let stop = Arc::new(AtomicBool::new(false));
+    let writes = spec.rw.read_percent(spec.rwmixread) < 100;
+    let verify_id = match (spec.verify, spec.verify_id) {
+        (false, _) => None,
+        (true, Some(id)) => Some(id),
+        (true, None) if writes => Some(verify::new_run_id()),
+        (true, None) => None,
+    };
+    let shared = VerifyShared {
+        write_id: verify_id,
+        check: verify_id.map_or(RunIdCheck::Learn(None), RunIdCheck::Exact),
+        learned: AtomicU64::new(0),
+        target_bs,
+    };
+    let shared = Arc::new(shared);
     let mut handles = Vec::new();
     for (j, engine) in engines.into_iter().enumerate() {
         let spec = spec.clone();
         let barrier = barrier.clone();
         let stop = stop.clone();
         let progress = progress.clone();
+        let shared = shared.clone();
         handles.push(std::thread::spawn(move || {
-            job(
+            let r = job(
                 &spec,
                 j as u32,
                 engine,
@@ -142,35 +276,62 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
                 &barrier,
                 &stop,
                 progress.as_deref(),
-            )
+                &shared,
+            );
+            if r.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            r
         }));
     }
     let mut read = DirStats::new();
     let mut write = DirStats::new();
-    let mut series: Vec<(u64, u64, u64, u64)> = Vec::new();
-    let mut paths = Vec::new();
+    let mut series: Vec<Second> = Vec::new();
+    let mut paths: Vec<PathStat> = Vec::new();
     let mut error_samples = Vec::new();
     let mut elapsed = Duration::ZERO;
+    let mut verified_bytes = 0;
+    let mut first_err = None;
     for h in handles {
-        let (out, took) = h
-            .join()
-            .map_err(|_| "a job thread panicked".to_string())??;
+        let (out, took) = match h.join() {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+                continue;
+            }
+            Err(_) => {
+                first_err.get_or_insert("a job thread panicked".to_string());
+                continue;
+            }
+        };
         read.merge(&out.read);
         write.merge(&out.write);
         for (i, s) in out.series.iter().enumerate() {
             if series.len() <= i {
-                series.push((0, 0, 0, 0));
+                series.push(Second::new());
             }
-            series[i].0 += s.0;
-            series[i].1 += s.1;
-            series[i].2 += s.2;
-            series[i].3 += s.3;
+            series[i].merge(s);
         }
-        paths.extend(out.paths);
+        for p in out.paths {
+            match paths.iter_mut().find(|q| q.name == p.name) {
+                Some(q) => {
+                    q.ios += p.ios;
+                    if q.failed.is_none() {
+                        q.failed = p.failed;
+                    }
+                }
+                None => paths.push(p),
+            }
+        }
         error_samples.extend(out.errors);
+        verified_bytes += out.verified;
         elapsed = elapsed.max(took);
     }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
     error_samples.truncate(10);
+    let learned = shared.learned.load(Ordering::Relaxed);
     Ok(RunResult {
         read,
         write,
@@ -178,7 +339,23 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
         series,
         paths,
         error_samples,
+        engine: engine_name,
+        notes,
+        verify_id: verify_id.or((spec.verify && learned != 0).then_some(learned)),
+        verified_bytes,
+        capacity: cap,
     })
+}
+
+/// What the jobs of one run share for `--verify`.
+struct VerifyShared {
+    /// The run id writes stamp.
+    write_id: Option<u64>,
+    /// What reads expect.
+    check: RunIdCheck,
+    /// The id learned from the first block read (0: none yet).
+    learned: AtomicU64,
+    target_bs: u32,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -190,6 +367,7 @@ fn job(
     barrier: &Barrier,
     stop: &AtomicBool,
     progress: Option<&Progress>,
+    vshared: &VerifyShared,
 ) -> Result<(JobOut, Duration), String> {
     let mut wl = Workload::new(
         spec.rw,
@@ -212,7 +390,10 @@ fn job(
         series: Vec::new(),
         paths: Vec::new(),
         errors: Vec::new(),
+        verified: 0,
     };
+    let mut ids = vshared.check;
+    let mut seq: u64 = u64::from(index) << 48;
     // Per job, a job of only --size bytes stops after that many bytes.
     let byte_budget = if spec.runtime.is_none() {
         region / u64::from(spec.numjobs)
@@ -237,6 +418,17 @@ fn job(
                 }
                 free.pop();
                 let (write, offset) = wl.next_io();
+                let stamped;
+                let data = match vshared.write_id {
+                    Some(id) if write => {
+                        let mut v = vec![0u8; spec.bs as usize];
+                        verify::stamp(&mut v, offset, id, seq);
+                        seq += 1;
+                        stamped = Bytes::from(v);
+                        &stamped
+                    }
+                    _ => &payload,
+                };
                 started[slot] = (Instant::now(), write, offset);
                 engine.submit(
                     Io {
@@ -245,7 +437,7 @@ fn job(
                         len: spec.bs,
                         slot,
                     },
-                    &payload,
+                    data,
                 )?;
                 issued += u64::from(spec.bs);
                 inflight += 1;
@@ -260,10 +452,41 @@ fn job(
             inflight -= 1;
             free.push(d.slot);
             let (start, write, offset) = started[d.slot];
+            let st = if write { &mut out.write } else { &mut out.read };
+            if spec.verify && !write && d.result.is_ok() {
+                let data = d.data.as_deref().unwrap_or(&[]);
+                if data.len() < spec.bs as usize {
+                    return Err(format!(
+                        "verify: the read at byte offset {offset} returned {} of {} bytes",
+                        data.len(),
+                        spec.bs
+                    ));
+                }
+                let before = ids;
+                verify::check(&data[..spec.bs as usize], offset, &mut ids)
+                    .map_err(|m| m.describe(vshared.target_bs))?;
+                if let (RunIdCheck::Learn(None), RunIdCheck::Learn(Some(id))) = (before, ids) {
+                    // Every job must have read the same run's blocks.
+                    if let Err(other) = vshared.learned.compare_exchange(
+                        0,
+                        id,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        if other != id {
+                            return Err(format!(
+                                "verify failed at byte offset {offset}: blocks of two runs \
+                                 found, run id {other:#018x} and {id:#018x} (give --verify-id \
+                                 to say which is expected)"
+                            ));
+                        }
+                    }
+                }
+                out.verified += u64::from(spec.bs);
+            }
             if start < measure_from {
                 continue;
             }
-            let st = if write { &mut out.write } else { &mut out.read };
             match d.result {
                 Ok(()) => {
                     st.ios += 1;
@@ -274,16 +497,17 @@ fn job(
                         .min(u128::from(u64::MAX)) as u64;
                     st.lat.saturating_record(ns.max(1));
                     let sec = now.duration_since(measure_from).as_secs() as usize;
-                    if out.series.len() <= sec {
-                        out.series.resize(sec + 1, (0, 0, 0, 0));
+                    while out.series.len() <= sec {
+                        out.series.push(Second::new());
                     }
                     let e = &mut out.series[sec];
+                    e.lat.saturating_record(ns.max(1));
                     if write {
-                        e.1 += 1;
-                        e.3 += u64::from(spec.bs);
+                        e.write_ios += 1;
+                        e.write_bytes += u64::from(spec.bs);
                     } else {
-                        e.0 += 1;
-                        e.2 += u64::from(spec.bs);
+                        e.read_ios += 1;
+                        e.read_bytes += u64::from(spec.bs);
                     }
                     if let Some(p) = progress {
                         p.ios.fetch_add(1, Ordering::Relaxed);
@@ -303,7 +527,7 @@ fn job(
         }
     }
     let took = Instant::now().saturating_duration_since(measure_from);
-    out.paths = engine.path_counts();
+    out.paths = engine.path_stats();
     Ok((out, took))
 }
 

@@ -128,6 +128,44 @@ pub struct JobSpec {
     pub initiator: String,
     /// Multipath policy across several URLs of one LU.
     pub multipath: Option<Multipath>,
+    /// The engine for files and block devices.
+    pub ioengine: IoEngineKind,
+    /// Writes stamp self-describing blocks; reads check them.
+    pub verify: bool,
+    /// The run id writes stamp and reads expect (default: a fresh one for
+    /// writes; reads learn it from the first block).
+    pub verify_id: Option<u64>,
+}
+
+/// fio's `ioengine`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoEngineKind {
+    /// io_uring for files when the kernel allows it (else psync), the
+    /// built-in initiator for iscsi:// URLs.
+    Auto,
+    /// The built-in initiator.
+    Iscsi,
+    /// io_uring (files and block devices).
+    IoUring,
+    /// pread/pwrite, one I/O at a time per job.
+    Psync,
+}
+
+impl IoEngineKind {
+    /// `io_uring`, `psync`, `iscsi` or `auto`.
+    pub fn parse(s: &str) -> Result<IoEngineKind, String> {
+        Ok(match s {
+            "auto" => IoEngineKind::Auto,
+            "iscsi" => IoEngineKind::Iscsi,
+            "io_uring" | "uring" => IoEngineKind::IoUring,
+            "psync" | "sync" | "pvsync" => IoEngineKind::Psync,
+            _ => {
+                return Err(format!(
+                    "--ioengine {s:?}: expected io_uring, psync, iscsi or auto"
+                ))
+            }
+        })
+    }
 }
 
 /// Multipath policies.
@@ -187,9 +225,6 @@ impl JobSpec {
                 return Err(format!("--size {s} is smaller than --bs {}", self.bs));
             }
         }
-        if self.runtime.is_none() && self.size.is_none() {
-            return Err("give --runtime or --size".into());
-        }
         if self.targets.len() > 1 && self.multipath.is_none() {
             return Err(
                 "several targets: give --multipath rr[:N] or lqd (they must be one LU)".into(),
@@ -202,6 +237,29 @@ impl JobSpec {
                 .any(|t| !matches!(t, TargetSpec::Iscsi(_)))
         {
             return Err("--multipath needs iscsi:// targets".into());
+        }
+        let iscsi = matches!(self.targets[0], TargetSpec::Iscsi(_));
+        match (self.ioengine, iscsi) {
+            (IoEngineKind::IoUring | IoEngineKind::Psync, true) => {
+                return Err(
+                    "--ioengine io_uring/psync are for files and block devices; iscsi:// targets \
+                     use the built-in initiator (--ioengine iscsi)"
+                        .into(),
+                )
+            }
+            (IoEngineKind::Iscsi, false) => {
+                return Err(
+                    "--ioengine iscsi needs an iscsi:// target; for files use io_uring or psync"
+                        .into(),
+                )
+            }
+            _ => {}
+        }
+        if self.direct && iscsi {
+            return Err("--direct is for files and block devices, not iscsi:// targets".into());
+        }
+        if self.verify_id.is_some() && !self.verify {
+            return Err("--verify-id needs --verify".into());
         }
         Ok(())
     }
@@ -229,6 +287,9 @@ mod tests {
             create: false,
             initiator: "iqn.x".into(),
             multipath: None,
+            ioengine: IoEngineKind::Auto,
+            verify: false,
+            verify_id: None,
         }
     }
 
@@ -247,6 +308,22 @@ mod tests {
                 Box::new(|s| s.targets.push(TargetSpec::File("/y".into()))),
                 "--multipath",
             ),
+            (Box::new(|s| s.ioengine = IoEngineKind::Iscsi), "--ioengine"),
+            (Box::new(|s| s.verify_id = Some(1)), "--verify-id"),
+            (
+                Box::new(|s| {
+                    s.targets = vec![TargetSpec::parse("iscsi://h/iqn.x/0").unwrap()];
+                    s.direct = true;
+                }),
+                "--direct",
+            ),
+            (
+                Box::new(|s| {
+                    s.targets = vec![TargetSpec::parse("iscsi://h/iqn.x/0").unwrap()];
+                    s.ioengine = IoEngineKind::IoUring;
+                }),
+                "--ioengine",
+            ),
         ];
         for (f, want) in cases {
             let mut s = spec();
@@ -258,5 +335,8 @@ mod tests {
         assert_eq!(Multipath::parse("rr:4"), Ok(Multipath::RoundRobin(4)));
         assert!(Multipath::parse("rr:0").is_err());
         assert!(TargetSpec::parse("iscsi://h/iqn.x").is_err());
+        assert!(IoEngineKind::parse("libaio")
+            .unwrap_err()
+            .contains("--ioengine"));
     }
 }

@@ -166,6 +166,29 @@ impl Connection {
         Ok(())
     }
 
+    /// Reads what the socket has without blocking; `Ok(false)` when it had
+    /// nothing.
+    fn fill_nonblocking(&mut self) -> Result<bool, Error> {
+        if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
+            self.rbuf.reserve(512 * 1024);
+        }
+        let len = self.rbuf.len();
+        let r = socket2::SockRef::from(&self.stream)
+            .recv_with_flags(self.rbuf.spare_capacity_mut(), libc::MSG_DONTWAIT);
+        match r {
+            Ok(0) => Err(Error::Closed),
+            Ok(n) => {
+                // SAFETY: recv() initialised the first `n` bytes of the spare
+                // capacity, which directly follow the current length.
+                unsafe { self.rbuf.set_len(len + n) };
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn take_pdu(&mut self) -> Result<Option<RawPdu>, Error> {
         match frame_len(&self.rbuf, &self.lim) {
             Ok(Some(n)) => split_pdu(&mut self.rbuf, n, &self.lim)
@@ -209,6 +232,47 @@ impl Connection {
             }
             self.fill()?;
         }
+    }
+
+    /// Like [`Connection::wait`] but never blocks on the socket: sends what
+    /// is queued, then gathers every finished command from the bytes already
+    /// received and those the socket has now. For waiting on several
+    /// connections at once: poll(2) their [`Connection::raw_fd`]s for
+    /// readability, then call this on the readable ones.
+    pub fn poll_completions(&mut self, done: &mut Vec<(Itt, TaskResult)>) -> Result<(), Error> {
+        self.flush()?;
+        loop {
+            while let Some(p) = self.take_pdu()? {
+                self.session.handle_pdu(p, &mut self.out, &mut self.events);
+            }
+            for e in self.events.drain(..) {
+                match e {
+                    InitiatorEvent::Done(itt, r) => done.push((itt, r)),
+                    InitiatorEvent::ProtocolError(m) => return Err(Error::Protocol(m)),
+                    _ => {}
+                }
+            }
+            self.flush()?;
+            if !self.fill_nonblocking()? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The socket's file descriptor (to poll it).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.as_raw_fd()
+    }
+
+    /// True when commands are queued but not yet sent.
+    pub fn has_unsent(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Closes the socket in both directions (tests and failover).
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
     /// Waits for one non-command event (text, TMF or logout answer).

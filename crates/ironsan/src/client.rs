@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bench::spec::Multipath;
+use bench::spec::{IoEngineKind, Multipath};
 use bench::{JobSpec, Rw, TargetSpec};
 use clap::Args;
 use initiator::{scsi, Connection, DataDir, LoginConfig, Url};
@@ -73,9 +73,21 @@ pub struct BenchArgs {
     /// O_DIRECT for files and block devices.
     #[arg(long)]
     direct: bool,
-    /// Multipath policy over several URLs of one LU: rr, rr:N or lqd.
+    /// Multipath policy over several URLs of one LU: rr, rr:N (switch path every N I/Os) or lqd (least queue depth).
     #[arg(long)]
     multipath: Option<String>,
+    /// I/O engine for files and block devices: io_uring (default where the kernel allows) or psync; iscsi for URLs.
+    #[arg(long, default_value = "auto")]
+    ioengine: String,
+    /// Writes stamp every 512-byte sector with a self-describing pattern (LBA, run id, sequence, CRC32C); reads check every sector and stop with a non-zero exit at the first mismatch.
+    #[arg(long)]
+    verify: bool,
+    /// The run id to stamp (writes) or expect (reads), as printed by a --verify write pass.
+    #[arg(long = "verify-id", value_name = "ID")]
+    verify_id: Option<String>,
+    /// Also draw IOPS and latency over time and the latency histogram into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     /// Print fio-compatible JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -107,7 +119,31 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(n.saturating_mul(mul_ms)))
 }
 
-fn size_arg(opt: &str, s: &str) -> Result<u64> {
+/// `--verify-id`: hex with 0x, or decimal.
+fn parse_id(s: &str) -> Result<u64> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| anyhow::anyhow!("--verify-id {s:?}: expected a number such as 0x1a2b3c"))
+}
+
+/// `--plot` must name a writable .svg file; checked before any I/O.
+pub fn check_plot_path(p: &std::path::Path) -> Result<()> {
+    if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+        bail!("--plot {}: the file name must end in .svg", p.display());
+    }
+    let dir = p
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !dir.is_dir() {
+        bail!("--plot {}: no directory {}", p.display(), dir.display());
+    }
+    Ok(())
+}
+
+pub fn size_arg(opt: &str, s: &str) -> Result<u64> {
     target::size::parse_size(&s.to_lowercase().replace("ib", ""))
         .map_err(|e| anyhow::anyhow!("{opt}: {e}"))
 }
@@ -151,8 +187,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .map(Multipath::parse)
             .transpose()
             .map_err(anyhow::Error::msg)?,
+        ioengine: IoEngineKind::parse(&a.ioengine).map_err(anyhow::Error::msg)?,
+        verify: a.verify,
+        verify_id: a.verify_id.as_deref().map(parse_id).transpose()?,
     };
     spec.validate().map_err(anyhow::Error::msg)?;
+    if let Some(p) = &a.plot {
+        check_plot_path(p)?;
+    }
     let progress = Arc::new(bench::run::Progress::default());
     let live = std::io::stderr().is_terminal() && !a.json;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -186,6 +228,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let _ = t.join();
     }
     let r = r.map_err(anyhow::Error::msg)?;
+    for n in &r.notes {
+        eprintln!("ironsan: note: {n}");
+    }
+    if let Some(p) = &a.plot {
+        std::fs::write(p, bench::plot::svg(&spec, &r))
+            .with_context(|| format!("--plot {}", p.display()))?;
+    }
     if a.json {
         println!(
             "{}",

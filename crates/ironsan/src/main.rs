@@ -3,6 +3,7 @@
 
 mod client;
 mod probe;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,6 +39,10 @@ enum Cmd {
     Ls(client::LsArgs),
     /// Show INQUIRY data, identifiers and capacity of a LUN.
     Inq(client::InqArgs),
+    /// CrystalDiskMark's tests: read and write MB/s and IOPS per test (profiles cdm8, cdm6, nvme).
+    Cdm(tools::CdmArgs),
+    /// gpfsperf's command line and report: create|read|write|mixrw seq|rand TARGET -r SIZE -th N -n SIZE.
+    Gpfsperf(tools::GpfsperfArgs),
     /// Measurement probes for the side-by-side script (null responder, raw loopback).
     #[command(subcommand, hide = true)]
     Probe(probe::Probe),
@@ -249,6 +254,8 @@ fn main() -> Result<()> {
         Cmd::Bench(a) => client::bench(a),
         Cmd::Ls(a) => client::ls(a),
         Cmd::Inq(a) => client::inq(a),
+        Cmd::Cdm(a) => tools::cdm(a),
+        Cmd::Gpfsperf(a) => tools::gpfsperf(a),
         Cmd::Probe(p) => probe::run(p),
     }
 }

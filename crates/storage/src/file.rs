@@ -420,7 +420,12 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir_in(shm).unwrap();
-        let f = FileBackend::open(&dir.path().join("lun"), Some(1 << 20), WriteCache::WriteThrough).unwrap();
+        let f = FileBackend::open(
+            &dir.path().join("lun"),
+            Some(1 << 20),
+            WriteCache::WriteThrough,
+        )
+        .unwrap();
         assert!(!f.may_block(), "a tmpfs file is served on the event loop");
     }
 

@@ -1,0 +1,577 @@
+//! `ironsan bench`, `cdm` and `gpfsperf` end to end against `ironsan serve`
+//! on loopback: engines, multipath policies and failover, --verify, report
+//! shapes and argument validation.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const IQN: &str = "iqn.2026-11.io.ironsan:target0";
+
+fn ironsan() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ironsan"));
+    c.env("RUST_BACKTRACE", "0");
+    c
+}
+
+/// `ironsan serve` on loopback, killed on drop.
+struct Server {
+    child: Child,
+    addrs: Vec<String>,
+}
+
+impl Server {
+    fn start(portals: usize, luns: &[&str]) -> Server {
+        let mut args = vec!["--log", "warn", "serve"];
+        for _ in 0..portals {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
+        for l in luns {
+            args.extend(["--lun", l]);
+        }
+        let mut child = ironsan()
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut addrs = Vec::new();
+        let out = child.stdout.take().unwrap();
+        for line in BufReader::new(out).lines() {
+            let line = line.unwrap();
+            if let Some(a) = line.strip_prefix("ironsan: listening on ") {
+                addrs.push(a.to_string());
+            }
+            if line.contains("try ") {
+                break;
+            }
+        }
+        assert_eq!(addrs.len(), portals, "listening lines");
+        Server { child, addrs }
+    }
+
+    fn url(&self, portal: usize, lun: u16) -> String {
+        format!("iscsi://{}/{IQN}/{lun}", self.addrs[portal])
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    ironsan().args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    let so = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}\n{so}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    so
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    serde_json::from_str(&ok(&a)).unwrap()
+}
+
+fn refused(args: &[&str], needle: &str) -> String {
+    let out = run(args);
+    assert!(!out.status.success(), "{args:?} was accepted");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains(needle),
+        "{args:?}: error {err:?} does not mention {needle:?}"
+    );
+    err
+}
+
+fn fio_shape(v: &serde_json::Value, dir: &str) -> f64 {
+    let d = &v["jobs"][0][dir];
+    let iops = d["iops"].as_f64().unwrap();
+    assert!(iops > 0.0, "{dir} iops {d}");
+    assert!(d["bw_bytes"].as_u64().unwrap() > 0);
+    assert!(d["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
+    iops
+}
+
+#[test]
+fn iscsi_engine_json_and_plot() {
+    let s = Server::start(1, &["mem:32M"]);
+    let u = s.url(0, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("run.svg");
+    let v = json(&[
+        "bench",
+        "--rw",
+        "randrw",
+        "--runtime",
+        "1",
+        "--plot",
+        svg.to_str().unwrap(),
+        &u,
+    ]);
+    fio_shape(&v, "read");
+    fio_shape(&v, "write");
+    assert_eq!(v["ironsan"]["ioengine"], "iscsi");
+    let series = v["ironsan"]["series"].as_array().unwrap();
+    assert!(!series.is_empty() && series[0]["lat_ns"]["p99"].as_u64().unwrap() > 0);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    assert!(text.contains("IOPS over time") && text.contains("Latency histogram"));
+    assert!(text.contains("<polyline") && text.contains("<rect"));
+}
+
+#[test]
+fn file_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("data");
+    let f = f.to_str().unwrap();
+    for engine in ["io_uring", "psync"] {
+        let v = json(&[
+            "bench",
+            "--ioengine",
+            engine,
+            "--rw",
+            "randrw",
+            "--size",
+            "8M",
+            "--runtime",
+            "1",
+            f,
+        ]);
+        fio_shape(&v, "read");
+        let used = v["ironsan"]["ioengine"].as_str().unwrap();
+        // io_uring may be refused by the kernel; then psync with a note.
+        assert!(used == engine || used == "psync", "{used}");
+    }
+    assert_eq!(std::fs::metadata(f).unwrap().len(), 8 << 20);
+    // O_DIRECT needs aligned buffers; where the file system refuses O_DIRECT
+    // (tmpfs), the error names the file.
+    let out = run(&[
+        "bench", "--direct", "--rw", "read", "--bs", "64k", "--size", "8M", f,
+    ]);
+    if !out.status.success() {
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains("data"), "{e}");
+    }
+}
+
+#[test]
+fn multipath_round_robin_and_least_queue_depth() {
+    let s = Server::start(2, &["mem:32M"]);
+    let (a, b) = (s.url(0, 0), s.url(1, 0));
+    let v = json(&[
+        "bench",
+        "--multipath",
+        "rr",
+        "--runtime",
+        "1",
+        "--iodepth",
+        "16",
+        &a,
+        &b,
+    ]);
+    fio_shape(&v, "read");
+    let paths = v["ironsan"]["paths"].as_array().unwrap();
+    assert_eq!(paths.len(), 2);
+    let c: Vec<f64> = paths
+        .iter()
+        .map(|p| p["ios"].as_u64().unwrap() as f64)
+        .collect();
+    let share = c[0] / (c[0] + c[1]);
+    assert!((0.45..=0.55).contains(&share), "rr split {c:?}");
+    assert_eq!(v["ironsan"]["ioengine"], "multipath");
+
+    let v = json(&["bench", "--multipath", "lqd", "--runtime", "1", &a, &b]);
+    let paths = v["ironsan"]["paths"].as_array().unwrap();
+    assert!(
+        paths.iter().all(|p| p["ios"].as_u64().unwrap() > 0),
+        "{paths:?}"
+    );
+
+    let t = ok(&["bench", "--multipath", "rr:8", "--runtime", "1", &a, &b]);
+    assert!(t.contains("paths: ") && t.contains(&s.addrs[1]), "{t}");
+}
+
+#[test]
+fn multipath_refuses_different_lus() {
+    let s = Server::start(2, &["mem:8M", "mem:8M"]);
+    refused(
+        &[
+            "bench",
+            "--multipath",
+            "rr",
+            "--runtime",
+            "1",
+            &s.url(0, 0),
+            &s.url(1, 1),
+        ],
+        "not the same LU",
+    );
+}
+
+/// A TCP proxy whose connections can be cut.
+struct Proxy {
+    port: u16,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let c2 = conns.clone();
+        std::thread::spawn(move || {
+            for down in l.incoming() {
+                let Ok(down) = down else { return };
+                let up = TcpStream::connect(&upstream).unwrap();
+                c2.lock().unwrap().push(down.try_clone().unwrap());
+                c2.lock().unwrap().push(up.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (down.try_clone().unwrap(), up.try_clone().unwrap()),
+                    (up, down),
+                ] {
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 256 * 1024];
+                        loop {
+                            match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, conns }
+    }
+
+    fn cut(&self) {
+        for c in self.conns.lock().unwrap().iter() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+#[test]
+fn multipath_survives_a_path_cut_mid_run() {
+    let s = Server::start(1, &["mem:32M"]);
+    let proxy = Proxy::start(s.addrs[0].clone());
+    let via_proxy = format!("iscsi://127.0.0.1:{}/{IQN}/0", proxy.port);
+    for policy in ["rr", "lqd"] {
+        let child = ironsan()
+            .args([
+                "bench",
+                "--multipath",
+                policy,
+                "--rw",
+                "randrw",
+                "--runtime",
+                "3",
+                "--json",
+                &s.url(0, 0),
+                &via_proxy,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        proxy.cut();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{policy}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["jobs"][0]["error"], 0);
+        let paths = v["ironsan"]["paths"].as_array().unwrap();
+        assert!(paths[0]["failed"].is_null(), "{paths:?}");
+        assert!(paths[1]["failed"].is_string(), "{paths:?}");
+        assert!(paths[1]["ios"].as_u64().unwrap() > 0, "{paths:?}");
+        // The surviving path went on after the cut.
+        let series = v["ironsan"]["series"].as_array().unwrap();
+        assert!(series.len() >= 3, "{series:?}");
+        assert!(series[2]["read_iops"].as_u64().unwrap() > 0);
+    }
+    // With the only path cut, the run fails.
+    let child = ironsan()
+        .args(["bench", "--runtime", "3", &via_proxy])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    proxy.cut();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn verify_catches_a_block_changed_behind_the_targets_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("lun.img");
+    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let spec = format!("file:{}", img.display());
+    let s = Server::start(1, &[&spec]);
+    let u = s.url(0, 0);
+    let w = ok(&["bench", "--rw", "write", "--verify", "--size", "4M", &u]);
+    assert!(w.contains("run id 0x"), "{w}");
+    let id = w
+        .split("--verify-id ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    // Random writes of the same run over the area keep it checkable.
+    ok(&[
+        "bench",
+        "--rw",
+        "randwrite",
+        "--verify",
+        "--verify-id",
+        &id,
+        "--size",
+        "4M",
+        "--runtime",
+        "1",
+        &u,
+    ]);
+    let r = ok(&[
+        "bench",
+        "--rw",
+        "randread",
+        "--verify",
+        "--size",
+        "4M",
+        "--runtime",
+        "1",
+        &u,
+    ]);
+    assert!(r.contains("all blocks good"), "{r}");
+    ok(&[
+        "bench",
+        "--rw",
+        "read",
+        "--verify",
+        "--verify-id",
+        &id,
+        "--size",
+        "4M",
+        &u,
+    ]);
+    // Another run's id: refused.
+    let e = refused(
+        &[
+            "bench",
+            "--rw",
+            "read",
+            "--verify",
+            "--verify-id",
+            "0x1234",
+            "--iodepth",
+            "1",
+            "--size",
+            "4M",
+            &u,
+        ],
+        "another run",
+    );
+    assert!(e.contains("LBA 0 "), "{e}");
+    // Change one byte in the file behind the target: LBA 2000 (512-byte
+    // blocks), byte 100 of it.
+    let mut f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[0xee], 2000 * 512 + 100).unwrap();
+    f.flush().unwrap();
+    let e = refused(
+        &["bench", "--rw", "read", "--verify", "--size", "4M", &u],
+        "verify failed at LBA 2000 ",
+    );
+    assert!(
+        e.contains(&format!("byte offset {}", 2000 * 512 + 100)),
+        "{e}"
+    );
+    assert!(e.contains("expected") && e.contains("found"), "{e}");
+    // Reading beyond what was written: zeros are not a pass.
+    refused(
+        &[
+            "bench", "--rw", "read", "--verify", "--offset", "4M", "--size", "1M", &u,
+        ],
+        "zeros",
+    );
+}
+
+#[test]
+fn verify_on_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("v");
+    let f = f.to_str().unwrap();
+    ok(&[
+        "bench", "--rw", "write", "--bs", "64k", "--verify", "--size", "2M", f,
+    ]);
+    ok(&[
+        "bench",
+        "--rw",
+        "randread",
+        "--verify",
+        "--size",
+        "2M",
+        "--runtime",
+        "1",
+        f,
+    ]);
+    let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&[1, 2, 3], 1 << 20).unwrap();
+    refused(
+        &[
+            "bench", "--rw", "read", "--bs", "64k", "--verify", "--size", "2M", f,
+        ],
+        "verify failed at LBA 2048 ",
+    );
+}
+
+#[test]
+fn cdm_table_and_json() {
+    let s = Server::start(1, &["mem:32M"]);
+    let u = s.url(0, 0);
+    let quick = ["--passes", "1", "--duration", "200ms", "--size", "8M"];
+    let mut args = vec!["cdm"];
+    args.extend(quick);
+    args.push(&u);
+    let t = ok(&args);
+    for label in ["SEQ1M Q8T1", "SEQ1M Q1T1", "RND4K Q32T1", "RND4K Q1T1"] {
+        let line = t
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("{t}"));
+        let nums: Vec<f64> = line[label.len()..]
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(nums.len(), 4, "{line}");
+        assert!(nums.iter().all(|n| *n > 0.0), "{line}");
+    }
+    assert!(t.contains("Read MB/s") && t.contains("Write IOPS"), "{t}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("cdm");
+    let mut args = vec!["cdm", "--profile", "cdm6"];
+    args.extend(quick);
+    args.push(f.to_str().unwrap());
+    let v = json(&args);
+    let tests = v["tests"].as_array().unwrap();
+    let labels: Vec<_> = tests.iter().map(|t| t["test"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        ["Seq Q32T1", "4KiB Q8T8", "4KiB Q32T1", "4KiB Q1T1"]
+    );
+    assert_eq!(tests[1]["threads"], 8);
+    assert!(tests[0]["read"]["mb_per_s"].as_f64().unwrap() > 0.0);
+    assert!(tests[3]["write"]["iops"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn gpfsperf_reference_commands_on_a_file_and_a_lun() {
+    let s = Server::start(1, &["mem:64M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("n1aa");
+    let file = f.to_str().unwrap().to_string();
+    for target in [file, s.url(0, 0)] {
+        for cmd in [
+            "create seq T -r 1m -th 2 -n 32M",
+            "read seq T -r 1m -th 2",
+            "mixrw seq T -r 1m -th 2 -n 32M -readratio 70",
+            "write rand T -r 4k -th 4 -n 2M",
+        ] {
+            let mut args = vec!["gpfsperf".to_string()];
+            args.extend(cmd.split_whitespace().map(|w| {
+                if w == "T" {
+                    target.clone()
+                } else {
+                    w.to_string()
+                }
+            }));
+            let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+            let out = ok(&a);
+            assert!(out.contains("recSize "), "{out}");
+            assert!(out.contains("nThreadsPerProcess "), "{out}");
+            let last = out.lines().last().unwrap();
+            assert!(
+                last.contains("Data rate was ")
+                    && last.contains(" Kbytes/sec, Op Rate was ")
+                    && last.contains("Avg Latency was ")
+                    && last.contains(" milliseconds"),
+                "{out}"
+            );
+            if cmd.starts_with("create") || cmd.starts_with("mixrw") {
+                assert!(last.contains("bytesTransferred 33554432"), "{out}");
+            }
+            if cmd.starts_with("mixrw") {
+                assert!(out.contains("read ratio 70%"), "{out}");
+            }
+        }
+    }
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 32 << 20);
+}
+
+#[test]
+fn bad_arguments_are_refused_before_any_io() {
+    // Nothing listens on port 1: a message about it would mean I/O was tried.
+    let u = "iscsi://127.0.0.1:1/iqn.x/0";
+    refused(&["bench", "--bs", "1000", u], "--bs");
+    refused(&["bench", "--iodepth", "0", u], "--iodepth");
+    refused(&["bench", "--rw", "sideways", u], "--rw");
+    refused(&["bench", "--ioengine", "libaio", u], "--ioengine");
+    refused(&["bench", "--ioengine", "io_uring", u], "--ioengine");
+    refused(&["bench", "--direct", u], "--direct");
+    refused(&["bench", "--verify-id", "0x12", u], "--verify-id");
+    refused(
+        &["bench", "--verify", "--verify-id", "zz", u],
+        "--verify-id",
+    );
+    refused(&["bench", "--plot", "out.png", u], "--plot");
+    refused(&["bench", "--plot", "/nonexistent/dir/x.svg", u], "--plot");
+    refused(&["bench", "--multipath", "rr:0", u, u], "--multipath");
+    refused(&["bench", u, u], "--multipath");
+    refused(&["bench", "--multipath", "rr", u, "/tmp/x"], "--multipath");
+    refused(&["bench", "--runtime", "soon", u], "--runtime");
+    refused(&["cdm", "--profile", "cdm7", u], "--profile");
+    refused(&["cdm", "--passes", "0", u], "--passes");
+    refused(&["cdm", "--size", "100k", u], "--size");
+    refused(&["cdm", "--duration", "forever", u], "--duration");
+    let out = run(&["cdm", "--multipath", "rr", u, "/tmp/x"]);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--multipath"));
+    refused(&["gpfsperf", "read", "seq", u, "-bogus"], "-bogus");
+    refused(&["gpfsperf", "read", "seq", u, "-r", "1000"], "-r");
+    refused(&["gpfsperf", "read", "seq", u, "-th", "0"], "-th");
+    refused(
+        &["gpfsperf", "mixrw", "seq", u, "-readratio", "170"],
+        "-readratio",
+    );
+    refused(&["gpfsperf", "copy", "seq", u], "operation");
+    refused(&["gpfsperf", "read", "seq", u, "-dio"], "-dio");
+    refused(&["gpfsperf", "create", "seq", "/nonexistent-dir/f"], "-n");
+}
