@@ -141,9 +141,9 @@ def qemu_bench(url, qd, size, count, digests):
 
 
 def ironsan_bench(ironsan, url, rw, bs, qd, secs, digests):
-    cmd = [ironsan, "bench", "--json", "--rw", rw, "--bs", str(bs), "--iodepth", str(qd), "--runtime", f"{secs}s", url]
     if digests:
-        cmd[2:2] = ["--header-digest", "--data-digest"]
+        url += "?header_digest=crc32c&data_digest=crc32c"
+    cmd = [ironsan, "bench", "--json", "--rw", rw, "--bs", str(bs), "--iodepth", str(qd), "--runtime", f"{secs}s", url]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 60)
     except subprocess.TimeoutExpired:

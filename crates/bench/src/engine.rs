@@ -80,7 +80,9 @@ pub fn open_session(
 ) -> Result<(Connection, u16, u64, u32), String> {
     let target = url.target.as_deref().ok_or("URL without a target")?;
     let lun = url.lun.unwrap_or(0);
-    let cfg = LoginConfig::new(initiator_name, Some(target), initiator::random_isid());
+    let mut cfg = LoginConfig::new(initiator_name, Some(target), initiator::random_isid());
+    cfg.header_digest = url.header_digest;
+    cfg.data_digest = url.data_digest;
     let mut conn = Connection::login(&url.addr(), cfg).map_err(|e| format!("{url}: {e}"))?;
     for _ in 0..5 {
         let r = conn

@@ -13,6 +13,10 @@ pub struct Url {
     pub lun: Option<u16>,
     /// CHAP user and secret.
     pub chap: Option<(String, String)>,
+    /// `?header_digest=crc32c`: ask for CRC32C header digests.
+    pub header_digest: bool,
+    /// `?data_digest=crc32c`: ask for CRC32C data digests.
+    pub data_digest: bool,
 }
 
 impl Url {
@@ -49,7 +53,23 @@ impl FromStr for Url {
         let rest = s
             .strip_prefix("iscsi://")
             .ok_or_else(|| bad("no iscsi:// prefix"))?;
-        let rest = rest.split('?').next().unwrap_or(rest);
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (mut header_digest, mut data_digest) = (false, false);
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            match kv.split_once('=') {
+                Some(("header_digest", v)) => {
+                    header_digest = v.to_ascii_lowercase().starts_with("crc32c")
+                }
+                Some(("data_digest", v)) => {
+                    data_digest = v.to_ascii_lowercase().starts_with("crc32c")
+                }
+                _ => {
+                    return Err(bad(
+                        "unknown URL parameter; known: header_digest=crc32c, data_digest=crc32c",
+                    ))
+                }
+            }
+        }
         let (auth, rest) = match rest.rsplit_once('@') {
             Some((a, r)) => (Some(a), r),
             None => (None, rest),
@@ -92,6 +112,8 @@ impl FromStr for Url {
             target,
             lun,
             chap,
+            header_digest,
+            data_digest,
         })
     }
 }
@@ -118,5 +140,10 @@ mod tests {
         assert!("iscsi://h:notaport/x".parse::<Url>().is_err());
         assert!("iscsi://h/iqn.a/lun".parse::<Url>().is_err());
         assert!("iscsi://u@h/iqn.a/0".parse::<Url>().is_err());
+        let u: Url = "iscsi://h/iqn.a/0?header_digest=crc32c&data_digest=crc32c"
+            .parse()
+            .unwrap();
+        assert!(u.header_digest && u.data_digest && u.lun == Some(0));
+        assert!("iscsi://h/iqn.a/0?bogus=1".parse::<Url>().is_err());
     }
 }
