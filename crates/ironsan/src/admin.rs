@@ -14,7 +14,11 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9260";
 #[derive(Args, Debug, Clone)]
 pub struct EndpointArgs {
     /// The admin endpoint: http://HOST:PORT.
-    #[arg(long, default_value = "http://127.0.0.1:9260", env = "IRONSAN_ADMIN_URL")]
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:9260",
+        env = "IRONSAN_ADMIN_URL"
+    )]
     pub url: String,
     /// The admin token, if the endpoint has one.
     #[arg(long, env = "IRONSAN_ADMIN_TOKEN", hide_env_values = true)]
@@ -65,7 +69,11 @@ enum AdminCmd {
     /// Remove a LUN (sessions get REPORTED LUNS DATA HAS CHANGED).
     RemoveLun { target: String, lun: u16 },
     /// Grow a LUN to SIZE (sessions get CAPACITY DATA HAS CHANGED).
-    ResizeLun { target: String, lun: u16, size: String },
+    ResizeLun {
+        target: String,
+        lun: u16,
+        size: String,
+    },
     /// Add a portal (listen address), optionally in an ALUA group.
     AddPortal {
         addr: String,
@@ -133,11 +141,19 @@ pub fn run(a: AdminArgs) -> Result<()> {
                             l["size_bytes"],
                             l["block_size"],
                             l["product"].as_str().unwrap_or(""),
-                            if l["read_only"].as_bool() == Some(true) { "  read-only" } else { "" }
+                            if l["read_only"].as_bool() == Some(true) {
+                                "  read-only"
+                            } else {
+                                ""
+                            }
                         );
                     }
                     for g in t["alua"].as_array().into_iter().flatten() {
-                        println!("  ALUA group {:<3} {}", g["group"], g["state"].as_str().unwrap_or(""));
+                        println!(
+                            "  ALUA group {:<3} {}",
+                            g["group"],
+                            g["state"].as_str().unwrap_or("")
+                        );
                     }
                 }
                 for p in v["portals"].as_array().into_iter().flatten() {
@@ -155,7 +171,15 @@ pub fn run(a: AdminArgs) -> Result<()> {
             show(a.json, &v, |v| {
                 println!(
                     "{:<4} {:<40} {:<12} {:<21} {:<7} {:>8} {:>8} {:>6} {:>6}",
-                    "id", "initiator", "ISID", "portal", "digests", "MRDSL", "burst", "window", "inflt"
+                    "id",
+                    "initiator",
+                    "ISID",
+                    "portal",
+                    "digests",
+                    "MRDSL",
+                    "burst",
+                    "window",
+                    "inflt"
                 );
                 for s in v.as_array().into_iter().flatten() {
                     let i = &s["info"];
@@ -207,7 +231,12 @@ pub fn run(a: AdminArgs) -> Result<()> {
             if write_back {
                 body["write_cache"] = json!("back");
             }
-            let v = send(&ep, "POST", &format!("/api/targets/{}/luns", seg(&target)), Some(body))?;
+            let v = send(
+                &ep,
+                "POST",
+                &format!("/api/targets/{}/luns", seg(&target)),
+                Some(body),
+            )?;
             show(a.json, &v, |v| {
                 println!(
                     "added LUN {} ({}, {} bytes)",
@@ -219,7 +248,12 @@ pub fn run(a: AdminArgs) -> Result<()> {
             });
         }
         AdminCmd::RemoveLun { target, lun } => {
-            let v = send(&ep, "DELETE", &format!("/api/targets/{}/luns/{lun}", seg(&target)), None)?;
+            let v = send(
+                &ep,
+                "DELETE",
+                &format!("/api/targets/{}/luns/{lun}", seg(&target)),
+                None,
+            )?;
             show(a.json, &v, |v| {
                 println!("removed LUN {lun}");
                 persisted_note(v);
@@ -238,7 +272,12 @@ pub fn run(a: AdminArgs) -> Result<()> {
             });
         }
         AdminCmd::AddPortal { addr, alua_group } => {
-            let v = send(&ep, "POST", "/api/portals", Some(json!({ "addr": addr, "alua_group": alua_group })))?;
+            let v = send(
+                &ep,
+                "POST",
+                "/api/portals",
+                Some(json!({ "addr": addr, "alua_group": alua_group })),
+            )?;
             show(a.json, &v, |v| {
                 println!(
                     "listening on {} (TPGT {})",
@@ -249,7 +288,12 @@ pub fn run(a: AdminArgs) -> Result<()> {
             });
         }
         AdminCmd::SetAlua { group, state } => {
-            let v = send(&ep, "PUT", &format!("/api/alua/{group}"), Some(json!({ "state": state })))?;
+            let v = send(
+                &ep,
+                "PUT",
+                &format!("/api/alua/{group}"),
+                Some(json!({ "state": state })),
+            )?;
             show(a.json, &v, |v| {
                 println!("ALUA group {group}: {}", v["state"].as_str().unwrap_or(""));
                 persisted_note(v);

@@ -92,14 +92,18 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String)> {
         .and_then(|c| c.parse().ok())
         .context("bad HTTP status line")?;
     let chunked = lines.any(|l| {
-        l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked")
+        l.to_ascii_lowercase().starts_with("transfer-encoding:")
+            && l.to_ascii_lowercase().contains("chunked")
     });
     let mut body = raw[end + 4..].to_vec();
     if chunked {
         let mut out = Vec::new();
         let mut rest = &body[..];
         loop {
-            let nl = rest.windows(2).position(|w| w == b"\r\n").context("bad chunk")?;
+            let nl = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .context("bad chunk")?;
             let n = usize::from_str_radix(std::str::from_utf8(&rest[..nl])?.trim(), 16)?;
             if n == 0 {
                 break;
@@ -127,6 +131,11 @@ mod tests {
         .unwrap();
         assert_eq!(r, (200, "abcde".into()));
         assert!(Endpoint::parse("https://x:1", None).is_err());
-        assert_eq!(Endpoint::parse("http://127.0.0.1:9260/", None).unwrap().addr, "127.0.0.1:9260");
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:9260/", None)
+                .unwrap()
+                .addr,
+            "127.0.0.1:9260"
+        );
     }
 }

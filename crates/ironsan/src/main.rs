@@ -96,7 +96,12 @@ struct ServeArgs {
     #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1, default_missing_value = admin::DEFAULT_ADMIN)]
     admin: Option<SocketAddr>,
     /// Token the admin endpoint requires (required off loopback); also IRONSAN_ADMIN_TOKEN.
-    #[arg(long, value_name = "TOKEN", env = "IRONSAN_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "IRONSAN_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
     admin_token: Option<String>,
 }
 
@@ -233,7 +238,9 @@ fn serve(a: ServeArgs) -> Result<()> {
             let at = admin.local_addr().context("admin endpoint address")?;
             println!("ironsan: admin API and console on http://{at}/");
             if a.config.is_none() {
-                println!("ironsan: no --config: changes made through the admin API last until exit");
+                println!(
+                    "ironsan: no --config: changes made through the admin API last until exit"
+                );
             }
             tokio::spawn(admin.run());
         }

@@ -60,12 +60,26 @@ pub fn lines(v: &Value, width: usize) -> Vec<String> {
     out.push(String::new());
     out.push(format!(
         "{:<34} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6}",
-        "TARGET", "LUN", "READS/s", "WRITES/s", "MBREAD/s", "MBWRTN/s", "LAT_R_us", "LAT_W_us", "P99_us", "QD", "ERR"
+        "TARGET",
+        "LUN",
+        "READS/s",
+        "WRITES/s",
+        "MBREAD/s",
+        "MBWRTN/s",
+        "LAT_R_us",
+        "LAT_W_us",
+        "P99_us",
+        "QD",
+        "ERR"
     ));
     for l in &luns {
         let r = &l["rate"];
         let name = s(l, "target");
-        let name = if name.len() > 34 { &name[name.len() - 34..] } else { name };
+        let name = if name.len() > 34 {
+            &name[name.len() - 34..]
+        } else {
+            name
+        };
         out.push(format!(
             "{:<34} {:>3} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.0} {:>8.0} {:>8.0} {:>6.1} {:>6}",
             name,
@@ -84,13 +98,26 @@ pub fn lines(v: &Value, width: usize) -> Vec<String> {
     out.push(String::new());
     out.push(format!(
         "{:<4} {:<34} {:<12} {:<21} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6}",
-        "SID", "INITIATOR", "ISID", "PORTAL", "READS/s", "WRITES/s", "MB/s", "LAT_us", "INFLT", "WINDOW"
+        "SID",
+        "INITIATOR",
+        "ISID",
+        "PORTAL",
+        "READS/s",
+        "WRITES/s",
+        "MB/s",
+        "LAT_us",
+        "INFLT",
+        "WINDOW"
     ));
     for x in &sessions {
         let i = &x["info"];
         let r = &x["rate"];
         let ini = s(i, "initiator");
-        let ini = if ini.len() > 34 { &ini[ini.len() - 34..] } else { ini };
+        let ini = if ini.len() > 34 {
+            &ini[ini.len() - 34..]
+        } else {
+            ini
+        };
         out.push(format!(
             "{:<4} {:<34} {:<12} {:<21} {:>9.0} {:>9.0} {:>8.1} {:>8.0} {:>6} {:>6}",
             i["id"],
@@ -173,8 +200,16 @@ pub fn run(a: TopArgs) -> Result<()> {
                 Ok(v) => lines(&v, usize::from(w)),
                 Err(e) => vec![format!("ironsan top: {e:#}")],
             };
-            queue!(out, cursor::MoveTo(0, 0), terminal::Clear(terminal::ClearType::All))?;
-            for (i, l) in text.iter().take(usize::from(h).saturating_sub(1)).enumerate() {
+            queue!(
+                out,
+                cursor::MoveTo(0, 0),
+                terminal::Clear(terminal::ClearType::All)
+            )?;
+            for (i, l) in text
+                .iter()
+                .take(usize::from(h).saturating_sub(1))
+                .enumerate()
+            {
                 queue!(out, cursor::MoveTo(0, i as u16))?;
                 write!(out, "{l}")?;
             }
@@ -185,7 +220,8 @@ pub fn run(a: TopArgs) -> Result<()> {
             while let Some(left) = until.checked_duration_since(Instant::now()) {
                 if event::poll(left)? {
                     if let Event::Key(k) = event::read()? {
-                        let ctrl_c = k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+                        let ctrl_c = k.code == KeyCode::Char('c')
+                            && k.modifiers.contains(KeyModifiers::CONTROL);
                         if k.code == KeyCode::Char('q') || k.code == KeyCode::Esc || ctrl_c {
                             return Ok(());
                         }

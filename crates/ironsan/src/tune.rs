@@ -239,14 +239,24 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
         if let Some(out) = run_cmd("ethtool", &["-k", i]) {
             let v = ethtool_values(&out);
             for (k, why) in [
-                ("tcp-segmentation-offload", "the NIC cuts large Data-In into packets"),
-                ("generic-receive-offload", "large Data-Out arrive as fewer, larger buffers"),
+                (
+                    "tcp-segmentation-offload",
+                    "the NIC cuts large Data-In into packets",
+                ),
+                (
+                    "generic-receive-offload",
+                    "large Data-Out arrive as fewer, larger buffers",
+                ),
             ] {
                 if let Some((_, val)) = v.iter().find(|(a, _)| a == k) {
                     let on = val.starts_with("on");
                     let fixed = val.contains("[fixed]");
                     f.push(Finding {
-                        level: if on || fixed { Level::Ok } else { Level::Change },
+                        level: if on || fixed {
+                            Level::Ok
+                        } else {
+                            Level::Change
+                        },
                         what: format!("{k} on {i}"),
                         now: val.clone(),
                         advice: if on || fixed {
@@ -263,11 +273,17 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
     let cpus: Vec<String> = h
         .list("/sys/devices/system/cpu")
         .into_iter()
-        .filter(|c| c.starts_with("cpu") && c[3..].chars().all(|x| x.is_ascii_digit()) && c.len() > 3)
+        .filter(|c| {
+            c.starts_with("cpu") && c[3..].chars().all(|x| x.is_ascii_digit()) && c.len() > 3
+        })
         .collect();
     let govs: Vec<String> = cpus
         .iter()
-        .filter_map(|c| h.read(&format!("/sys/devices/system/cpu/{c}/cpufreq/scaling_governor")))
+        .filter_map(|c| {
+            h.read(&format!(
+                "/sys/devices/system/cpu/{c}/cpufreq/scaling_governor"
+            ))
+        })
         .collect();
     if govs.is_empty() {
         f.push(Finding {
@@ -292,7 +308,9 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
     let nodes: Vec<String> = h
         .list("/sys/devices/system/node")
         .into_iter()
-        .filter(|n| n.starts_with("node") && n[4..].chars().all(|x| x.is_ascii_digit()) && n.len() > 4)
+        .filter(|n| {
+            n.starts_with("node") && n[4..].chars().all(|x| x.is_ascii_digit()) && n.len() > 4
+        })
         .collect();
     f.push(Finding {
         level: Level::Info,
@@ -387,7 +405,8 @@ pub fn probe(url: &Url, initiator: &str) -> Result<TargetFacts> {
         .and_then(|l| l.into_iter().find(|(n, _)| *n == target).map(|(_, p)| p))
         .unwrap_or_else(|| vec![url.addr()]);
     let cfg = LoginConfig::new(initiator, Some(&target), initiator::random_isid());
-    let mut c = Connection::login(&url.addr(), cfg).with_context(|| format!("login to {target}"))?;
+    let mut c =
+        Connection::login(&url.addr(), cfg).with_context(|| format!("login to {target}"))?;
     let window = c.session().window();
     let rl = c.execute(0, &scsi::report_luns(4096), DataDir::Read(4096))?;
     let mut luns = Vec::new();
@@ -399,10 +418,21 @@ pub fn probe(url: &Url, initiator: &str) -> Result<TargetFacts> {
         let tpgs = inq.data.get(5).map_or(0, |b| (b >> 4) & 3);
         let id = c.execute(lun, &scsi::inquiry(Some(0x83), 1024), DataDir::Read(1024))?;
         let naa = scsi::naa_id(&id.data).unwrap_or_else(|| "naa.?".into());
-        luns.push(LunFacts { lun, naa, vendor: vendor.trim().into(), product: product.trim().into(), tpgs });
+        luns.push(LunFacts {
+            lun,
+            naa,
+            vendor: vendor.trim().into(),
+            product: product.trim().into(),
+            tpgs,
+        });
     }
     let _ = c.logout();
-    Ok(TargetFacts { name: target, portals, window, luns })
+    Ok(TargetFacts {
+        name: target,
+        portals,
+        window,
+        luns,
+    })
 }
 
 /// The ESXi recipe.
@@ -410,7 +440,13 @@ pub fn recipe_esxi(t: &TargetFacts) -> String {
     let mut o = String::new();
     let vendor = t.luns.first().map_or("IRONSAN", |l| l.vendor.as_str());
     let alua = t.luns.iter().all(|l| l.tpgs != 0);
-    o.push_str(&format!("# ESXi recipe for {} ({} LUNs, {} portals, command window {})\n", t.name, t.luns.len(), t.portals.len(), t.window));
+    o.push_str(&format!(
+        "# ESXi recipe for {} ({} LUNs, {} portals, command window {})\n",
+        t.name,
+        t.luns.len(),
+        t.portals.len(),
+        t.window
+    ));
     o.push_str("# Run in the ESXi shell. vmhbaNN is the software iSCSI adapter (esxcli iscsi adapter list).\n\n");
     o.push_str("# 1. Claim rule: ironsan LUNs use the ALUA SATP with round robin switching paths after every I/O.\n");
     let mut products: Vec<&str> = t.luns.iter().map(|l| l.product.as_str()).collect();
@@ -428,10 +464,18 @@ pub fn recipe_esxi(t: &TargetFacts) -> String {
         }
     }
     o.push_str("#    The rule applies to devices claimed after it: for LUNs already seen, reboot or unclaim/reclaim them.\n\n");
-    o.push_str("# 2. For devices already claimed: round robin, next path after 1 I/O (default 1000).\n");
+    o.push_str(
+        "# 2. For devices already claimed: round robin, next path after 1 I/O (default 1000).\n",
+    );
     for l in &t.luns {
-        o.push_str(&format!("esxcli storage nmp device set --device={} --psp=VMW_PSP_RR   # LUN {}\n", l.naa, l.lun));
-        o.push_str(&format!("esxcli storage nmp psp roundrobin deviceconfig set --type=iops --iops=1 --device={}\n", l.naa));
+        o.push_str(&format!(
+            "esxcli storage nmp device set --device={} --psp=VMW_PSP_RR   # LUN {}\n",
+            l.naa, l.lun
+        ));
+        o.push_str(&format!(
+            "esxcli storage nmp psp roundrobin deviceconfig set --type=iops --iops=1 --device={}\n",
+            l.naa
+        ));
     }
     let qd = t.window.clamp(32, 1024);
     o.push_str(&format!(
@@ -440,26 +484,38 @@ pub fn recipe_esxi(t: &TargetFacts) -> String {
     ));
     o.push_str("\n# 4. Outstanding I/Os per device when several VMs share it (DSNRO), up to the LUN queue depth.\n");
     for l in &t.luns {
-        o.push_str(&format!("esxcli storage core device set -d {} -O {qd}\n", l.naa));
+        o.push_str(&format!(
+            "esxcli storage core device set -d {} -O {qd}\n",
+            l.naa
+        ));
     }
     o.push_str("\n# 5. Delayed ACK off on the iSCSI adapter: acknowledgements are not held back for up to 200 ms\n#    (the seeds' setting; it matters most for writes and for low queue depths).\n");
     o.push_str("esxcli iscsi adapter param set --adapter=vmhbaNN --key=DelayedAck --value=false\n");
     o.push_str("\n# 6. Port binding: one VMkernel port per physical NIC (each with a single active uplink),\n#    so every NIC carries its own path to every portal.\n");
     for k in 1..=t.portals.len().clamp(2, 4) {
-        o.push_str(&format!("esxcli iscsi networkportal add --adapter=vmhbaNN --nic=vmk{k}\n"));
+        o.push_str(&format!(
+            "esxcli iscsi networkportal add --adapter=vmhbaNN --nic=vmk{k}\n"
+        ));
     }
     for p in &t.portals {
-        o.push_str(&format!("esxcli iscsi adapter discovery sendtarget add --adapter=vmhbaNN --address={p}\n"));
+        o.push_str(&format!(
+            "esxcli iscsi adapter discovery sendtarget add --adapter=vmhbaNN --address={p}\n"
+        ));
     }
     o.push_str("esxcli storage core adapter rescan --adapter=vmhbaNN\n");
     o.push_str("\n# 7. Jumbo frames end to end (only if the switches are set to 9000 too).\n");
     o.push_str("esxcli network vswitch standard set --vswitch-name=vSwitchN --mtu=9000\n");
     for k in 1..=t.portals.len().clamp(2, 4) {
-        o.push_str(&format!("esxcli network ip interface set --interface-name=vmk{k} --mtu=9000\n"));
+        o.push_str(&format!(
+            "esxcli network ip interface set --interface-name=vmk{k} --mtu=9000\n"
+        ));
     }
     o.push_str("\n# 8. Check: every LUN should show VMW_SATP_ALUA, VMW_PSP_RR with iops=1, and one path per portal and VMkernel port.\n");
     for l in &t.luns {
-        o.push_str(&format!("esxcli storage nmp device list --device={}\n", l.naa));
+        o.push_str(&format!(
+            "esxcli storage nmp device list --device={}\n",
+            l.naa
+        ));
     }
     o
 }
@@ -470,7 +526,9 @@ pub fn recipe_linux(t: &TargetFacts) -> String {
     let qd = t.window.clamp(32, 1024);
     let mut o = String::new();
     o.push_str(&format!("# Linux (open-iscsi + dm-multipath) recipe for {} ({} LUNs, {} portals, command window {})\n\n", t.name, t.luns.len(), t.portals.len(), t.window));
-    o.push_str("# 1. Discover and log in through every portal (one session per portal = one path).\n");
+    o.push_str(
+        "# 1. Discover and log in through every portal (one session per portal = one path).\n",
+    );
     for p in &t.portals {
         o.push_str(&format!("iscsiadm -m discovery -t sendtargets -p {p}\n"));
     }
@@ -493,10 +551,15 @@ pub fn recipe_linux(t: &TargetFacts) -> String {
     o.push_str("multipaths {\n");
     for l in &t.luns {
         let wwid = format!("3{}", l.naa.trim_start_matches("naa."));
-        o.push_str(&format!("    multipath {{ wwid {wwid}  alias ironsan_lun{} }}   # {}\n", l.lun, l.naa));
+        o.push_str(&format!(
+            "    multipath {{ wwid {wwid}  alias ironsan_lun{} }}   # {}\n",
+            l.lun, l.naa
+        ));
     }
     o.push_str("}\n\n# 4. Apply and check: each LUN should show its paths grouped by ALUA priority.\nsystemctl reload multipathd\nmultipath -ll\n");
-    o.push_str("\n# 5. Per device: no I/O scheduler (the target schedules), deeper request queue.\n");
+    o.push_str(
+        "\n# 5. Per device: no I/O scheduler (the target schedules), deeper request queue.\n",
+    );
     o.push_str("for d in /sys/block/dm-*/queue; do echo none > $d/scheduler 2>/dev/null; echo 1024 > $d/nr_requests 2>/dev/null; done\n");
     o
 }
@@ -505,7 +568,12 @@ pub fn recipe_linux(t: &TargetFacts) -> String {
 pub fn recipe_windows(t: &TargetFacts) -> String {
     let vendor = t.luns.first().map_or("IRONSAN", |l| l.vendor.as_str());
     let mut o = String::new();
-    o.push_str(&format!("# Windows Server recipe for {} ({} LUNs, {} portals), in an elevated PowerShell.\n\n", t.name, t.luns.len(), t.portals.len()));
+    o.push_str(&format!(
+        "# Windows Server recipe for {} ({} LUNs, {} portals), in an elevated PowerShell.\n\n",
+        t.name,
+        t.luns.len(),
+        t.portals.len()
+    ));
     o.push_str("# 1. MPIO: install it, let the Microsoft DSM claim ironsan disks, round robin by default.\n");
     o.push_str("Install-WindowsFeature -Name Multipath-IO   # needs a reboot\n");
     let mut products: Vec<&str> = t.luns.iter().map(|l| l.product.as_str()).collect();
@@ -514,13 +582,19 @@ pub fn recipe_windows(t: &TargetFacts) -> String {
     for p in products {
         o.push_str(&format!("New-MSDSMSupportedHW -VendorId \"{vendor}\" -ProductId \"{p}\"   # no space padding (unlike mpclaim)\n"));
     }
-    o.push_str("Update-MPIOClaimedHW -Confirm:$false                # claim now (may ask for a reboot)\n");
+    o.push_str(
+        "Update-MPIOClaimedHW -Confirm:$false                # claim now (may ask for a reboot)\n",
+    );
     o.push_str("Set-MSDSMGlobalDefaultLoadBalancePolicy -Policy RR   # round robin over all active/optimized paths\n");
-    o.push_str("Enable-MSDSMAutomaticClaim -BusType iSCSI            # claim iSCSI disks automatically\n");
+    o.push_str(
+        "Enable-MSDSMAutomaticClaim -BusType iSCSI            # claim iSCSI disks automatically\n",
+    );
     o.push_str("\n# 2. One session per portal (each is a path); -IsMultipathEnabled makes them MPIO paths.\n");
     for p in &t.portals {
         let (host, port) = p.rsplit_once(':').unwrap_or((p.as_str(), "3260"));
-        o.push_str(&format!("New-IscsiTargetPortal -TargetPortalAddress {host} -TargetPortalPortNumber {port}\n"));
+        o.push_str(&format!(
+            "New-IscsiTargetPortal -TargetPortalAddress {host} -TargetPortalPortNumber {port}\n"
+        ));
         o.push_str(&format!(
             "Connect-IscsiTarget -NodeAddress {} -TargetPortalAddress {host} -TargetPortalPortNumber {port} -IsMultipathEnabled $true -IsPersistent $true\n",
             t.name
@@ -531,12 +605,19 @@ pub fn recipe_windows(t: &TargetFacts) -> String {
     o.push_str("\n# 4. Larger transfers per command: MaxTransferLength of the iSCSI initiator (default 256 KiB) to 1 MiB,\n#    under the initiator's instance key HKLM\\SYSTEM\\CurrentControlSet\\Control\\Class\\{4D36E97B-E325-11CE-BFC1-08002BE10318}\\<instance>\\Parameters;\n#    also MaxBurstLength 1 MiB and MaxRecvDataSegmentLength 256 KiB there. Reboot to apply.\n");
     o.push_str("$k = Get-ChildItem 'HKLM:\\SYSTEM\\CurrentControlSet\\Control\\Class\\{4D36E97B-E325-11CE-BFC1-08002BE10318}' | Where-Object { (Get-ItemProperty $_.PSPath).DriverDesc -eq 'Microsoft iSCSI Initiator' }\n");
     o.push_str("Set-ItemProperty -Path \"$($k.PSPath)\\Parameters\" -Name MaxTransferLength -Value 1048576\n");
-    o.push_str("Set-ItemProperty -Path \"$($k.PSPath)\\Parameters\" -Name MaxBurstLength -Value 1048576\n");
+    o.push_str(
+        "Set-ItemProperty -Path \"$($k.PSPath)\\Parameters\" -Name MaxBurstLength -Value 1048576\n",
+    );
     o.push_str("Set-ItemProperty -Path \"$($k.PSPath)\\Parameters\" -Name MaxRecvDataSegmentLength -Value 262144\n");
     o.push_str("\n# 5. Check: each disk should list one path per portal, policy Round Robin.\n");
     o.push_str("mpclaim -s -d\n");
     for l in &t.luns {
-        o.push_str(&format!("# LUN {}: {}  (Get-Disk | Where-Object UniqueId -eq '{}')\n", l.lun, l.naa, l.naa.trim_start_matches("naa.").to_uppercase()));
+        o.push_str(&format!(
+            "# LUN {}: {}  (Get-Disk | Where-Object UniqueId -eq '{}')\n",
+            l.lun,
+            l.naa,
+            l.naa.trim_start_matches("naa.").to_uppercase()
+        ));
     }
     o
 }
@@ -544,14 +625,24 @@ pub fn recipe_windows(t: &TargetFacts) -> String {
 pub fn run(a: TuneArgs) -> Result<()> {
     match a.what.as_str() {
         "host" => {
-            let h = Host { root: a.root.clone() };
+            let h = Host {
+                root: a.root.clone(),
+            };
             let ips: Vec<std::net::IpAddr> = match &a.config {
-                Some(p) => target::Config::from_file(p)?.listen.iter().map(|s| s.ip()).collect(),
+                Some(p) => target::Config::from_file(p)?
+                    .listen
+                    .iter()
+                    .map(|s| s.ip())
+                    .collect(),
                 None => vec![std::net::Ipv4Addr::UNSPECIFIED.into()],
             };
             let ifaces = match run_cmd("ip", &["-o", "addr", "show"]) {
                 Some(out) => interfaces_for(&out, &ips),
-                None => h.list("/sys/class/net").into_iter().filter(|i| i != "lo").collect(),
+                None => h
+                    .list("/sys/class/net")
+                    .into_iter()
+                    .filter(|i| i != "lo")
+                    .collect(),
             };
             println!("ironsan tune: checking this host for the portals' interfaces {ifaces:?}\n");
             print_findings(&check_host(&h, &ifaces, a.sessions));
@@ -576,7 +667,6 @@ pub fn run(a: TuneArgs) -> Result<()> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,8 +685,14 @@ mod tests {
         w("sys/class/net/eth0/mtu", "1500\n");
         w("sys/class/net/eth1/mtu", "9000\n");
         w("sys/class/net/eth1/device/numa_node", "1\n");
-        w("sys/devices/system/cpu/cpu0/cpufreq/scaling_governor", "powersave\n");
-        w("sys/devices/system/cpu/cpu1/cpufreq/scaling_governor", "performance\n");
+        w(
+            "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
+            "powersave\n",
+        );
+        w(
+            "sys/devices/system/cpu/cpu1/cpufreq/scaling_governor",
+            "performance\n",
+        );
         w("sys/devices/system/node/node0/cpulist", "0\n");
         w("sys/devices/system/node/node1/cpulist", "1\n");
         w(
@@ -610,26 +706,52 @@ mod tests {
     fn parsers() {
         assert_eq!(triple_max("4096 131072 6291456"), Some(6291456));
         assert_eq!(triple_max("4096"), None);
-        assert_eq!(nofile_soft("Max open files            unlimited            unlimited            files"), Some(u64::MAX));
-        let e = ethtool_values("Coalesce parameters for eth0:\nAdaptive RX: off  TX: off\nrx-usecs: 3\n");
+        assert_eq!(
+            nofile_soft(
+                "Max open files            unlimited            unlimited            files"
+            ),
+            Some(u64::MAX)
+        );
+        let e = ethtool_values(
+            "Coalesce parameters for eth0:\nAdaptive RX: off  TX: off\nrx-usecs: 3\n",
+        );
         assert!(e.contains(&("rx-usecs".into(), "3".into())));
         let ip = "1: lo    inet 127.0.0.1/8 scope host lo\n2: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global eth0\n3: eth1    inet 10.1.0.5/24 scope global eth1\n";
-        assert_eq!(interfaces_for(ip, &["10.1.0.5".parse().unwrap()]), vec!["eth1"]);
-        assert_eq!(interfaces_for(ip, &["0.0.0.0".parse().unwrap()]), vec!["eth0", "eth1"]);
-        assert_eq!(interfaces_for(ip, &["127.0.0.1".parse().unwrap()]), vec!["lo"]);
+        assert_eq!(
+            interfaces_for(ip, &["10.1.0.5".parse().unwrap()]),
+            vec!["eth1"]
+        );
+        assert_eq!(
+            interfaces_for(ip, &["0.0.0.0".parse().unwrap()]),
+            vec!["eth0", "eth1"]
+        );
+        assert_eq!(
+            interfaces_for(ip, &["127.0.0.1".parse().unwrap()]),
+            vec!["lo"]
+        );
     }
 
     #[test]
     fn host_checks_against_fixture_files() {
         let d = fixture();
-        let h = Host { root: d.path().to_path_buf() };
+        let h = Host {
+            root: d.path().to_path_buf(),
+        };
         let f = check_host(&h, &["eth0".into(), "eth1".into()], 2000);
-        let get = |w: &str| f.iter().find(|x| x.what == w).unwrap_or_else(|| panic!("{w}: {f:?}"));
+        let get = |w: &str| {
+            f.iter()
+                .find(|x| x.what == w)
+                .unwrap_or_else(|| panic!("{w}: {f:?}"))
+        };
         assert_eq!(get("net.core.rmem_max").level, Level::Change);
-        assert!(get("net.core.rmem_max").advice.contains("sysctl -w net.core.rmem_max=1048576"));
+        assert!(get("net.core.rmem_max")
+            .advice
+            .contains("sysctl -w net.core.rmem_max=1048576"));
         assert_eq!(get("net.core.wmem_max").level, Level::Ok);
         assert_eq!(get("net.ipv4.tcp_rmem").level, Level::Ok);
-        assert!(get("net.ipv4.tcp_wmem").advice.contains("\"4096 16384 1048576\""));
+        assert!(get("net.ipv4.tcp_wmem")
+            .advice
+            .contains("\"4096 16384 1048576\""));
         assert_eq!(get("MTU of eth0").level, Level::Change);
         assert!(get("MTU of eth0").advice.contains("mtu 9000"));
         assert_eq!(get("MTU of eth1").level, Level::Ok);
@@ -663,7 +785,9 @@ mod tests {
         assert!(e.contains("esxcli storage nmp satp rule add -s VMW_SATP_ALUA -V IRONSAN -M \"FILE DISK\" -c tpgs_on -P VMW_PSP_RR -O iops=1"));
         assert!(e.contains("esxcli storage nmp psp roundrobin deviceconfig set --type=iops --iops=1 --device=naa.6abcdef0123456789abcdef012345678"));
         assert!(e.contains("iscsivmk_LunQDepth=128"));
-        assert!(e.contains("esxcli storage core device set -d naa.6abcdef0123456789abcdef012345678 -O 128"));
+        assert!(e.contains(
+            "esxcli storage core device set -d naa.6abcdef0123456789abcdef012345678 -O 128"
+        ));
         assert!(e.contains("--key=DelayedAck --value=false"));
         let l = recipe_linux(&t);
         assert!(l.contains("wwid 36abcdef0123456789abcdef012345678"));

@@ -378,7 +378,7 @@ impl LogicalUnit {
     /// tells every I_T nexus with CAPACITY DATA HAS CHANGED (2A/09).
     pub fn resize(&self, bytes: u64) -> Result<(), String> {
         let bs = u64::from(self.cfg.block_size);
-        if bytes == 0 || bytes % bs != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(bs) {
             return Err(format!(
                 "{bytes} bytes is not a positive multiple of the block size {bs}"
             ));

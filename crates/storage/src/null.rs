@@ -19,9 +19,7 @@ pub struct NullBackend {
 impl NullBackend {
     /// A null store reporting `size` bytes.
     pub fn new(size: u64) -> Self {
-        NullBackend {
-            size: size.into(),
-        }
+        NullBackend { size: size.into() }
     }
 }
 
@@ -38,12 +36,20 @@ impl BlockBackend for NullBackend {
         self.size.load(std::sync::atomic::Ordering::Relaxed)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size.load(std::sync::atomic::Ordering::Relaxed), offset, buf.len())?;
+        check_range(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            buf.len(),
+        )?;
         buf.fill(0);
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
-        check_range(self.size.load(std::sync::atomic::Ordering::Relaxed), offset, buf.len())
+        check_range(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            buf.len(),
+        )
     }
     fn flush(&self) -> io::Result<()> {
         Ok(())
@@ -61,13 +67,25 @@ impl BlockBackend for NullBackend {
         false
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size.load(std::sync::atomic::Ordering::Relaxed), offset, len)
+        check_range_u64(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            len,
+        )
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size.load(std::sync::atomic::Ordering::Relaxed), offset, len)
+        check_range_u64(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            len,
+        )
     }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
-        check_range_u64(self.size.load(std::sync::atomic::Ordering::Relaxed), offset, len)?;
+        check_range_u64(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            len,
+        )?;
         Ok(Extent {
             allocated: false,
             len,

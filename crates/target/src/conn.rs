@@ -27,8 +27,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::lunmap::{answer_above_lu, run_on_lu, LunTable, Origin, TargetRt};
-use crate::stats::{ConnStats, SessionInfo, PUBLISH_EVERY};
 use crate::server::{AbortRequests, Portal, SessionEntry, SessionKey, Shared};
+use crate::stats::{ConnStats, SessionInfo, PUBLISH_EVERY};
 
 /// Stop reading while this much output is queued.
 const OUTPUT_HIGH_WATER: usize = 8 << 20;
@@ -405,6 +405,7 @@ impl Conn {
     }
 
     /// The full feature phase; returns why the connection ended.
+    #[allow(clippy::too_many_arguments)]
     async fn full_feature(
         &mut self,
         mut session: Session,

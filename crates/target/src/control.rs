@@ -176,7 +176,11 @@ impl Control {
         if n > 255 {
             return Err(ControlError::Invalid("LUN numbers are 0..=255".into()));
         }
-        if t.luns().luns.get(usize::from(n)).is_some_and(Option::is_some) {
+        if t.luns()
+            .luns
+            .get(usize::from(n))
+            .is_some_and(Option::is_some)
+        {
             return Err(ControlError::Conflict(format!("LUN {n} exists")));
         }
         build_lu(
@@ -197,7 +201,11 @@ impl Control {
         lu: Arc<LogicalUnit>,
     ) -> Result<LunView, ControlError> {
         let t = self.target(name)?;
-        if t.luns().luns.get(usize::from(n)).is_some_and(Option::is_some) {
+        if t.luns()
+            .luns
+            .get(usize::from(n))
+            .is_some_and(Option::is_some)
+        {
             return Err(ControlError::Conflict(format!("LUN {n} exists")));
         }
         install_abort_hook(&self.shared, &t.name, n, &lu);
@@ -285,7 +293,9 @@ impl Control {
         alua_group: Option<u16>,
     ) -> Result<PortalView, ControlError> {
         if self.shared.portals.read().iter().any(|p| p.addr == addr) {
-            return Err(ControlError::Conflict(format!("{addr} is a portal already")));
+            return Err(ControlError::Conflict(format!(
+                "{addr} is a portal already"
+            )));
         }
         let l = TcpListener::bind(addr)
             .await

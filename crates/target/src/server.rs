@@ -104,8 +104,12 @@ impl Shared {
 
     /// What SendTargets tells: every target through every portal.
     pub fn listings(&self) -> Vec<Listing> {
-        let portals: Vec<(SocketAddr, u16)> =
-            self.portals.read().iter().map(|p| (p.addr, p.tpgt)).collect();
+        let portals: Vec<(SocketAddr, u16)> = self
+            .portals
+            .read()
+            .iter()
+            .map(|p| (p.addr, p.tpgt))
+            .collect();
         self.targets
             .iter()
             .map(|t| Listing {

@@ -200,20 +200,25 @@ impl IntoResponse for ControlError {
 fn persist(
     st: &AdminState,
     edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
-) -> Result<bool, Response> {
+) -> Result<bool, Box<Response>> {
     let Some(path) = &st.config_path else {
         return Ok(false);
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, format!("{}: {e}", path.display())))?;
-    let mut doc = persist::parse(&text).map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-    edit(&mut doc).map_err(|e| err(StatusCode::CONFLICT, e))?;
-    persist::validate(&doc).map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Box::new(err(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}: {e}", path.display()),
+        ))
+    })?;
+    let mut doc =
+        persist::parse(&text).map_err(|e| Box::new(err(StatusCode::INTERNAL_SERVER_ERROR, e)))?;
+    edit(&mut doc).map_err(|e| Box::new(err(StatusCode::CONFLICT, e)))?;
+    persist::validate(&doc).map_err(|e| Box::new(err(StatusCode::BAD_REQUEST, e)))?;
     persist::write_atomic(path, &doc.to_string()).map_err(|e| {
-        err(
+        Box::new(err(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("writing {}: {e}", path.display()),
-        )
+        ))
     })?;
     Ok(true)
 }
@@ -228,7 +233,10 @@ async fn console() -> impl IntoResponse {
 async fn metrics(State(st): St) -> impl IntoResponse {
     let text = prom::render(&st.ctl.stats(), &st.ctl.targets());
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
 }
@@ -241,7 +249,11 @@ async fn portals(State(st): St) -> impl IntoResponse {
     Json(st.ctl.portals())
 }
 
-async fn add_lun(State(st): St, Path(target): Path<String>, Json(mut c): Json<LunConfig>) -> Response {
+async fn add_lun(
+    State(st): St,
+    Path(target): Path<String>,
+    Json(mut c): Json<LunConfig>,
+) -> Response {
     let _g = st.change.lock().await;
     let n = match c.number {
         Some(n) => n,
@@ -257,7 +269,7 @@ async fn add_lun(State(st): St, Path(target): Path<String>, Json(mut c): Json<Lu
     };
     let persisted = match persist(&st, |d| persist::add_lun(d, &target, n, &c)) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match st.ctl.install_lun(&target, n, lu) {
         Ok(v) => (
@@ -276,7 +288,7 @@ async fn remove_lun(State(st): St, Path((target, lun)): Path<(String, u16)>) -> 
     }
     let persisted = match persist(&st, |d| persist::remove_lun(d, &target, lun)) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match st.ctl.remove_lun(&target, lun) {
         Ok(()) => Json(json!({ "removed": lun, "persisted": persisted })).into_response(),
@@ -310,20 +322,15 @@ async fn resize_lun(
         ))
         .into_response();
     }
-    let persisted = match persist(&st, |d| persist::resize_lun(d, &target, lun, &r.size)) {
-        Ok(p) => p,
-        Err(r) => return r,
+    // Grow first (the backend may refuse: a RAM LUN cannot change size),
+    // then write the file; growing is never undone.
+    let v = match st.ctl.resize_lun(&target, lun, bytes) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
     };
-    match st.ctl.resize_lun(&target, lun, bytes) {
-        Ok(v) => Json(json!({ "lun": v, "persisted": persisted })).into_response(),
-        Err(e) => {
-            if persisted {
-                // Put the old size back in the file.
-                let old = before.size_bytes.to_string();
-                let _ = persist(&st, |d| persist::resize_lun(d, &target, lun, &old));
-            }
-            e.into_response()
-        }
+    match persist(&st, |d| persist::resize_lun(d, &target, lun, &r.size)) {
+        Ok(p) => Json(json!({ "lun": v, "persisted": p })).into_response(),
+        Err(r) => *r,
     }
 }
 
@@ -345,7 +352,7 @@ async fn add_portal(State(st): St, Json(r): Json<PortalReq>) -> Response {
         persist::add_portal(d, &r.addr.to_string(), position, group)
     }) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match st.ctl.add_portal(r.addr, Some(group)).await {
         Ok(p) => (
@@ -377,18 +384,23 @@ async fn set_alua(State(st): St, Path(group): Path<u16>, Json(r): Json<AluaReq>)
         .map(|t| t.alua.iter().map(|a| (a.group, a.state.clone())).collect())
         .unwrap_or_default();
     if !before.iter().any(|(g, _)| *g == group) {
-        return ControlError::NotFound(format!("no ALUA target port group {group}")).into_response();
+        return ControlError::NotFound(format!("no ALUA target port group {group}"))
+            .into_response();
     }
     let after: Vec<(u16, String)> = before
         .iter()
         .map(|(g, s)| {
-            let s = if *g == group { state.name() } else { s.as_str() };
+            let s = if *g == group {
+                state.name()
+            } else {
+                s.as_str()
+            };
             (*g, config_state_name(s))
         })
         .collect();
     let persisted = match persist(&st, |d| persist::set_alua(d, &after)) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match st.ctl.set_alua(group, state) {
         Ok(()) => Json(json!({ "group": group, "state": state.name(), "persisted": persisted }))

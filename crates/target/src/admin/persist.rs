@@ -284,7 +284,10 @@ size = "2M"
         let c = validate(&d).unwrap();
         assert_eq!(c.listen.len(), 2);
         assert_eq!(c.alua.group.len(), 2);
-        assert_eq!(c.alua.group[1].state, crate::config::AluaStateConfig::Standby);
+        assert_eq!(
+            c.alua.group[1].state,
+            crate::config::AluaStateConfig::Standby
+        );
         // With groups listed, a new portal joins the named group.
         add_portal(&mut d, "127.0.0.1:3262", 3, 1).unwrap();
         let c = validate(&d).unwrap();

@@ -11,8 +11,8 @@ use crate::stats::{LunCounters, Snapshot};
 
 /// Latency bucket bounds, seconds.
 const BUCKETS: [f64; 16] = [
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01,
-    0.025, 0.05, 0.1, 0.25, 1.0, 10.0,
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 1.0, 10.0,
 ];
 
 /// Escapes a label value (backslash, double quote, newline).
@@ -63,11 +63,7 @@ impl Out {
             "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
             h.len()
         );
-        let _ = writeln!(
-            self.text,
-            "{name}_sum{{{labels}}} {}",
-            sum_ns as f64 / 1e9
-        );
+        let _ = writeln!(self.text, "{name}_sum{{{labels}}} {}", sum_ns as f64 / 1e9);
         let _ = writeln!(self.text, "{name}_count{{{labels}}} {}", h.len());
     }
 }
@@ -77,7 +73,9 @@ type Counter = (&'static str, &'static str, fn(&LunCounters) -> u64);
 /// The counter families kept per LUN, per session and per portal.
 const COUNTERS: [Counter; 7] = [
     ("read_ops_total", "READ commands completed.", |c| c.read_ops),
-    ("write_ops_total", "WRITE commands completed.", |c| c.write_ops),
+    ("write_ops_total", "WRITE commands completed.", |c| {
+        c.write_ops
+    }),
     ("other_ops_total", "Other SCSI commands completed.", |c| {
         c.other_ops
     }),
@@ -100,9 +98,17 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
     let mut o = Out {
         text: String::with_capacity(16 * 1024),
     };
-    o.family("ironsan_uptime_seconds", "gauge", "Seconds since the server started.");
+    o.family(
+        "ironsan_uptime_seconds",
+        "gauge",
+        "Seconds since the server started.",
+    );
     o.sample("ironsan_uptime_seconds", "", snap.uptime.as_secs_f64());
-    o.family("ironsan_sessions", "gauge", "Sessions in full feature phase.");
+    o.family(
+        "ironsan_sessions",
+        "gauge",
+        "Sessions in full feature phase.",
+    );
     o.sample("ironsan_sessions", "", snap.sessions.len());
 
     o.family("ironsan_lun_size_bytes", "gauge", "Capacity of the LUN.");
@@ -197,10 +203,20 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
     for (s, (lab, _)) in snap.sessions.iter().zip(&sess_labels) {
         o.sample("ironsan_session_rejects_total", lab, s.rejects);
     }
-    type Ev = (&'static str, &'static str, fn(&crate::stats::PortalEvents) -> u64);
+    type Ev = (
+        &'static str,
+        &'static str,
+        fn(&crate::stats::PortalEvents) -> u64,
+    );
     let events: [Ev; 4] = [
-        ("connections_total", "TCP connections accepted.", |e| e.connections),
-        ("logins_total", "Logins that reached full feature phase.", |e| e.logins),
+        ("connections_total", "TCP connections accepted.", |e| {
+            e.connections
+        }),
+        (
+            "logins_total",
+            "Logins that reached full feature phase.",
+            |e| e.logins,
+        ),
         (
             "login_failures_total",
             "Connections that ended during login (refused, timed out or closed).",
@@ -225,7 +241,11 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
         "Reject PDUs sent through the portal.",
     );
     for (tpgt, n) in &snap.portal_rejects {
-        o.sample("ironsan_portal_rejects_total", &format!("tpgt=\"{tpgt}\""), n);
+        o.sample(
+            "ironsan_portal_rejects_total",
+            &format!("tpgt=\"{tpgt}\""),
+            n,
+        );
     }
     o.text
 }
@@ -275,7 +295,9 @@ mod tests {
         let text = render(&reg.snapshot(), &[]);
         assert!(text.contains("ironsan_lun_read_ops_total{target=\"iqn.t:a\",lun=\"0\"} 2\n"));
         assert!(text.contains("ironsan_lun_read_bytes_total{target=\"iqn.t:a\",lun=\"0\"} 8192\n"));
-        assert!(text.contains("ironsan_lun_check_conditions_total{target=\"iqn.t:a\",lun=\"0\"} 1\n"));
+        assert!(
+            text.contains("ironsan_lun_check_conditions_total{target=\"iqn.t:a\",lun=\"0\"} 1\n")
+        );
         assert!(text.contains("initiator=\"iqn.x:\\\"i\\\"\""));
         // Buckets are cumulative and end with +Inf = _count.
         assert!(text.contains(
@@ -287,7 +309,8 @@ mod tests {
         assert!(text.contains(
             "ironsan_lun_read_latency_seconds_bucket{target=\"iqn.t:a\",lun=\"0\",le=\"+Inf\"} 2\n"
         ));
-        assert!(text.contains("ironsan_lun_read_latency_seconds_count{target=\"iqn.t:a\",lun=\"0\"} 2\n"));
+        assert!(text
+            .contains("ironsan_lun_read_latency_seconds_count{target=\"iqn.t:a\",lun=\"0\"} 2\n"));
         // Every sample line is `name{labels} value` or `name value`, and
         // every family is announced once before its samples.
         let mut families = std::collections::HashSet::new();
@@ -311,9 +334,7 @@ mod tests {
                 families.contains(name) || families.contains(base),
                 "{name} before its TYPE"
             );
-            assert!(name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_'));
+            assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
         }
     }
 }

@@ -105,10 +105,8 @@ impl Rates {
             self.sessions.clear();
             for s in &snap.sessions {
                 let p = prev.sessions.iter().find(|x| x.info.id == s.info.id);
-                self.sessions.insert(
-                    s.info.id,
-                    rate(p.map(|p| &p.total), &s.total, secs, t_ms),
-                );
+                self.sessions
+                    .insert(s.info.id, rate(p.map(|p| &p.total), &s.total, secs, t_ms));
             }
         }
         self.last = Some((now, snap));
