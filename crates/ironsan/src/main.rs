@@ -1,9 +1,13 @@
 //! The `ironsan` command: `serve` runs the iSCSI target; `ls`, `inq` and
 //! `bench` drive any iSCSI target through the built-in initiator.
 
+mod admin;
 mod client;
+mod http;
 mod probe;
 mod tools;
+mod top;
+mod tune;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +47,12 @@ enum Cmd {
     Cdm(tools::CdmArgs),
     /// gpfsperf's command line and report: create|read|write|mixrw seq|rand TARGET -r SIZE -th N -n SIZE.
     Gpfsperf(tools::GpfsperfArgs),
+    /// Change and inspect a running server through its admin endpoint.
+    Admin(admin::AdminArgs),
+    /// Live per-LUN and per-session I/O view (like esxtop), from the admin endpoint.
+    Top(top::TopArgs),
+    /// Check this host's tuning, or print the initiator-side recipe for a target's LUNs.
+    Tune(tune::TuneArgs),
     /// Measurement probes for the side-by-side script (null responder, raw loopback).
     #[command(subcommand, hide = true)]
     Probe(probe::Probe),
@@ -84,8 +94,20 @@ struct ServeArgs {
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
+    /// Changes made through the admin API are written back to it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Serve the admin API, /metrics and the web console (default address 127.0.0.1:9260).
+    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1, default_missing_value = admin::DEFAULT_ADMIN)]
+    admin: Option<SocketAddr>,
+    /// Token the admin endpoint requires (required off loopback); also IRONSAN_ADMIN_TOKEN.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "IRONSAN_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
 }
 
 fn parse_digest(s: &str) -> Result<DigestConfig, String> {
@@ -109,6 +131,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             workers: None,
             target: Vec::new(),
             state_dir: None,
+            admin: Default::default(),
         },
     };
     if !a.listen.is_empty() {
@@ -152,6 +175,12 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     }
     if let Some(d) = &a.state_dir {
         cfg.state_dir = Some(d.clone());
+    }
+    if let Some(l) = a.admin {
+        cfg.admin.listen = Some(l);
+    }
+    if let Some(t) = &a.admin_token {
+        cfg.admin.token = Some(t.clone());
     }
     if let Some(w) = a.workers {
         cfg.workers = Some(w);
@@ -200,6 +229,26 @@ fn serve(a: ServeArgs) -> Result<()> {
             .await
             .map_err(anyhow::Error::msg)?;
         let addrs = server.local_addrs();
+        if let Some(listen) = cfg.admin.listen {
+            let admin = target::admin::Admin::bind(
+                target::admin::AdminOptions {
+                    listen,
+                    token: cfg.admin.token.clone(),
+                    config_path: a.config.clone(),
+                },
+                server.control(),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?;
+            let at = admin.local_addr().context("admin endpoint address")?;
+            println!("ironsan: admin API and console on http://{at}/");
+            if a.config.is_none() {
+                println!(
+                    "ironsan: no --config: changes made through the admin API last until exit"
+                );
+            }
+            tokio::spawn(admin.run());
+        }
         for t in &cfg.target {
             for (i, l) in t.lun.iter().enumerate() {
                 let what = match l.backend {
@@ -256,6 +305,9 @@ fn main() -> Result<()> {
         Cmd::Inq(a) => client::inq(a),
         Cmd::Cdm(a) => tools::cdm(a),
         Cmd::Gpfsperf(a) => tools::gpfsperf(a),
+        Cmd::Admin(a) => admin::run(a),
+        Cmd::Top(a) => top::run(a),
+        Cmd::Tune(a) => tune::run(a),
         Cmd::Probe(p) => probe::run(p),
     }
 }

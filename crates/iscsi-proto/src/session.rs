@@ -190,6 +190,7 @@ pub struct Session {
     text_out: Option<(Itt, Vec<u8>, usize, u32)>,
     ping: Option<u32>,
     closing: bool,
+    rejects: u64,
 }
 
 impl std::fmt::Debug for Session {
@@ -229,6 +230,7 @@ impl Session {
             text_out: None,
             ping: None,
             closing: false,
+            rejects: 0,
         }
     }
 
@@ -240,6 +242,11 @@ impl Session {
     /// Commands received and not yet answered.
     pub fn in_flight(&self) -> u32 {
         self.in_flight
+    }
+
+    /// Reject PDUs sent so far (statistics).
+    pub fn rejects_sent(&self) -> u64 {
+        self.rejects
     }
 
     /// Digest settings for outgoing PDUs.
@@ -277,6 +284,7 @@ impl Session {
 
     /// Sends a Reject of `bhs` with `reason`.
     pub fn reject(&mut self, bhs: &Bhs, reason: u8, out: &mut Outbox) {
+        self.rejects += 1;
         let r = Reject {
             reason,
             sn: self.sn(false),

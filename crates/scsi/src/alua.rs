@@ -60,6 +60,8 @@ const SUPPORTED_STATES: u8 = 0x0F;
 
 /// STATUS CODE: altered by SET TARGET PORT GROUPS (SPC-4 table 170).
 const STATUS_ALTERED_BY_STPG: u8 = 0x01;
+/// STATUS CODE: altered by implicit asymmetric access state change.
+const STATUS_ALTERED_IMPLICITLY: u8 = 0x02;
 
 /// An asymmetric access state (SPC-4 §6.36.2, table 168).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -275,6 +277,18 @@ impl PortGroups {
     /// Every group id with its current state, in configuration order.
     pub fn states(&self) -> Vec<(u16, AccessState)> {
         self.groups.iter().map(|g| (g.id, g.state())).collect()
+    }
+
+    /// Moves group `id` to `state` by management action (the admin API,
+    /// STATUS CODE "altered by implicit asymmetric access state change").
+    /// `None` when no such group exists, else whether the state changed;
+    /// the caller establishes 2A/06 on the units that use these groups.
+    pub fn set_state(&self, id: u16, state: AccessState) -> Option<bool> {
+        let g = self.groups.iter().find(|g| g.id == id)?;
+        let _guard = self.change.lock();
+        let changed = g.state.swap(state.code(), Ordering::Relaxed) != state.code();
+        g.status.store(STATUS_ALTERED_IMPLICITLY, Ordering::Relaxed);
+        Some(changed)
     }
 
     /// Applies `changes` atomically; true when some state changed.

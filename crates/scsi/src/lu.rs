@@ -11,6 +11,7 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -230,7 +231,8 @@ pub struct LogicalUnit {
     pub(crate) backend: Arc<dyn BlockBackend>,
     pub(crate) cfg: LuConfig,
     pub(crate) block_shift: u32,
-    pub(crate) num_blocks: u64,
+    /// Capacity in blocks; changes only by [`LogicalUnit::resize`].
+    pub(crate) num_blocks: AtomicU64,
     pub(crate) max_transfer_blocks: u32,
     /// Thin provisioned: the configuration asks for it and the backend can
     /// free space.
@@ -258,7 +260,7 @@ impl std::fmt::Debug for LogicalUnit {
         f.debug_struct("LogicalUnit")
             .field("backend", &self.backend.kind())
             .field("block_size", &self.cfg.block_size)
-            .field("num_blocks", &self.num_blocks)
+            .field("num_blocks", &self.num_blocks())
             .field("serial", &self.cfg.serial)
             .finish_non_exhaustive()
     }
@@ -320,7 +322,7 @@ impl LogicalUnit {
         Ok(LogicalUnit {
             pr,
             block_shift: bs.trailing_zeros(),
-            num_blocks: size / u64::from(bs),
+            num_blocks: AtomicU64::new(size / u64::from(bs)),
             max_transfer_blocks,
             thin: cfg.thin && backend.can_deallocate(),
             max_atomic_blocks,
@@ -367,8 +369,30 @@ impl LogicalUnit {
     }
 
     /// Capacity in logical blocks.
+    #[inline]
     pub fn num_blocks(&self) -> u64 {
-        self.num_blocks
+        self.num_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Changes the capacity to `bytes` (a multiple of the block size) and
+    /// tells every I_T nexus with CAPACITY DATA HAS CHANGED (2A/09).
+    pub fn resize(&self, bytes: u64) -> Result<(), String> {
+        let bs = u64::from(self.cfg.block_size);
+        if bytes == 0 || !bytes.is_multiple_of(bs) {
+            return Err(format!(
+                "{bytes} bytes is not a positive multiple of the block size {bs}"
+            ));
+        }
+        self.backend.resize(bytes).map_err(|e| e.to_string())?;
+        self.num_blocks.store(bytes / bs, Ordering::Relaxed);
+        self.ua.broadcast(Asc::CAPACITY_DATA_CHANGED, None);
+        Ok(())
+    }
+
+    /// Establishes the unit attention `code` for every I_T nexus that
+    /// knows this unit (the target's LUN inventory changed: 3F/0E).
+    pub fn unit_attention_all(&self, code: Asc) {
+        self.ua.broadcast(code, None);
     }
 
     /// Whether a command may wait on a device ([`BlockBackend::may_block`]).
@@ -602,7 +626,7 @@ impl LogicalUnit {
         if !pmi && lba != 0 {
             return Err(Sense::invalid_cdb(lba_byte, None));
         }
-        Ok(self.num_blocks - 1)
+        Ok(self.num_blocks() - 1)
     }
 
     /// READ CAPACITY(10) (SBC-3 §5.16).

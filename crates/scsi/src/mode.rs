@@ -144,12 +144,12 @@ pub fn sense(lu: &LogicalUnit, cdb: &[u8]) -> Outcome {
     let bd_len = if dbd {
         0
     } else if llbaa {
-        d.extend_from_slice(&lu.num_blocks.to_be_bytes());
+        d.extend_from_slice(&lu.num_blocks().to_be_bytes());
         d.extend_from_slice(&[0, 0, 0, 0]);
         d.extend_from_slice(&lu.cfg.block_size.to_be_bytes());
         16
     } else {
-        let n = u32::try_from(lu.num_blocks).unwrap_or(u32::MAX);
+        let n = u32::try_from(lu.num_blocks()).unwrap_or(u32::MAX);
         d.extend_from_slice(&n.to_be_bytes());
         d.extend_from_slice(&lu.cfg.block_size.to_be_bytes()); // byte 4 reserved (0)
         8
@@ -302,11 +302,11 @@ fn select_inner(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outco
 /// keeps the current capacity). `at` is its offset in the list.
 fn check_block_descriptor(lu: &LogicalUnit, bd: &[u8], at: usize) -> Result<(), Sense> {
     let (blocks, blocks_ours, len_at) = if bd.len() == 16 {
-        (be64(bd, 0), lu.num_blocks, 12)
+        (be64(bd, 0), lu.num_blocks(), 12)
     } else {
         (
             u64::from(be32(bd, 0)),
-            u64::from(u32::try_from(lu.num_blocks).unwrap_or(u32::MAX)),
+            u64::from(u32::try_from(lu.num_blocks()).unwrap_or(u32::MAX)),
             5,
         )
     };

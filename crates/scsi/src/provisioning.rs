@@ -97,7 +97,7 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
     let count = if count == 0 {
         // To the last block (WSNZ = 0).
         lu.check_range64(lba, 0)?;
-        let rest = lu.num_blocks - lba;
+        let rest = lu.num_blocks() - lba;
         if rest > max {
             return Err(Sense::invalid_cdb(len_byte, None));
         }
@@ -183,7 +183,7 @@ pub fn unmap(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, S
     };
     let mut total = 0u64;
     for (i, (lba, blocks)) in descriptors().enumerate() {
-        if lba > lu.num_blocks || blocks > lu.num_blocks - lba {
+        if lba > lu.num_blocks() || blocks > lu.num_blocks() - lba {
             return Err(Sense::lba_out_of_range());
         }
         total += blocks;
@@ -216,8 +216,8 @@ pub fn get_lba_status(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     let room = (alloc.saturating_sub(8) / 16).clamp(1, MAX_LBA_STATUS_DESCRIPTORS);
     let mut runs: Vec<(u64, u64, u8)> = Vec::with_capacity(room);
     let mut pos = start;
-    while pos < lu.num_blocks && runs.len() < room {
-        let rest = lu.num_blocks - pos;
+    while pos < lu.num_blocks() && runs.len() < room {
+        let rest = lu.num_blocks() - pos;
         let (blocks, state) = if lu.thin {
             status_at(lu, pos, rest)?
         } else {

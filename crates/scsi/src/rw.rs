@@ -70,7 +70,7 @@ impl LogicalUnit {
     /// [`Self::check_range`] for a 64-bit block count.
     #[inline]
     pub(crate) fn check_range64(&self, lba: u64, len: u64) -> Result<(), Sense> {
-        if lba >= self.num_blocks || len > self.num_blocks - lba {
+        if lba >= self.num_blocks() || len > self.num_blocks() - lba {
             return Err(Sense::lba_out_of_range());
         }
         Ok(())

@@ -142,6 +142,8 @@ asc_table! {
     SAVING_PARAMETERS_NOT_SUPPORTED = (0x39, 0x00), "SAVING PARAMETERS NOT SUPPORTED";
     /// 3A/00: no medium.
     MEDIUM_NOT_PRESENT = (0x3A, 0x00), "MEDIUM NOT PRESENT";
+    /// 3F/0E: LUNs were added or removed (REPORT LUNS data changed).
+    REPORTED_LUNS_DATA_CHANGED = (0x3F, 0x0E), "REPORTED LUNS DATA HAS CHANGED";
     /// 3F/03: the INQUIRY data changed.
     INQUIRY_DATA_CHANGED = (0x3F, 0x03), "INQUIRY DATA HAS CHANGED";
     /// 44/00: an internal failure of the target.

@@ -415,7 +415,7 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
             return Err(illegal(Asc::INVALID_FIELD_IN_PARAMETER_LIST, s.at + 10));
         }
         let fits = |u: &LogicalUnit, lba: u64, bs: u64| {
-            lba < u.num_blocks && bytes / bs <= u.num_blocks - lba
+            lba < u.num_blocks() && bytes / bs <= u.num_blocks() - lba
         };
         if !fits(src, s.src_lba, sbs) {
             return Err(aborted(Asc::NO_ADDITIONAL_SENSE, s.at + 12));

@@ -28,7 +28,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::{
     check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Extent, WriteCache,
@@ -40,7 +40,7 @@ pub struct FileBackend {
     path: PathBuf,
     plain: File,
     dsync: File,
-    size: u64,
+    size: AtomicU64,
     write_back: AtomicBool,
     block_device: bool,
     /// The file lives in memory (tmpfs, ramfs): I/O never waits on a
@@ -99,7 +99,7 @@ impl FileBackend {
             path: path.to_path_buf(),
             plain,
             dsync,
-            size,
+            size: size.into(),
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
             block_device,
             in_memory,
@@ -203,14 +203,30 @@ impl BlockBackend for FileBackend {
         !self.in_memory
     }
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Relaxed)
+    }
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        if self.block_device {
+            // A block device is resized under us: take its new size.
+            let n = block_device_size(&self.plain)?;
+            if n != new_size {
+                return Err(io::Error::other(format!(
+                    "the block device has {n} bytes, not {new_size}"
+                )));
+            }
+        } else {
+            self.plain.set_len(new_size)?;
+            self.plain.sync_all()?;
+        }
+        self.size.store(new_size, Ordering::Relaxed);
+        Ok(())
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())?;
+        check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
         self.plain.read_exact_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())?;
+        check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
         if fua || !self.write_back.load(Ordering::Relaxed) {
             self.dsync.write_all_at(buf, offset)
         } else {
@@ -237,7 +253,7 @@ impl BlockBackend for FileBackend {
         Ok(())
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(self.size.load(Ordering::Relaxed), offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -247,7 +263,7 @@ impl BlockBackend for FileBackend {
         write_zeroes_by_writing(self, offset, len)
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(self.size.load(Ordering::Relaxed), offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -264,7 +280,7 @@ impl BlockBackend for FileBackend {
         self.fs_block
     }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(self.size.load(Ordering::Relaxed), offset, len)?;
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
         }

@@ -89,6 +89,16 @@ pub trait BlockBackend: Send + Sync + 'static {
     fn flush(&self) -> io::Result<()>;
 
     /// The cache policy in force.
+    /// Changes the size to `new_size` bytes (the admin API's resize).
+    /// Data below both sizes is kept. Backends that cannot change size
+    /// return `Unsupported` (the default).
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let _ = new_size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this backend cannot be resized",
+        ))
+    }
     fn write_cache(&self) -> WriteCache;
 
     /// Switches the cache policy (MODE SELECT of the WCE bit). Backends

@@ -13,13 +13,13 @@ use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
 /// A store of `size` bytes that holds nothing.
 #[derive(Debug)]
 pub struct NullBackend {
-    size: u64,
+    size: std::sync::atomic::AtomicU64,
 }
 
 impl NullBackend {
     /// A null store reporting `size` bytes.
     pub fn new(size: u64) -> Self {
-        NullBackend { size }
+        NullBackend { size: size.into() }
     }
 }
 
@@ -27,16 +27,25 @@ impl BlockBackend for NullBackend {
     fn kind(&self) -> &'static str {
         "null"
     }
-    fn size(&self) -> u64 {
+    fn resize(&self, new_size: u64) -> io::Result<()> {
         self.size
+            .store(new_size, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.size.load(std::sync::atomic::Ordering::Relaxed)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())?;
+        check_range(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            buf.len(),
+        )?;
         buf.fill(0);
         Ok(())
     }
     fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         // Reads share one static page of zeros: no allocation, no copy.
         static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
         Ok(if len <= ZEROS.len() {
@@ -46,7 +55,11 @@ impl BlockBackend for NullBackend {
         })
     }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())
+        check_range(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            buf.len(),
+        )
     }
     fn flush(&self) -> io::Result<()> {
         Ok(())
@@ -64,13 +77,25 @@ impl BlockBackend for NullBackend {
         false
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)
+        check_range_u64(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            len,
+        )
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)
+        check_range_u64(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            len,
+        )
     }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(
+            self.size.load(std::sync::atomic::Ordering::Relaxed),
+            offset,
+            len,
+        )?;
         Ok(Extent {
             allocated: false,
             len,

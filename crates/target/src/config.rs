@@ -96,6 +96,21 @@ pub struct Config {
     /// and reservations do not survive a restart.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
+    /// The admin endpoint (JSON API, /metrics, web console).
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// The admin endpoint: `ironsan serve --admin` and `--admin-token`
+/// override these.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address to serve the admin API on; none: no admin endpoint.
+    pub listen: Option<SocketAddr>,
+    /// Bearer token the API requires (`Authorization: Bearer TOKEN` or
+    /// `?token=`); mandatory when `listen` is not a loopback address.
+    pub token: Option<String>,
 }
 
 fn default_listen() -> Vec<SocketAddr> {
@@ -381,6 +396,11 @@ pub struct LunConfig {
     /// absent, so it stays the same across restarts.
     #[serde(default)]
     pub serial: Option<String>,
+    /// The LUN number (0..=255); by default its position in the list. The
+    /// admin API writes it for every LUN of a target it changes, so that
+    /// removing one LUN does not renumber the others.
+    #[serde(default)]
+    pub number: Option<u16>,
 }
 
 fn default_block_size() -> u32 {
@@ -410,6 +430,7 @@ impl LunConfig {
             read_only: false,
             thin: true,
             serial: None,
+            number: None,
         };
         match kind {
             "mem" | "null" => {
@@ -551,8 +572,16 @@ impl Config {
             if t.lun.len() > 256 {
                 return inv(format!("target {:?}: at most 256 LUNs", t.name));
             }
+            let mut seen = std::collections::HashSet::new();
             for (li, lun) in t.lun.iter().enumerate() {
-                let at = format!("target {:?} LUN {li}", t.name);
+                let n = lun.number.unwrap_or(li as u16);
+                let at = format!("target {:?} LUN {n}", t.name);
+                if n > 255 {
+                    return inv(format!("{at}: LUN numbers are 0..=255"));
+                }
+                if !seen.insert(n) {
+                    return inv(format!("{at}: LUN number used twice"));
+                }
                 if lun.block_size != 512 && lun.block_size != 4096 {
                     return inv(format!(
                         "{at}: block_size {} (must be 512 or 4096)",
@@ -648,7 +677,7 @@ mod tests {
         assert!(!c.target[0].lun[0].thin);
         let rt =
             crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None).unwrap();
-        assert!(!rt.luns[0].thin());
+        assert!(!rt.luns().luns[0].as_ref().unwrap().thin());
         assert!(LunConfig::from_spec("mem:1M").unwrap().thin);
     }
 

@@ -26,8 +26,9 @@ use iscsi_wire::Outbox;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::lunmap::{answer_above_lu, run_on_lu, Origin, TargetRt};
+use crate::lunmap::{answer_above_lu, run_on_lu, LunTable, Origin, TargetRt};
 use crate::server::{AbortRequests, Portal, SessionEntry, SessionKey, Shared};
+use crate::stats::{ConnStats, SessionInfo, PUBLISH_EVERY};
 
 /// Stop reading while this much output is queued.
 const OUTPUT_HIGH_WATER: usize = 8 << 20;
@@ -52,33 +53,33 @@ impl TargetDirectory for Directory<'_> {
 
 struct ConnHost<'a> {
     shared: &'a Shared,
-    target: Option<&'a TargetRt>,
+    lus: Option<&'a LunTable>,
 }
 
 impl Host for ConnHost<'_> {
     fn send_targets(&self, _initiator: &str, value: &str, session_target: Option<&str>) -> Vec<u8> {
-        iscsi_proto::discovery::send_targets(&self.shared.listings, value, session_target)
+        iscsi_proto::discovery::send_targets(&self.shared.listings(), value, session_target)
     }
 
     fn lun_exists(&self, lun: Lun) -> bool {
-        self.target.is_some_and(|t| t.lu(lun).is_some())
+        self.lus.is_some_and(|t| t.get(lun).is_some())
     }
 
     fn data_out_len(&self, lun: Lun, cdb: &[u8]) -> u32 {
-        self.target
-            .and_then(|t| t.lu(lun))
+        self.lus
+            .and_then(|t| t.get(lun))
             .map_or(0, |lu| lu.plan(cdb).data_out)
     }
 
     fn reset(&self, action: TmfAction) {
-        let Some(t) = self.target else { return };
+        let Some(t) = self.lus else { return };
         match action {
             TmfAction::LunReset(lun) => {
-                if let Some(lu) = t.lu(lun) {
+                if let Some(lu) = t.get(lun) {
                     lu.reset();
                 }
             }
-            TmfAction::TargetReset { .. } => t.luns.iter().for_each(|lu| lu.reset()),
+            TmfAction::TargetReset { .. } => t.iter().for_each(|(_, lu)| lu.reset()),
         }
     }
 }
@@ -109,26 +110,39 @@ pub(crate) async fn serve(
     };
     let (session, key, isid) = match login {
         Ok(Ok(Some(s))) => s,
-        Ok(Ok(None)) => return,
+        Ok(Ok(None)) => {
+            shared
+                .stats
+                .portal_event(portal.tpgt, |e| e.login_failures += 1);
+            return;
+        }
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "connection ended during login");
+            shared
+                .stats
+                .portal_event(portal.tpgt, |e| e.login_failures += 1);
             return;
         }
         Err(_) => {
             tracing::warn!(%peer, "login timed out");
+            shared
+                .stats
+                .portal_event(portal.tpgt, |e| e.login_failures += 1);
             return;
         }
     };
-    let (nexus, kill, aborts) = match &key {
+    shared.stats.portal_event(portal.tpgt, |e| e.logins += 1);
+    let (nexus, kill, aborts, tsih) = match &key {
         Some(k) => {
             let reg = shared.registry.lock();
             let e = reg.get(k).expect("registered at login");
-            (e.nexus, e.kill.clone(), e.aborts.clone())
+            (e.nexus, e.kill.clone(), e.aborts.clone(), e.tsih)
         }
         None => (
             shared.fresh_nexus(),
             Arc::new(tokio::sync::Notify::new()),
             Arc::default(),
+            0,
         ),
     };
     let target = shared.target(&session.params().target_name);
@@ -151,12 +165,33 @@ pub(crate) async fn serve(
             session.params().initiator_name,
             isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
         ),
-        lus: target.map(|t| crate::lunmap::LunSet(t.luns.clone())),
+        lus: target.map(|t| crate::lunmap::LunSet(t.luns())),
     };
+    let stats = key.as_ref().map(|_| {
+        shared
+            .stats
+            .register(session_info(&shared, &session, peer, portal, isid, tsih))
+    });
+    let mut conn_stats = ConnStats::new(stats.clone());
     let why = c
-        .full_feature(session, &shared, target, origin, (kill, aborts), shutdown)
+        .full_feature(
+            session,
+            &shared,
+            target,
+            origin,
+            (kill, aborts),
+            shutdown,
+            &mut conn_stats,
+        )
         .await;
+    conn_stats.finish();
     tracing::info!(%peer, reason = why, "connection closed");
+    if let Some(s) = &stats {
+        shared.stats.retire(s);
+    }
+    if !matches!(why, "logout" | "target shutting down") {
+        shared.stats.portal_event(portal.tpgt, |e| e.dropped += 1);
+    }
     if let Some(k) = key {
         let mut reg = shared.registry.lock();
         if reg.get(&k).is_some_and(|e| e.nexus == nexus) {
@@ -164,7 +199,41 @@ pub(crate) async fn serve(
         }
     }
     if let Some(t) = target {
-        t.luns.iter().for_each(|lu| lu.nexus_lost(nexus));
+        t.luns().iter().for_each(|(_, lu)| lu.nexus_lost(nexus));
+    }
+}
+
+/// The session list's description of a session that just logged in.
+fn session_info(
+    shared: &Shared,
+    session: &Session,
+    peer: SocketAddr,
+    portal: Portal,
+    isid: [u8; 6],
+    tsih: u16,
+) -> SessionInfo {
+    let p = session.params();
+    SessionInfo {
+        id: shared.stats.next_id(),
+        initiator: p.initiator_name.clone(),
+        initiator_alias: p.initiator_alias.clone(),
+        isid: isid.iter().map(|b| format!("{b:02x}")).collect(),
+        tsih,
+        target: p.target_name.clone(),
+        peer: peer.to_string(),
+        portal: portal.addr.to_string(),
+        tpgt: portal.tpgt,
+        since: crate::stats::unix_now(),
+        header_digest: p.header_digest,
+        data_digest: p.data_digest,
+        send_max_data_segment: p.send_max_data_segment,
+        recv_max_data_segment: p.recv_max_data_segment,
+        max_burst: p.max_burst,
+        first_burst: p.first_burst,
+        immediate_data: p.immediate_data,
+        initial_r2t: p.initial_r2t,
+        max_outstanding_r2t: p.max_outstanding_r2t,
+        queue_depth: shared.limits.queue_depth,
     }
 }
 
@@ -310,7 +379,7 @@ impl Conn {
                             if let Some(t) = shared.target(&k.target) {
                                 // The same I_T nexus continues in the new
                                 // session: it learns of the loss (29/07).
-                                t.luns.iter().for_each(|lu| {
+                                t.luns().iter().for_each(|(_, lu)| {
                                     lu.nexus_lost(old.nexus);
                                     lu.nexus_reinstated(nexus);
                                 });
@@ -336,14 +405,16 @@ impl Conn {
     }
 
     /// The full feature phase; returns why the connection ended.
+    #[allow(clippy::too_many_arguments)]
     async fn full_feature(
         &mut self,
         mut session: Session,
         shared: &Shared,
         target: Option<&TargetRt>,
-        origin: Origin,
+        mut origin: Origin,
         (kill, aborts): (Arc<tokio::sync::Notify>, Arc<AbortRequests>),
         mut shutdown: watch::Receiver<bool>,
+        stats: &mut ConnStats,
     ) -> &'static str {
         let p = session.params().clone();
         let lim = FrameLimits {
@@ -351,18 +422,33 @@ impl Conn {
             data_digest: p.data_digest,
             max_data_segment: p.recv_max_data_segment,
         };
-        let host = ConnHost { shared, target };
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Itt, Completion)>();
+        // The LUN table, refreshed when the admin API changed it.
+        let mut lus = target.map(|t| t.luns());
+        let mut lus_gen = target.map_or(0, |t| t.generation());
+        let (tx, mut rx) = mpsc::unbounded_channel::<Done>();
         let mut events = Vec::new();
         let mut last_rx = Instant::now();
         let mut ping_sent = Instant::now();
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        let mut tick = tokio::time::interval(PUBLISH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopping = false;
         let mut closing: Option<&'static str> = None;
         loop {
             // Frame and handle everything buffered.
             if !stopping && closing.is_none() {
+                if let Some(t) = target {
+                    let g = t.generation();
+                    if g != lus_gen {
+                        lus_gen = g;
+                        let fresh = t.luns();
+                        origin.lus = Some(crate::lunmap::LunSet(fresh.clone()));
+                        lus = Some(fresh);
+                    }
+                }
+                let host = ConnHost {
+                    shared,
+                    lus: lus.as_deref(),
+                };
                 loop {
                     let len = match frame_len(&self.rbuf, &lim) {
                         Ok(Some(n)) => n,
@@ -383,7 +469,13 @@ impl Conn {
                     for ev in events.drain(..) {
                         match ev {
                             Event::Execute(req) => {
-                                execute(req, target, &origin, &mut session, &mut self.out, &tx);
+                                let env = Env {
+                                    lus: lus.as_deref(),
+                                    origin: &origin,
+                                    tx: &tx,
+                                    start: last_rx,
+                                };
+                                execute(req, &env, &mut session, &mut self.out, stats);
                             }
                             Event::Logout => closing = Some("logout"),
                             Event::Close(why) => closing = Some(why),
@@ -398,6 +490,7 @@ impl Conn {
                 tracing::debug!(error = %e, "write failed");
                 return "write failed";
             }
+            stats.sent(session.in_flight(), session.rejects_sent());
             if let Some(why) = closing {
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.flush()).await;
                 return why;
@@ -410,10 +503,10 @@ impl Conn {
             let want_write = !self.out.is_empty();
             tokio::select! {
                 biased;
-                Some((itt, c)) = rx.recv() => {
-                    session.complete(itt, c, &mut self.out);
-                    while let Ok((itt, c)) = rx.try_recv() {
-                        session.complete(itt, c, &mut self.out);
+                Some(d) = rx.recv() => {
+                    d.finish(&mut session, &mut self.out, stats);
+                    while let Ok(d) = rx.try_recv() {
+                        d.finish(&mut session, &mut self.out, stats);
                     }
                 }
                 r = self.stream.readable(), if want_read => {
@@ -445,6 +538,7 @@ impl Conn {
                 }
                 _ = shutdown.changed(), if !stopping => stopping = true,
                 _ = tick.tick() => {
+                    stats.publish();
                     if session.ping_outstanding() {
                         if ping_sent.elapsed() > shared.nop_timeout {
                             return "NOP-In ping unanswered";
@@ -460,30 +554,69 @@ impl Conn {
     }
 }
 
+/// A command run on an I/O thread, back with its outcome.
+struct Done {
+    itt: Itt,
+    c: Completion,
+    lun: u16,
+    op: u8,
+    bytes: u32,
+    start: Instant,
+}
+
+impl Done {
+    fn finish(self, session: &mut Session, out: &mut Outbox, stats: &mut ConnStats) {
+        stats.completed(self.lun, self.op, self.bytes, self.c.status, self.start);
+        session.complete(self.itt, self.c, out);
+    }
+}
+
+/// What [`execute`] needs from the connection.
+struct Env<'a> {
+    lus: Option<&'a LunTable>,
+    origin: &'a Origin,
+    tx: &'a mpsc::UnboundedSender<Done>,
+    /// When the bytes of the command were read.
+    start: Instant,
+}
+
 /// Runs a command inline when its backend never blocks, else on an I/O
 /// thread whose completion comes back through `tx`.
 fn execute(
     req: ExecRequest,
-    target: Option<&TargetRt>,
-    origin: &Origin,
+    env: &Env<'_>,
     session: &mut Session,
     out: &mut Outbox,
-    tx: &mpsc::UnboundedSender<(Itt, Completion)>,
+    stats: &mut ConnStats,
 ) {
-    let Some(t) = target else { return };
+    let Some(t) = env.lus else { return };
+    let op = req.cdb.as_slice()[0];
+    let lun = req.lun.index().unwrap_or(u16::MAX);
     if let Some(c) = answer_above_lu(t, &req) {
+        if t.get(req.lun).is_some() {
+            stats.completed(lun, op, 0, c.status, env.start);
+        }
         return session.complete(req.itt, c, out);
     }
-    let lu = t.lu(req.lun).expect("checked by answer_above_lu").clone();
+    let lu = t.get(req.lun).expect("checked by answer_above_lu").clone();
     if !lu.may_block() && !lu.is_long_running(req.cdb.as_slice()) {
-        let c = run_on_lu(&lu, &req, origin);
+        let c = run_on_lu(&lu, &req, env.origin);
+        stats.completed(lun, op, req.edtl, c.status, env.start);
         return session.complete(req.itt, c, out);
     }
-    let origin = origin.clone();
-    let tx = tx.clone();
+    let origin = env.origin.clone();
+    let tx = env.tx.clone();
+    let start = env.start;
     tokio::task::spawn_blocking(move || {
         let c = run_on_lu(&lu, &req, &origin);
-        let _ = tx.send((req.itt, c));
+        let _ = tx.send(Done {
+            itt: req.itt,
+            c,
+            lun,
+            op,
+            bytes: req.edtl,
+            start,
+        });
     });
 }
 

@@ -5,11 +5,14 @@
 //! I/O where it cannot block the event loop, and keeps the registry of
 //! sessions (for TSIH assignment and session reinstatement, RFC 7143 §6.3.5).
 
+pub mod admin;
 pub mod config;
 mod conn;
+pub mod control;
 mod lunmap;
 mod server;
 pub mod size;
+pub mod stats;
 
 pub use config::{Config, ConfigError};
 pub use server::{Server, ServerHandle};

@@ -4,6 +4,7 @@
 //! commands LOGICAL UNIT NOT SUPPORTED).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -12,25 +13,66 @@ use iscsi_wire::pdu::Lun;
 use scsi::{GroupSpec, LogicalUnit, LuConfig, NexusId, PortGroups, TargetLus};
 use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache};
 
-use crate::config::{BackendKind, CacheConfig, TargetConfig};
+use parking_lot::RwLock;
 
-/// One target at run time.
+use crate::config::{BackendKind, CacheConfig, LunConfig, TargetConfig};
+
+/// The LUNs of one target at one moment: `luns[n]` is LUN n, `None` where
+/// no LUN is (after a removal, or numbers left out in the configuration).
+/// Immutable: a change builds a new table (see [`TargetRt::install`]), so a
+/// connection can keep one and look LUNs up with no lock per command.
+#[derive(Default)]
+pub struct LunTable {
+    pub luns: Vec<Option<Arc<LogicalUnit>>>,
+}
+
+impl LunTable {
+    /// The logical unit at `lun`, if it exists.
+    #[inline]
+    pub fn get(&self, lun: Lun) -> Option<&Arc<LogicalUnit>> {
+        lun.index()
+            .and_then(|i| self.luns.get(usize::from(i)))
+            .and_then(Option::as_ref)
+    }
+
+    /// Every LUN number with its logical unit, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u16, &Arc<LogicalUnit>)> {
+        self.luns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.as_ref().map(|l| (i as u16, l)))
+    }
+
+    /// How many LUNs exist.
+    pub fn count(&self) -> usize {
+        self.luns.iter().filter(|l| l.is_some()).count()
+    }
+}
+
+/// One target at run time. Its LUN table can change while sessions run
+/// (the admin API): connections check [`TargetRt::generation`] once per
+/// batch of PDUs and take a fresh [`TargetRt::luns`] snapshot only when it
+/// moved.
 pub struct TargetRt {
     pub name: String,
     pub alias: Option<String>,
-    /// LUN n is `luns[n]`.
-    pub luns: Arc<[Arc<LogicalUnit>]>,
+    table: RwLock<Arc<LunTable>>,
+    generation: AtomicU64,
+    /// The ALUA target port groups of this target (shared by its LUs).
+    pub port_groups: Arc<PortGroups>,
+    /// Where LUs keep persistent reservation state.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The LUs of one target as a logical unit sees its siblings (EXTENDED
 /// COPY sources and destinations, SET TARGET PORT GROUPS): every LU of the
 /// session's target, which every initiator logged in to it may reach.
 #[derive(Clone)]
-pub struct LunSet(pub Arc<[Arc<LogicalUnit>]>);
+pub struct LunSet(pub Arc<LunTable>);
 
 impl std::fmt::Debug for LunSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LunSet({} LUs)", self.0.len())
+        write!(f, "LunSet({} LUs)", self.0.count())
     }
 }
 
@@ -38,12 +80,12 @@ impl TargetLus for LunSet {
     fn by_naa(&self, naa: &[u8]) -> Option<Arc<LogicalUnit>> {
         self.0
             .iter()
-            .find(|lu| lu.config().naa[..] == *naa)
-            .cloned()
+            .find(|(_, lu)| lu.config().naa[..] == *naa)
+            .map(|(_, lu)| lu.clone())
     }
 
     fn for_each_lu(&self, f: &mut dyn FnMut(&LogicalUnit)) {
-        self.0.iter().for_each(|lu| f(lu));
+        self.0.iter().for_each(|(_, lu)| f(lu));
     }
 }
 
@@ -51,7 +93,7 @@ impl std::fmt::Debug for TargetRt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TargetRt")
             .field("name", &self.name)
-            .field("luns", &self.luns.len())
+            .field("luns", &self.luns().count())
             .finish()
     }
 }
@@ -126,57 +168,101 @@ impl TargetRt {
         let port_groups = Arc::new(
             PortGroups::new(groups, explicit).map_err(|e| format!("target {}: {e}", cfg.name))?,
         );
-        let mut luns = Vec::new();
+        let mut table = LunTable::default();
         for (i, l) in cfg.lun.iter().enumerate() {
-            let at = format!("target {} LUN {i}", cfg.name);
-            let size = l.size_bytes().map_err(|e| format!("{at}: {e}"))?;
-            let policy = match l.write_cache {
-                CacheConfig::Through => WriteCache::WriteThrough,
-                CacheConfig::Back => WriteCache::WriteBack,
-            };
-            let backend: Arc<dyn BlockBackend> = match l.backend {
-                BackendKind::Mem => Arc::new(MemBackend::new(size.unwrap_or(0))),
-                BackendKind::Null => Arc::new(NullBackend::new(size.unwrap_or(0))),
-                BackendKind::File => {
-                    let path = l.path.as_deref().ok_or_else(|| format!("{at}: no path"))?;
-                    Arc::new(
-                        FileBackend::open(path, size, policy)
-                            .map_err(|e| format!("{at}: {}: {e}", path.display()))?,
-                    )
-                }
-            };
-            let serial = l.serial.clone().unwrap_or_else(|| serial_for(&cfg.name, i));
-            let lu_cfg = LuConfig {
-                block_size: l.block_size,
-                naa: naa_for(&cfg.name, i, &serial),
-                serial,
-                vendor: "IRONSAN".into(),
-                product: match l.backend {
-                    BackendKind::Mem => "RAM DISK".into(),
-                    BackendKind::Null => "NULL DISK".into(),
-                    BackendKind::File => "FILE DISK".into(),
-                },
-                revision: "0001".into(),
-                read_only: l.read_only,
-                thin: l.thin,
-                pr_state: state_dir.map(|d| pr_state_file(d, &cfg.name, i)),
-            };
-            let lu = LogicalUnit::new(backend, lu_cfg)
-                .map_err(|e| format!("{at}: {e}"))?
-                .with_port_groups(port_groups.clone());
-            luns.push(Arc::new(lu));
+            let n = usize::from(l.number.unwrap_or(i as u16));
+            let lu = build_lu(&cfg.name, n, l, &port_groups, state_dir)?;
+            if table.luns.len() <= n {
+                table.luns.resize(n + 1, None);
+            }
+            table.luns[n] = Some(lu);
         }
         Ok(TargetRt {
             name: cfg.name.clone(),
             alias: cfg.alias.clone(),
-            luns: luns.into(),
+            table: RwLock::new(Arc::new(table)),
+            generation: AtomicU64::new(0),
+            port_groups,
+            state_dir: state_dir.map(Path::to_path_buf),
         })
     }
 
-    /// The logical unit at `lun`, if it exists.
-    pub fn lu(&self, lun: Lun) -> Option<&Arc<LogicalUnit>> {
-        lun.index().and_then(|i| self.luns.get(usize::from(i)))
+    /// The current LUN table.
+    pub fn luns(&self) -> Arc<LunTable> {
+        self.table.read().clone()
     }
+
+    /// Moves each time the LUN table changes.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Puts `lu` at LUN `n` (or removes LUN `n` with `None`) and returns
+    /// what was there. Sessions see the change at their next batch of PDUs.
+    pub fn install(&self, n: u16, lu: Option<Arc<LogicalUnit>>) -> Option<Arc<LogicalUnit>> {
+        let mut t = self.table.write();
+        let mut luns = t.luns.clone();
+        let n = usize::from(n);
+        if luns.len() <= n {
+            luns.resize(n + 1, None);
+        }
+        let old = std::mem::replace(&mut luns[n], lu);
+        while luns.last().is_some_and(Option::is_none) {
+            luns.pop();
+        }
+        *t = Arc::new(LunTable { luns });
+        self.generation.fetch_add(1, Ordering::Release);
+        old
+    }
+}
+
+/// Opens the backend of LUN `n` of `target` as `l` describes and builds its
+/// logical unit in the target port groups `pg`.
+pub fn build_lu(
+    target: &str,
+    n: usize,
+    l: &LunConfig,
+    pg: &Arc<PortGroups>,
+    state_dir: Option<&Path>,
+) -> Result<Arc<LogicalUnit>, String> {
+    let at = format!("target {target} LUN {n}");
+    let size = l.size_bytes().map_err(|e| format!("{at}: {e}"))?;
+    let policy = match l.write_cache {
+        CacheConfig::Through => WriteCache::WriteThrough,
+        CacheConfig::Back => WriteCache::WriteBack,
+    };
+    let backend: Arc<dyn BlockBackend> = match l.backend {
+        BackendKind::Mem => Arc::new(MemBackend::new(size.unwrap_or(0))),
+        BackendKind::Null => Arc::new(NullBackend::new(size.unwrap_or(0))),
+        BackendKind::File => {
+            let path = l.path.as_deref().ok_or_else(|| format!("{at}: no path"))?;
+            Arc::new(
+                FileBackend::open(path, size, policy)
+                    .map_err(|e| format!("{at}: {}: {e}", path.display()))?,
+            )
+        }
+    };
+    let serial = l.serial.clone().unwrap_or_else(|| serial_for(target, n));
+    let lu_cfg = LuConfig {
+        block_size: l.block_size,
+        naa: naa_for(target, n, &serial),
+        serial,
+        vendor: "IRONSAN".into(),
+        product: match l.backend {
+            BackendKind::Mem => "RAM DISK".into(),
+            BackendKind::Null => "NULL DISK".into(),
+            BackendKind::File => "FILE DISK".into(),
+        },
+        revision: "0001".into(),
+        read_only: l.read_only,
+        thin: l.thin,
+        pr_state: state_dir.map(|d| pr_state_file(d, target, n)),
+    };
+    let lu = LogicalUnit::new(backend, lu_cfg)
+        .map_err(|e| format!("{at}: {e}"))?
+        .with_port_groups(pg.clone());
+    Ok(Arc::new(lu))
 }
 
 /// Where a command came from, for VPD 0x83 and per-nexus state.
@@ -240,13 +326,13 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
 
 /// Answers commands that no single LU can: REPORT LUNS, and anything sent
 /// to a LUN that does not exist. Returns `None` when `lu` should run it.
-pub fn answer_above_lu(t: &TargetRt, req: &ExecRequest) -> Option<Completion> {
+pub fn answer_above_lu(t: &LunTable, req: &ExecRequest) -> Option<Completion> {
     let cdb = req.cdb.as_slice();
     let op = cdb[0];
     if op == 0xa0 {
         return Some(report_luns(t, cdb));
     }
-    if t.lu(req.lun).is_some() {
+    if t.get(req.lun).is_some() {
         return None;
     }
     Some(match op {
@@ -279,7 +365,7 @@ pub fn answer_above_lu(t: &TargetRt, req: &ExecRequest) -> Option<Completion> {
 }
 
 /// REPORT LUNS (SPC-4 §6.33).
-fn report_luns(t: &TargetRt, cdb: &[u8]) -> Completion {
+fn report_luns(t: &LunTable, cdb: &[u8]) -> Completion {
     let select = cdb[2];
     let alloc = u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]) as usize;
     if !matches!(select, 0x00..=0x02) {
@@ -288,12 +374,12 @@ fn report_luns(t: &TargetRt, cdb: &[u8]) -> Completion {
     if alloc < 16 {
         return invalid_field_in_cdb(6);
     }
-    let n = t.luns.len();
+    let n = t.count();
     let mut d = Vec::with_capacity(8 + 8 * n);
     d.extend_from_slice(&((8 * n) as u32).to_be_bytes());
     d.extend_from_slice(&[0; 4]);
-    for i in 0..n {
-        d.extend_from_slice(&Lun::from_index(i as u16).0);
+    for (i, _) in t.iter() {
+        d.extend_from_slice(&Lun::from_index(i).0);
     }
     d.truncate(alloc);
     Completion {

@@ -87,8 +87,12 @@ pub(crate) struct Shared {
     pub nop_interval: Duration,
     pub nop_timeout: Duration,
     pub targets: Vec<TargetRt>,
-    pub listings: Vec<Listing>,
+    /// Every portal, in order (the admin API may add some).
+    pub portals: parking_lot::RwLock<Vec<Portal>>,
     pub registry: Mutex<HashMap<SessionKey, SessionEntry>>,
+    pub stats: crate::stats::StatsRegistry,
+    /// New portals for the accept loops of [`Server::run`].
+    pub new_portals: mpsc::UnboundedSender<(TcpListener, Portal)>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
 }
@@ -96,6 +100,23 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn target(&self, name: &str) -> Option<&TargetRt> {
         self.targets.iter().find(|t| t.name == name)
+    }
+
+    /// What SendTargets tells: every target through every portal.
+    pub fn listings(&self) -> Vec<Listing> {
+        let portals: Vec<(SocketAddr, u16)> = self
+            .portals
+            .read()
+            .iter()
+            .map(|p| (p.addr, p.tpgt))
+            .collect();
+        self.targets
+            .iter()
+            .map(|t| Listing {
+                name: t.name.clone(),
+                portals: portals.clone(),
+            })
+            .collect()
     }
 
     /// A TSIH no live session uses (never 0).
@@ -118,21 +139,31 @@ impl Shared {
 /// for that LUN. Holds the shared state weakly (the LUs live inside it).
 fn install_abort_hooks(shared: &Arc<Shared>) {
     for t in &shared.targets {
-        for (i, lu) in t.luns.iter().enumerate() {
-            let weak: Weak<Shared> = Arc::downgrade(shared);
-            let target = t.name.clone();
-            let lun = Lun::from_index(i as u16);
-            lu.set_preempt_abort_hook(Arc::new(move |victims: &[NexusId]| {
-                let Some(shared) = weak.upgrade() else { return };
-                let reg = shared.registry.lock();
-                for (k, e) in reg.iter() {
-                    if k.target == target && victims.contains(&e.nexus) {
-                        e.aborts.push(lun);
-                    }
-                }
-            }));
+        for (i, lu) in t.luns().iter() {
+            install_abort_hook(shared, &t.name, i, lu);
         }
     }
+}
+
+/// [`install_abort_hooks`] for one LU (also for LUs added at run time).
+pub(crate) fn install_abort_hook(
+    shared: &Arc<Shared>,
+    target: &str,
+    n: u16,
+    lu: &scsi::LogicalUnit,
+) {
+    let weak: Weak<Shared> = Arc::downgrade(shared);
+    let target = target.to_string();
+    let lun = Lun::from_index(n);
+    lu.set_preempt_abort_hook(Arc::new(move |victims: &[NexusId]| {
+        let Some(shared) = weak.upgrade() else { return };
+        let reg = shared.registry.lock();
+        for (k, e) in reg.iter() {
+            if k.target == target && victims.contains(&e.nexus) {
+                e.aborts.push(lun);
+            }
+        }
+    }));
 }
 
 /// A bound, not yet running target.
@@ -141,6 +172,7 @@ pub struct Server {
     /// Event loop threads.
     workers: usize,
     listeners: Vec<(TcpListener, Portal)>,
+    new_portals: mpsc::UnboundedReceiver<(TcpListener, Portal)>,
 }
 
 /// Tells a running server to stop.
@@ -187,15 +219,8 @@ impl Server {
                 },
             ));
         }
-        let portals: Vec<(SocketAddr, u16)> =
-            listeners.iter().map(|(_, p)| (p.addr, p.tpgt)).collect();
-        let listings = targets
-            .iter()
-            .map(|t| Listing {
-                name: t.name.clone(),
-                portals: portals.clone(),
-            })
-            .collect();
+        let portals = listeners.iter().map(|(_, p)| *p).collect();
+        let (new_portals, new_portals_rx) = mpsc::unbounded_channel();
         let shared = Shared {
             limits: cfg.limits(),
             socket_buffer: cfg.limits.socket_buffer,
@@ -203,8 +228,10 @@ impl Server {
             nop_interval: Duration::from_secs(cfg.timeouts.nop_interval),
             nop_timeout: Duration::from_secs(cfg.timeouts.nop_timeout.max(1)),
             targets,
-            listings,
+            portals: parking_lot::RwLock::new(portals),
             registry: Mutex::new(HashMap::new()),
+            stats: crate::stats::StatsRegistry::new(),
+            new_portals,
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
         };
@@ -217,7 +244,13 @@ impl Server {
             shared,
             workers,
             listeners,
+            new_portals: new_portals_rx,
         })
+    }
+
+    /// The handle the admin API changes the running server through.
+    pub fn control(&self) -> crate::control::Control {
+        crate::control::Control::new(self.shared.clone())
     }
 
     /// The bound portal addresses, in configuration order.
@@ -280,15 +313,17 @@ impl Server {
         let senders = Arc::new(senders);
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut accepts = JoinSet::new();
-        for (l, portal) in self.listeners {
+        let accept = |l: TcpListener, portal: Portal| {
             let mut stop = rx.clone();
             let senders = senders.clone();
             let next = next.clone();
-            accepts.spawn(async move {
+            let shared = self.shared.clone();
+            async move {
                 loop {
                     tokio::select! {
                         r = l.accept() => match r {
                             Ok((s, peer)) => {
+                                shared.stats.portal_event(portal.tpgt, |e| e.connections += 1);
                                 let i = next.fetch_add(1, Ordering::Relaxed) % senders.len().max(1);
                                 match s.into_std() {
                                     Ok(s) => {
@@ -305,9 +340,22 @@ impl Server {
                         _ = stop.changed() => break,
                     }
                 }
-            });
+            }
+        };
+        for (l, portal) in self.listeners {
+            accepts.spawn(accept(l, portal));
         }
-        shutdown.await;
+        let mut new_portals = self.new_portals;
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some((l, portal)) = new_portals.recv() => {
+                    tracing::info!(addr = %portal.addr, tpgt = portal.tpgt, "portal added");
+                    accepts.spawn(accept(l, portal));
+                }
+            }
+        }
         tracing::info!("shutting down: finishing in-flight commands");
         handle.shutdown();
         while accepts.join_next().await.is_some() {}

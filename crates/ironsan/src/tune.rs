@@ -1,0 +1,800 @@
+//! `ironsan tune`: on the target host, checks what the reference setups
+//! tuned (REFERENCE.md) and says what to change and why; with
+//! `esxi|linux|windows iscsi://HOST/IQN`, logs in to the target and prints
+//! the initiator-side recipe for its LUNs, named by their NAA ids.
+//! Sources for every command: docs/TUNING.md.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use initiator::{scsi, Connection, DataDir, LoginConfig, Url};
+
+/// `ironsan tune`.
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// host (default: check this machine), or esxi, linux, windows for an initiator recipe.
+    #[arg(default_value = "host")]
+    what: String,
+    /// For a recipe: iscsi://HOST[:PORT]/IQN of the target.
+    url: Option<String>,
+    /// The target's configuration file (to find the portals' interfaces).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Sessions you expect (for the open file limit).
+    #[arg(long, default_value_t = 1024)]
+    sessions: u64,
+    /// Read /proc and /sys under this directory (tests).
+    #[arg(long, hide = true, default_value = "/")]
+    root: PathBuf,
+    /// Initiator name for the recipe's login.
+    #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
+    initiator: String,
+}
+
+/// How a check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Ok,
+    Change,
+    Info,
+}
+
+/// One finding: what, what it is, and what to do and why.
+#[derive(Clone, Debug)]
+pub struct Finding {
+    pub level: Level,
+    pub what: String,
+    pub now: String,
+    pub advice: String,
+}
+
+/// The 1 MiB socket buffers of the reference setups.
+pub const WANT_BUF: u64 = 1 << 20;
+
+/// Reads files under a root (`/` normally, a fixture directory in tests).
+pub struct Host {
+    pub root: PathBuf,
+}
+
+impl Host {
+    fn path(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
+
+    pub fn read(&self, p: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(p))
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
+    fn list(&self, p: &str) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.path(p))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+/// The maximum of a `min default max` triple (`net.ipv4.tcp_rmem`).
+pub fn triple_max(s: &str) -> Option<u64> {
+    s.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// The soft limit of "Max open files" in a `/proc/<pid>/limits` text.
+pub fn nofile_soft(limits: &str) -> Option<u64> {
+    let l = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let v = l["Max open files".len()..].split_whitespace().next()?;
+    if v == "unlimited" {
+        Some(u64::MAX)
+    } else {
+        v.parse().ok()
+    }
+}
+
+/// `key: value` lines of `ethtool -c` / `ethtool -k` output.
+pub fn ethtool_values(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .collect()
+}
+
+/// The interfaces carrying `ips` in `ip -o addr` output (all non-loopback
+/// interfaces for a wildcard address).
+pub fn interfaces_for(ip_o_addr: &str, ips: &[std::net::IpAddr]) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in ip_o_addr.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        let dev = f[1].trim_end_matches(':').to_string();
+        let addr = f[3].split('/').next().unwrap_or("");
+        let hit = ips.iter().any(|ip| {
+            if ip.is_unspecified() {
+                dev != "lo"
+            } else {
+                addr.parse::<std::net::IpAddr>().ok() == Some(*ip)
+            }
+        });
+        if hit && !out.contains(&dev) {
+            out.push(dev);
+        }
+    }
+    out
+}
+
+/// The host checks, from files under `h` and the interfaces `ifaces`.
+pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
+    let mut f = Vec::new();
+    let mb = |v: u64| format!("{} bytes ({:.1} MiB)", v, v as f64 / 1048576.0);
+    for (key, file, why) in [
+        (
+            "net.core.rmem_max",
+            "/proc/sys/net/core/rmem_max",
+            "caps SO_RCVBUF: ironsan asks for 1 MiB (limits.socket_buffer) so a session can keep 1 MiB in flight per connection",
+        ),
+        (
+            "net.core.wmem_max",
+            "/proc/sys/net/core/wmem_max",
+            "caps SO_SNDBUF: large reads (128K-1M) need the send buffer to fill the pipe",
+        ),
+    ] {
+        if let Some(v) = h.read(file).and_then(|s| s.parse::<u64>().ok()) {
+            f.push(if v >= WANT_BUF {
+                Finding { level: Level::Ok, what: key.into(), now: mb(v), advice: String::new() }
+            } else {
+                Finding {
+                    level: Level::Change,
+                    what: key.into(),
+                    now: mb(v),
+                    advice: format!("sysctl -w {key}={WANT_BUF}   # {why}"),
+                }
+            });
+        }
+    }
+    for (key, file) in [
+        ("net.ipv4.tcp_rmem", "/proc/sys/net/ipv4/tcp_rmem"),
+        ("net.ipv4.tcp_wmem", "/proc/sys/net/ipv4/tcp_wmem"),
+    ] {
+        if let Some(s) = h.read(file) {
+            let max = triple_max(&s).unwrap_or(0);
+            f.push(if max >= WANT_BUF {
+                Finding { level: Level::Ok, what: key.into(), now: s, advice: String::new() }
+            } else {
+                let parts: Vec<&str> = s.split_whitespace().collect();
+                let (lo, def) = (parts.first().unwrap_or(&"4096"), parts.get(1).unwrap_or(&"131072"));
+                Finding {
+                    level: Level::Change,
+                    what: key.into(),
+                    now: s.clone(),
+                    advice: format!(
+                        "sysctl -w {key}=\"{lo} {def} {WANT_BUF}\"   # autotuning may grow a connection's buffer to 1 MiB (the seeds' tcp_recvspace/tcp_sendspace)"
+                    ),
+                }
+            });
+        }
+    }
+    for i in ifaces {
+        let mtu = h.read(&format!("/sys/class/net/{i}/mtu"));
+        if let Some(m) = mtu.and_then(|m| m.parse::<u32>().ok()) {
+            f.push(if m >= 9000 || i == "lo" {
+                Finding { level: Level::Ok, what: format!("MTU of {i}"), now: m.to_string(), advice: String::new() }
+            } else {
+                Finding {
+                    level: Level::Change,
+                    what: format!("MTU of {i}"),
+                    now: m.to_string(),
+                    advice: format!(
+                        "ip link set dev {i} mtu 9000   # jumbo frames: fewer packets and interrupts per 4K-1M I/O; only if every switch port and initiator NIC on the path is set to 9000 too"
+                    ),
+                }
+            });
+        }
+        if let Some(node) = h.read(&format!("/sys/class/net/{i}/device/numa_node")) {
+            if node != "-1" {
+                f.push(Finding {
+                    level: Level::Info,
+                    what: format!("NUMA node of {i}"),
+                    now: node.clone(),
+                    advice: format!(
+                        "numactl --cpunodebind={node} --membind={node} ironsan serve ...   # keep the event loops and their buffers next to the NIC"
+                    ),
+                });
+            }
+        }
+        if let Some(out) = run_cmd("ethtool", &["-c", i]) {
+            let v = ethtool_values(&out);
+            let get = |k: &str| v.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone());
+            let adaptive = get("Adaptive RX").or_else(|| get("adaptive-rx"));
+            let usecs = get("rx-usecs");
+            let now = format!(
+                "adaptive-rx {}, rx-usecs {}",
+                adaptive.clone().unwrap_or("?".into()),
+                usecs.clone().unwrap_or("?".into())
+            );
+            let low = usecs.as_deref().is_none_or(|u| u == "0" || u == "n/a")
+                && !adaptive.as_deref().is_some_and(|a| a.starts_with("on"));
+            f.push(Finding {
+                level: if low { Level::Ok } else { Level::Change },
+                what: format!("interrupt coalescing on {i}"),
+                now,
+                advice: if low {
+                    String::new()
+                } else {
+                    format!(
+                        "ethtool -C {i} adaptive-rx off rx-usecs 0   # the seeds turned coalescing off: each held interrupt adds its delay to every Q1 I/O (costs CPU at high packet rates)"
+                    )
+                },
+            });
+        }
+        if let Some(out) = run_cmd("ethtool", &["-k", i]) {
+            let v = ethtool_values(&out);
+            for (k, why) in [
+                (
+                    "tcp-segmentation-offload",
+                    "the NIC cuts large Data-In into packets",
+                ),
+                (
+                    "generic-receive-offload",
+                    "large Data-Out arrive as fewer, larger buffers",
+                ),
+            ] {
+                if let Some((_, val)) = v.iter().find(|(a, _)| a == k) {
+                    let on = val.starts_with("on");
+                    let fixed = val.contains("[fixed]");
+                    f.push(Finding {
+                        level: if on || fixed {
+                            Level::Ok
+                        } else {
+                            Level::Change
+                        },
+                        what: format!("{k} on {i}"),
+                        now: val.clone(),
+                        advice: if on || fixed {
+                            String::new()
+                        } else {
+                            let short = if k.starts_with("tcp") { "tso" } else { "gro" };
+                            format!("ethtool -K {i} {short} on   # {why}")
+                        },
+                    });
+                }
+            }
+        }
+    }
+    let cpus: Vec<String> = h
+        .list("/sys/devices/system/cpu")
+        .into_iter()
+        .filter(|c| {
+            c.starts_with("cpu") && c[3..].chars().all(|x| x.is_ascii_digit()) && c.len() > 3
+        })
+        .collect();
+    let govs: Vec<String> = cpus
+        .iter()
+        .filter_map(|c| {
+            h.read(&format!(
+                "/sys/devices/system/cpu/{c}/cpufreq/scaling_governor"
+            ))
+        })
+        .collect();
+    if govs.is_empty() {
+        f.push(Finding {
+            level: Level::Info,
+            what: "CPU frequency governor".into(),
+            now: "not exposed (virtual machine or no cpufreq driver)".into(),
+            advice: String::new(),
+        });
+    } else {
+        let slow = govs.iter().filter(|g| *g != "performance").count();
+        f.push(Finding {
+            level: if slow == 0 { Level::Ok } else { Level::Change },
+            what: "CPU frequency governor".into(),
+            now: format!("{} of {} CPUs not 'performance' ({})", slow, govs.len(), govs[0]),
+            advice: if slow == 0 {
+                String::new()
+            } else {
+                "cpupower frequency-set -g performance   # a clocked-down core adds latency to every Q1 I/O; the seeds reserved 100% CPU".into()
+            },
+        });
+    }
+    let nodes: Vec<String> = h
+        .list("/sys/devices/system/node")
+        .into_iter()
+        .filter(|n| {
+            n.starts_with("node") && n[4..].chars().all(|x| x.is_ascii_digit()) && n.len() > 4
+        })
+        .collect();
+    f.push(Finding {
+        level: Level::Info,
+        what: "NUMA nodes".into(),
+        now: nodes.len().max(1).to_string(),
+        advice: if nodes.len() > 1 {
+            format!(
+                "run ironsan on the node of its NIC (numactl --cpunodebind=N --membind=N{}); the seeds sized the storage VM to one node",
+                if which("numactl") { "" } else { "; install numactl" }
+            )
+        } else {
+            String::new()
+        },
+    });
+    if let Some(limits) = h.read("/proc/self/limits") {
+        if let Some(n) = nofile_soft(&limits) {
+            // A socket per session, a file per LUN, and headroom.
+            let want = (sessions + 64).next_power_of_two().max(4096);
+            f.push(if n >= want {
+                Finding { level: Level::Ok, what: "open files (RLIMIT_NOFILE)".into(), now: n.to_string(), advice: String::new() }
+            } else {
+                Finding {
+                    level: Level::Change,
+                    what: "open files (RLIMIT_NOFILE)".into(),
+                    now: n.to_string(),
+                    advice: format!(
+                        "ulimit -n {want}  (systemd: LimitNOFILE={want})   # one descriptor per session plus LUN files; {sessions} sessions would hit the limit"
+                    ),
+                }
+            });
+        }
+    }
+    f
+}
+
+fn which(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+}
+
+fn run_cmd(cmd: &str, args: &[&str]) -> Option<String> {
+    if !which(cmd) {
+        return None;
+    }
+    let o = Command::new(cmd).args(args).output().ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+fn print_findings(f: &[Finding]) {
+    for x in f {
+        let tag = match x.level {
+            Level::Ok => "ok    ",
+            Level::Change => "CHANGE",
+            Level::Info => "info  ",
+        };
+        println!("[{tag}] {}: {}", x.what, x.now);
+        if !x.advice.is_empty() {
+            println!("         {}", x.advice);
+        }
+    }
+}
+
+/// What the recipe needs to know of one LUN.
+#[derive(Clone, Debug)]
+pub struct LunFacts {
+    pub lun: u16,
+    pub naa: String,
+    pub vendor: String,
+    pub product: String,
+    /// INQUIRY TPGS field (0: no ALUA).
+    pub tpgs: u8,
+}
+
+/// What the recipe needs to know of the target.
+#[derive(Clone, Debug)]
+pub struct TargetFacts {
+    pub name: String,
+    pub portals: Vec<String>,
+    pub window: u32,
+    pub luns: Vec<LunFacts>,
+}
+
+/// Logs in to the target of `url` and gathers the facts.
+pub fn probe(url: &Url, initiator: &str) -> Result<TargetFacts> {
+    let Some(target) = url.target.clone() else {
+        bail!("{url}: the URL must name the target: iscsi://HOST[:PORT]/IQN");
+    };
+    let portals = initiator::discover(&url.addr(), initiator)
+        .ok()
+        .and_then(|l| l.into_iter().find(|(n, _)| *n == target).map(|(_, p)| p))
+        .unwrap_or_else(|| vec![url.addr()]);
+    let cfg = LoginConfig::new(initiator, Some(&target), initiator::random_isid());
+    let mut c =
+        Connection::login(&url.addr(), cfg).with_context(|| format!("login to {target}"))?;
+    let window = c.session().window();
+    let rl = c.execute(0, &scsi::report_luns(4096), DataDir::Read(4096))?;
+    let mut luns = Vec::new();
+    for lun in scsi::parse_report_luns(&rl.data) {
+        // The first command may meet a unit attention.
+        let _ = c.execute(lun, &scsi::test_unit_ready(), DataDir::None);
+        let inq = c.execute(lun, &scsi::inquiry(None, 96), DataDir::Read(96))?;
+        let (_, vendor, product, _) = scsi::parse_inquiry(&inq.data).unwrap_or_default();
+        let tpgs = inq.data.get(5).map_or(0, |b| (b >> 4) & 3);
+        let id = c.execute(lun, &scsi::inquiry(Some(0x83), 1024), DataDir::Read(1024))?;
+        let naa = scsi::naa_id(&id.data).unwrap_or_else(|| "naa.?".into());
+        luns.push(LunFacts {
+            lun,
+            naa,
+            vendor: vendor.trim().into(),
+            product: product.trim().into(),
+            tpgs,
+        });
+    }
+    let _ = c.logout();
+    Ok(TargetFacts {
+        name: target,
+        portals,
+        window,
+        luns,
+    })
+}
+
+/// The ESXi recipe.
+pub fn recipe_esxi(t: &TargetFacts) -> String {
+    let mut o = String::new();
+    let vendor = t.luns.first().map_or("IRONSAN", |l| l.vendor.as_str());
+    let alua = t.luns.iter().all(|l| l.tpgs != 0);
+    o.push_str(&format!(
+        "# ESXi recipe for {} ({} LUNs, {} portals, command window {})\n",
+        t.name,
+        t.luns.len(),
+        t.portals.len(),
+        t.window
+    ));
+    o.push_str("# Run in the ESXi shell. vmhbaNN is the software iSCSI adapter (esxcli iscsi adapter list).\n\n");
+    o.push_str("# 1. Claim rule: ironsan LUNs use the ALUA SATP with round robin switching paths after every I/O.\n");
+    let mut products: Vec<&str> = t.luns.iter().map(|l| l.product.as_str()).collect();
+    products.sort();
+    products.dedup();
+    for p in products {
+        if alua {
+            o.push_str(&format!(
+                "esxcli storage nmp satp rule add -s VMW_SATP_ALUA -V {vendor} -M \"{p}\" -c tpgs_on -P VMW_PSP_RR -O iops=1 -e \"ironsan {p}: ALUA, round robin, iops=1\"\n"
+            ));
+        } else {
+            o.push_str(&format!(
+                "esxcli storage nmp satp rule add -s VMW_SATP_DEFAULT_AA -V {vendor} -M \"{p}\" -P VMW_PSP_RR -O iops=1 -e \"ironsan {p}: round robin, iops=1 (target reports no TPGS)\"\n"
+            ));
+        }
+    }
+    o.push_str("#    The rule applies to devices claimed after it: for LUNs already seen, reboot or unclaim/reclaim them.\n\n");
+    o.push_str(
+        "# 2. For devices already claimed: round robin, next path after 1 I/O (default 1000).\n",
+    );
+    for l in &t.luns {
+        o.push_str(&format!(
+            "esxcli storage nmp device set --device={} --psp=VMW_PSP_RR   # LUN {}\n",
+            l.naa, l.lun
+        ));
+        o.push_str(&format!(
+            "esxcli storage nmp psp roundrobin deviceconfig set --type=iops --iops=1 --device={}\n",
+            l.naa
+        ));
+    }
+    let qd = t.window.clamp(32, 1024);
+    o.push_str(&format!(
+        "\n# 3. LUN queue depth of the software iSCSI initiator (default 128, effective maximum 1024); reboot to apply.\n#    ironsan's command window per session is {}: a deeper LUN queue than that only queues in ESXi.\nesxcli system module parameters set -m iscsi_vmk -p iscsivmk_LunQDepth={qd}\n",
+        t.window
+    ));
+    o.push_str("\n# 4. Outstanding I/Os per device when several VMs share it (DSNRO), up to the LUN queue depth.\n");
+    for l in &t.luns {
+        o.push_str(&format!(
+            "esxcli storage core device set -d {} -O {qd}\n",
+            l.naa
+        ));
+    }
+    o.push_str("\n# 5. Delayed ACK off on the iSCSI adapter: acknowledgements are not held back for up to 200 ms\n#    (the seeds' setting; it matters most for writes and for low queue depths).\n");
+    o.push_str("esxcli iscsi adapter param set --adapter=vmhbaNN --key=DelayedAck --value=false\n");
+    o.push_str("\n# 6. Port binding: one VMkernel port per physical NIC (each with a single active uplink),\n#    so every NIC carries its own path to every portal.\n");
+    for k in 1..=t.portals.len().clamp(2, 4) {
+        o.push_str(&format!(
+            "esxcli iscsi networkportal add --adapter=vmhbaNN --nic=vmk{k}\n"
+        ));
+    }
+    for p in &t.portals {
+        o.push_str(&format!(
+            "esxcli iscsi adapter discovery sendtarget add --adapter=vmhbaNN --address={p}\n"
+        ));
+    }
+    o.push_str("esxcli storage core adapter rescan --adapter=vmhbaNN\n");
+    o.push_str("\n# 7. Jumbo frames end to end (only if the switches are set to 9000 too).\n");
+    o.push_str("esxcli network vswitch standard set --vswitch-name=vSwitchN --mtu=9000\n");
+    for k in 1..=t.portals.len().clamp(2, 4) {
+        o.push_str(&format!(
+            "esxcli network ip interface set --interface-name=vmk{k} --mtu=9000\n"
+        ));
+    }
+    o.push_str("\n# 8. Check: every LUN should show VMW_SATP_ALUA, VMW_PSP_RR with iops=1, and one path per portal and VMkernel port.\n");
+    for l in &t.luns {
+        o.push_str(&format!(
+            "esxcli storage nmp device list --device={}\n",
+            l.naa
+        ));
+    }
+    o
+}
+
+/// The Linux (open-iscsi + dm-multipath) recipe.
+pub fn recipe_linux(t: &TargetFacts) -> String {
+    let vendor = t.luns.first().map_or("IRONSAN", |l| l.vendor.as_str());
+    let qd = t.window.clamp(32, 1024);
+    let mut o = String::new();
+    o.push_str(&format!("# Linux (open-iscsi + dm-multipath) recipe for {} ({} LUNs, {} portals, command window {})\n\n", t.name, t.luns.len(), t.portals.len(), t.window));
+    o.push_str(
+        "# 1. Discover and log in through every portal (one session per portal = one path).\n",
+    );
+    for p in &t.portals {
+        o.push_str(&format!("iscsiadm -m discovery -t sendtargets -p {p}\n"));
+    }
+    o.push_str(&format!(
+        "\n# 2. Session queue: commands per session (cmds_max) and per LUN (queue_depth); open-iscsi's defaults are 128 and 32.\n#    ironsan grants {} commands per session.\niscsiadm -m node -T {} -o update -n node.session.cmds_max -v {}\niscsiadm -m node -T {} -o update -n node.session.queue_depth -v {qd}\n",
+        t.window, t.name, t.window.clamp(16, 2048).next_power_of_two().min(2048), t.name
+    ));
+    o.push_str(&format!("# Larger PDUs and bursts than the defaults (fewer PDUs per large I/O):\niscsiadm -m node -T {} -o update -n node.conn[0].iscsi.MaxRecvDataSegmentLength -v 262144\niscsiadm -m node -T {} -o update -n node.session.iscsi.MaxBurstLength -v 1048576\niscsiadm -m node -T {} --login\n", t.name, t.name, t.name));
+    o.push_str("\n# 3. /etc/multipath.conf: group paths by ALUA priority, round robin inside the best group,\n#    next path after every request (the seeds' iops=1).\n");
+    let mut products: Vec<&str> = t.luns.iter().map(|l| l.product.as_str()).collect();
+    products.sort();
+    products.dedup();
+    o.push_str("devices {\n");
+    for p in products {
+        o.push_str(&format!(
+            "    device {{\n        vendor \"{vendor}\"\n        product \"{p}\"\n        path_grouping_policy group_by_prio   # one group per ALUA state\n        prio alua                            # priority from REPORT TARGET PORT GROUPS\n        hardware_handler \"1 alua\"            # follow ALUA state changes\n        path_selector \"round-robin 0\"       # spread I/O over the paths of the best group\n        rr_min_io_rq 1                       # switch path after every request\n        path_checker tur\n        failback immediate                   # return to optimized paths as soon as they are back\n        no_path_retry 12                     # queue 12 checker intervals before failing I/O\n    }}\n"
+        ));
+    }
+    o.push_str("}\n");
+    o.push_str("multipaths {\n");
+    for l in &t.luns {
+        let wwid = format!("3{}", l.naa.trim_start_matches("naa."));
+        o.push_str(&format!(
+            "    multipath {{ wwid {wwid}  alias ironsan_lun{} }}   # {}\n",
+            l.lun, l.naa
+        ));
+    }
+    o.push_str("}\n\n# 4. Apply and check: each LUN should show its paths grouped by ALUA priority.\nsystemctl reload multipathd\nmultipath -ll\n");
+    o.push_str(
+        "\n# 5. Per device: no I/O scheduler (the target schedules), deeper request queue.\n",
+    );
+    o.push_str("for d in /sys/block/dm-*/queue; do echo none > $d/scheduler 2>/dev/null; echo 1024 > $d/nr_requests 2>/dev/null; done\n");
+    o
+}
+
+/// The Windows (MPIO + Microsoft iSCSI initiator) recipe.
+pub fn recipe_windows(t: &TargetFacts) -> String {
+    let vendor = t.luns.first().map_or("IRONSAN", |l| l.vendor.as_str());
+    let mut o = String::new();
+    o.push_str(&format!(
+        "# Windows Server recipe for {} ({} LUNs, {} portals), in an elevated PowerShell.\n\n",
+        t.name,
+        t.luns.len(),
+        t.portals.len()
+    ));
+    o.push_str("# 1. MPIO: install it, let the Microsoft DSM claim ironsan disks, round robin by default.\n");
+    o.push_str("Install-WindowsFeature -Name Multipath-IO   # needs a reboot\n");
+    let mut products: Vec<&str> = t.luns.iter().map(|l| l.product.as_str()).collect();
+    products.sort();
+    products.dedup();
+    for p in products {
+        o.push_str(&format!("New-MSDSMSupportedHW -VendorId \"{vendor}\" -ProductId \"{p}\"   # no space padding (unlike mpclaim)\n"));
+    }
+    o.push_str(
+        "Update-MPIOClaimedHW -Confirm:$false                # claim now (may ask for a reboot)\n",
+    );
+    o.push_str("Set-MSDSMGlobalDefaultLoadBalancePolicy -Policy RR   # round robin over all active/optimized paths\n");
+    o.push_str(
+        "Enable-MSDSMAutomaticClaim -BusType iSCSI            # claim iSCSI disks automatically\n",
+    );
+    o.push_str("\n# 2. One session per portal (each is a path); -IsMultipathEnabled makes them MPIO paths.\n");
+    for p in &t.portals {
+        let (host, port) = p.rsplit_once(':').unwrap_or((p.as_str(), "3260"));
+        o.push_str(&format!(
+            "New-IscsiTargetPortal -TargetPortalAddress {host} -TargetPortalPortNumber {port}\n"
+        ));
+        o.push_str(&format!(
+            "Connect-IscsiTarget -NodeAddress {} -TargetPortalAddress {host} -TargetPortalPortNumber {port} -IsMultipathEnabled $true -IsPersistent $true\n",
+            t.name
+        ));
+    }
+    o.push_str("\n# 3. Delayed ACK off on the iSCSI NIC(s): TcpAckFrequency=1 under the interface's key\n#    (HKLM\\SYSTEM\\CurrentControlSet\\Services\\Tcpip\\Parameters\\Interfaces\\{GUID}); reboot to apply.\n");
+    o.push_str("Get-NetAdapter | Where-Object Name -like 'iSCSI*' | ForEach-Object {\n  New-ItemProperty -Path \"HKLM:\\SYSTEM\\CurrentControlSet\\Services\\Tcpip\\Parameters\\Interfaces\\$($_.InterfaceGuid)\" -Name TcpAckFrequency -PropertyType DWord -Value 1 -Force }\n");
+    o.push_str("\n# 4. Larger transfers per command: MaxTransferLength of the iSCSI initiator (default 256 KiB) to 1 MiB,\n#    under the initiator's instance key HKLM\\SYSTEM\\CurrentControlSet\\Control\\Class\\{4D36E97B-E325-11CE-BFC1-08002BE10318}\\<instance>\\Parameters;\n#    also MaxBurstLength 1 MiB and MaxRecvDataSegmentLength 256 KiB there. Reboot to apply.\n");
+    o.push_str("$k = Get-ChildItem 'HKLM:\\SYSTEM\\CurrentControlSet\\Control\\Class\\{4D36E97B-E325-11CE-BFC1-08002BE10318}' | Where-Object { (Get-ItemProperty $_.PSPath).DriverDesc -eq 'Microsoft iSCSI Initiator' }\n");
+    o.push_str("Set-ItemProperty -Path \"$($k.PSPath)\\Parameters\" -Name MaxTransferLength -Value 1048576\n");
+    o.push_str(
+        "Set-ItemProperty -Path \"$($k.PSPath)\\Parameters\" -Name MaxBurstLength -Value 1048576\n",
+    );
+    o.push_str("Set-ItemProperty -Path \"$($k.PSPath)\\Parameters\" -Name MaxRecvDataSegmentLength -Value 262144\n");
+    o.push_str("\n# 5. Check: each disk should list one path per portal, policy Round Robin.\n");
+    o.push_str("mpclaim -s -d\n");
+    for l in &t.luns {
+        o.push_str(&format!(
+            "# LUN {}: {}  (Get-Disk | Where-Object UniqueId -eq '{}')\n",
+            l.lun,
+            l.naa,
+            l.naa.trim_start_matches("naa.").to_uppercase()
+        ));
+    }
+    o
+}
+
+pub fn run(a: TuneArgs) -> Result<()> {
+    match a.what.as_str() {
+        "host" => {
+            let h = Host {
+                root: a.root.clone(),
+            };
+            let ips: Vec<std::net::IpAddr> = match &a.config {
+                Some(p) => target::Config::from_file(p)?
+                    .listen
+                    .iter()
+                    .map(|s| s.ip())
+                    .collect(),
+                None => vec![std::net::Ipv4Addr::UNSPECIFIED.into()],
+            };
+            let ifaces = match run_cmd("ip", &["-o", "addr", "show"]) {
+                Some(out) => interfaces_for(&out, &ips),
+                None => h
+                    .list("/sys/class/net")
+                    .into_iter()
+                    .filter(|i| i != "lo")
+                    .collect(),
+            };
+            println!("ironsan tune: checking this host for the portals' interfaces {ifaces:?}\n");
+            print_findings(&check_host(&h, &ifaces, a.sessions));
+            println!("\nPersist sysctl changes in /etc/sysctl.d/90-ironsan.conf; see docs/TUNING.md for why each one matters.");
+            Ok(())
+        }
+        w @ ("esxi" | "linux" | "windows") => {
+            let Some(u) = &a.url else {
+                bail!("ironsan tune {w} iscsi://HOST[:PORT]/IQN");
+            };
+            let url: Url = u.parse().map_err(anyhow::Error::msg)?;
+            let facts = probe(&url, &a.initiator)?;
+            let text = match w {
+                "esxi" => recipe_esxi(&facts),
+                "linux" => recipe_linux(&facts),
+                _ => recipe_windows(&facts),
+            };
+            print!("{text}");
+            Ok(())
+        }
+        other => bail!("{other}: expected host, esxi, linux or windows"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        let w = |p: &str, s: &str| {
+            let f = d.path().join(p);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, s).unwrap();
+        };
+        w("proc/sys/net/core/rmem_max", "212992\n");
+        w("proc/sys/net/core/wmem_max", "4194304\n");
+        w("proc/sys/net/ipv4/tcp_rmem", "4096\t131072\t6291456\n");
+        w("proc/sys/net/ipv4/tcp_wmem", "4096\t16384\t65536\n");
+        w("sys/class/net/eth0/mtu", "1500\n");
+        w("sys/class/net/eth1/mtu", "9000\n");
+        w("sys/class/net/eth1/device/numa_node", "1\n");
+        w(
+            "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
+            "powersave\n",
+        );
+        w(
+            "sys/devices/system/cpu/cpu1/cpufreq/scaling_governor",
+            "performance\n",
+        );
+        w("sys/devices/system/node/node0/cpulist", "0\n");
+        w("sys/devices/system/node/node1/cpulist", "1\n");
+        w(
+            "proc/self/limits",
+            "Limit                     Soft Limit           Hard Limit           Units\nMax open files            1024                 524288               files\n",
+        );
+        d
+    }
+
+    #[test]
+    fn parsers() {
+        assert_eq!(triple_max("4096 131072 6291456"), Some(6291456));
+        assert_eq!(triple_max("4096"), None);
+        assert_eq!(
+            nofile_soft(
+                "Max open files            unlimited            unlimited            files"
+            ),
+            Some(u64::MAX)
+        );
+        let e = ethtool_values(
+            "Coalesce parameters for eth0:\nAdaptive RX: off  TX: off\nrx-usecs: 3\n",
+        );
+        assert!(e.contains(&("rx-usecs".into(), "3".into())));
+        let ip = "1: lo    inet 127.0.0.1/8 scope host lo\n2: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global eth0\n3: eth1    inet 10.1.0.5/24 scope global eth1\n";
+        assert_eq!(
+            interfaces_for(ip, &["10.1.0.5".parse().unwrap()]),
+            vec!["eth1"]
+        );
+        assert_eq!(
+            interfaces_for(ip, &["0.0.0.0".parse().unwrap()]),
+            vec!["eth0", "eth1"]
+        );
+        assert_eq!(
+            interfaces_for(ip, &["127.0.0.1".parse().unwrap()]),
+            vec!["lo"]
+        );
+    }
+
+    #[test]
+    fn host_checks_against_fixture_files() {
+        let d = fixture();
+        let h = Host {
+            root: d.path().to_path_buf(),
+        };
+        let f = check_host(&h, &["eth0".into(), "eth1".into()], 2000);
+        let get = |w: &str| {
+            f.iter()
+                .find(|x| x.what == w)
+                .unwrap_or_else(|| panic!("{w}: {f:?}"))
+        };
+        assert_eq!(get("net.core.rmem_max").level, Level::Change);
+        assert!(get("net.core.rmem_max")
+            .advice
+            .contains("sysctl -w net.core.rmem_max=1048576"));
+        assert_eq!(get("net.core.wmem_max").level, Level::Ok);
+        assert_eq!(get("net.ipv4.tcp_rmem").level, Level::Ok);
+        assert!(get("net.ipv4.tcp_wmem")
+            .advice
+            .contains("\"4096 16384 1048576\""));
+        assert_eq!(get("MTU of eth0").level, Level::Change);
+        assert!(get("MTU of eth0").advice.contains("mtu 9000"));
+        assert_eq!(get("MTU of eth1").level, Level::Ok);
+        assert!(get("NUMA node of eth1").advice.contains("--cpunodebind=1"));
+        assert_eq!(get("CPU frequency governor").level, Level::Change);
+        assert_eq!(get("NUMA nodes").now, "2");
+        let nofile = get("open files (RLIMIT_NOFILE)");
+        assert_eq!((nofile.level, nofile.now.as_str()), (Level::Change, "1024"));
+        assert!(nofile.advice.contains("ulimit -n 4096"));
+    }
+
+    fn facts() -> TargetFacts {
+        TargetFacts {
+            name: "iqn.2026-11.io.ironsan:t".into(),
+            portals: vec!["10.0.0.1:3260".into(), "10.0.1.1:3260".into()],
+            window: 128,
+            luns: vec![LunFacts {
+                lun: 0,
+                naa: "naa.6abcdef0123456789abcdef012345678".into(),
+                vendor: "IRONSAN".into(),
+                product: "FILE DISK".into(),
+                tpgs: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn recipes_name_the_naa_ids() {
+        let t = facts();
+        let e = recipe_esxi(&t);
+        assert!(e.contains("esxcli storage nmp satp rule add -s VMW_SATP_ALUA -V IRONSAN -M \"FILE DISK\" -c tpgs_on -P VMW_PSP_RR -O iops=1"));
+        assert!(e.contains("esxcli storage nmp psp roundrobin deviceconfig set --type=iops --iops=1 --device=naa.6abcdef0123456789abcdef012345678"));
+        assert!(e.contains("iscsivmk_LunQDepth=128"));
+        assert!(e.contains(
+            "esxcli storage core device set -d naa.6abcdef0123456789abcdef012345678 -O 128"
+        ));
+        assert!(e.contains("--key=DelayedAck --value=false"));
+        let l = recipe_linux(&t);
+        assert!(l.contains("wwid 36abcdef0123456789abcdef012345678"));
+        assert!(l.contains("rr_min_io_rq 1"));
+        assert!(l.contains("node.session.cmds_max -v 128"));
+        let w = recipe_windows(&t);
+        assert!(w.contains("New-MSDSMSupportedHW -VendorId \"IRONSAN\" -ProductId \"FILE DISK\""));
+        assert!(w.contains("Set-MSDSMGlobalDefaultLoadBalancePolicy -Policy RR"));
+    }
+}

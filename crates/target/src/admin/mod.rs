@@ -1,0 +1,545 @@
+//! The admin endpoint: a JSON REST API over HTTP/1.1 (axum), `GET /metrics`
+//! for Prometheus and the web console at `/`.
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/` | the web console (one self-contained page) |
+//! | GET | `/metrics` | Prometheus text format |
+//! | GET | `/api/targets` | targets, LUNs (NAA, size), ALUA states |
+//! | POST | `/api/targets/{iqn}/luns` | add a LUN: a `[[target.lun]]` table as JSON (`number` optional) |
+//! | DELETE | `/api/targets/{iqn}/luns/{n}` | remove a LUN |
+//! | POST | `/api/targets/{iqn}/luns/{n}/resize` | `{"size": "2G"}`: grow a LUN |
+//! | GET | `/api/portals` | portals |
+//! | POST | `/api/portals` | `{"addr": "ip:port", "alua_group": n?}`: add a portal |
+//! | PUT | `/api/alua/{group}` | `{"state": "standby"}`: set an ALUA group's state |
+//! | GET | `/api/sessions` | sessions: initiator, ISID, portal, negotiated parameters, counters |
+//! | GET | `/api/stats` | per LUN and per session: totals and the last second's rates |
+//! | GET | `/api/history` | per LUN: the last 300 seconds of rates |
+//!
+//! With a token, every request must carry `Authorization: Bearer TOKEN`
+//! (or `?token=TOKEN`, which the console uses). A non-loopback address
+//! requires a token. Changes are serialised; when the server was started
+//! with `--config`, each change is written to the file first
+//! ([`persist`]) and applied only if that succeeded.
+
+mod persist;
+mod prom;
+mod rates;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::config::LunConfig;
+use crate::control::{Control, ControlError};
+use crate::size::parse_size;
+use crate::stats::LunCounters;
+
+pub use rates::{Rate, HISTORY};
+
+/// How the admin endpoint is set up.
+#[derive(Clone, Debug)]
+pub struct AdminOptions {
+    pub listen: SocketAddr,
+    pub token: Option<String>,
+    /// The configuration file to keep in step (`serve --config`).
+    pub config_path: Option<PathBuf>,
+}
+
+struct AdminState {
+    ctl: Control,
+    token: Option<String>,
+    config_path: Option<PathBuf>,
+    /// Serialises changes (and their file writes).
+    change: tokio::sync::Mutex<()>,
+    rates: parking_lot::Mutex<rates::Rates>,
+}
+
+type St = State<Arc<AdminState>>;
+
+/// A bound admin endpoint.
+pub struct Admin {
+    listener: tokio::net::TcpListener,
+    state: Arc<AdminState>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// Checks the options and binds the address.
+    pub async fn bind(opts: AdminOptions, ctl: Control) -> Result<Admin, String> {
+        if opts.token.as_deref().is_some_and(str::is_empty) {
+            return Err("the admin token is empty".into());
+        }
+        if !opts.listen.ip().is_loopback() && opts.token.is_none() {
+            return Err(format!(
+                "the admin endpoint on {} is reachable from other hosts: give it a token (--admin-token or [admin] token)",
+                opts.listen
+            ));
+        }
+        let listener = tokio::net::TcpListener::bind(opts.listen)
+            .await
+            .map_err(|e| format!("admin endpoint {}: {e}", opts.listen))?;
+        Ok(Admin {
+            listener,
+            state: Arc::new(AdminState {
+                ctl,
+                token: opts.token,
+                config_path: opts.config_path,
+                change: tokio::sync::Mutex::new(()),
+                rates: parking_lot::Mutex::default(),
+            }),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until the task is dropped; samples rates every second.
+    pub async fn run(self) {
+        let st = self.state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let snap = st.ctl.stats();
+                let t_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                st.rates.lock().push(snap, Instant::now(), t_ms);
+            }
+        });
+        let app = router(self.state);
+        if let Err(e) = axum::serve(self.listener, app).await {
+            tracing::error!(error = %e, "admin endpoint stopped");
+        }
+    }
+}
+
+fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/", get(console))
+        .route("/metrics", get(metrics))
+        .route("/api/targets", get(targets))
+        .route("/api/targets/{target}/luns", post(add_lun))
+        .route(
+            "/api/targets/{target}/luns/{lun}",
+            axum::routing::delete(remove_lun),
+        )
+        .route("/api/targets/{target}/luns/{lun}/resize", post(resize_lun))
+        .route("/api/portals", get(portals).post(add_portal))
+        .route("/api/alua/{group}", put(set_alua))
+        .route("/api/sessions", get(sessions))
+        .route("/api/stats", get(stats))
+        .route("/api/history", get(history))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+/// Compares without an early exit, so timing tells nothing of the token.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+async fn auth(State(st): St, req: Request, next: Next) -> Response {
+    let Some(token) = &st.token else {
+        return next.run(req).await;
+    };
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let query = req.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("token="))
+            .map(str::to_string)
+    });
+    let ok = bearer.is_some_and(|b| same(b.as_bytes(), token.as_bytes()))
+        || query.is_some_and(|q| same(q.as_bytes(), token.as_bytes()));
+    if ok {
+        next.run(req).await
+    } else {
+        err(StatusCode::UNAUTHORIZED, "a valid admin token is required")
+    }
+}
+
+fn err(code: StatusCode, msg: impl std::fmt::Display) -> Response {
+    (code, Json(json!({ "error": msg.to_string() }))).into_response()
+}
+
+impl IntoResponse for ControlError {
+    fn into_response(self) -> Response {
+        let code = match self {
+            ControlError::NotFound(_) => StatusCode::NOT_FOUND,
+            ControlError::Conflict(_) => StatusCode::CONFLICT,
+            ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
+        };
+        err(code, self)
+    }
+}
+
+/// Applies `edit` to the configuration file, validates it and writes it;
+/// `Ok(false)` when there is no file to keep in step.
+fn persist(
+    st: &AdminState,
+    edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
+) -> Result<bool, Box<Response>> {
+    let Some(path) = &st.config_path else {
+        return Ok(false);
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Box::new(err(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}: {e}", path.display()),
+        ))
+    })?;
+    let mut doc =
+        persist::parse(&text).map_err(|e| Box::new(err(StatusCode::INTERNAL_SERVER_ERROR, e)))?;
+    edit(&mut doc).map_err(|e| Box::new(err(StatusCode::CONFLICT, e)))?;
+    persist::validate(&doc).map_err(|e| Box::new(err(StatusCode::BAD_REQUEST, e)))?;
+    persist::write_atomic(path, &doc.to_string()).map_err(|e| {
+        Box::new(err(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("writing {}: {e}", path.display()),
+        ))
+    })?;
+    Ok(true)
+}
+
+async fn console() -> impl IntoResponse {
+    (
+        [(header::CACHE_CONTROL, "no-store")],
+        Html(include_str!("console.html")),
+    )
+}
+
+async fn metrics(State(st): St) -> impl IntoResponse {
+    let text = prom::render(&st.ctl.stats(), &st.ctl.targets());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+}
+
+async fn targets(State(st): St) -> impl IntoResponse {
+    Json(st.ctl.targets())
+}
+
+async fn portals(State(st): St) -> impl IntoResponse {
+    Json(st.ctl.portals())
+}
+
+async fn add_lun(
+    State(st): St,
+    Path(target): Path<String>,
+    Json(mut c): Json<LunConfig>,
+) -> Response {
+    let _g = st.change.lock().await;
+    let n = match c.number {
+        Some(n) => n,
+        None => match st.ctl.free_lun(&target) {
+            Ok(n) => n,
+            Err(e) => return e.into_response(),
+        },
+    };
+    c.number = Some(n);
+    let lu = match st.ctl.build_lun(&target, n, &c) {
+        Ok(lu) => lu,
+        Err(e) => return e.into_response(),
+    };
+    let persisted = match persist(&st, |d| persist::add_lun(d, &target, n, &c)) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.install_lun(&target, n, lu) {
+        Ok(v) => (
+            StatusCode::CREATED,
+            Json(json!({ "lun": v, "persisted": persisted })),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn remove_lun(State(st): St, Path((target, lun)): Path<(String, u16)>) -> Response {
+    let _g = st.change.lock().await;
+    if let Err(e) = st.ctl.lun(&target, lun) {
+        return e.into_response();
+    }
+    let persisted = match persist(&st, |d| persist::remove_lun(d, &target, lun)) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.remove_lun(&target, lun) {
+        Ok(()) => Json(json!({ "removed": lun, "persisted": persisted })).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct ResizeReq {
+    size: String,
+}
+
+async fn resize_lun(
+    State(st): St,
+    Path((target, lun)): Path<(String, u16)>,
+    Json(r): Json<ResizeReq>,
+) -> Response {
+    let _g = st.change.lock().await;
+    let bytes = match parse_size(&r.size) {
+        Ok(b) => b,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e),
+    };
+    let before = match st.ctl.lun(&target, lun) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    if bytes < before.size_bytes {
+        return ControlError::Invalid(format!(
+            "LUN {lun} has {} bytes: shrinking would cut off data, only growing is allowed",
+            before.size_bytes
+        ))
+        .into_response();
+    }
+    // Grow first (the backend may refuse: a RAM LUN cannot change size),
+    // then write the file; growing is never undone.
+    let v = match st.ctl.resize_lun(&target, lun, bytes) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    match persist(&st, |d| persist::resize_lun(d, &target, lun, &r.size)) {
+        Ok(p) => Json(json!({ "lun": v, "persisted": p })).into_response(),
+        Err(r) => *r,
+    }
+}
+
+#[derive(Deserialize)]
+struct PortalReq {
+    addr: SocketAddr,
+    #[serde(default)]
+    alua_group: Option<u16>,
+}
+
+async fn add_portal(State(st): St, Json(r): Json<PortalReq>) -> Response {
+    let _g = st.change.lock().await;
+    let position = st.ctl.portals().len() as u16 + 1;
+    let group = r.alua_group.unwrap_or(position);
+    if r.addr.port() == 0 {
+        return err(StatusCode::BAD_REQUEST, "give the portal a port");
+    }
+    let persisted = match persist(&st, |d| {
+        persist::add_portal(d, &r.addr.to_string(), position, group)
+    }) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.add_portal(r.addr, Some(group)).await {
+        Ok(p) => (
+            StatusCode::CREATED,
+            Json(json!({ "portal": p, "persisted": persisted })),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct AluaReq {
+    state: String,
+}
+
+async fn set_alua(State(st): St, Path(group): Path<u16>, Json(r): Json<AluaReq>) -> Response {
+    let _g = st.change.lock().await;
+    let Some(state) = scsi::AccessState::parse(&r.state) else {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "state: active-optimized, active-non-optimized, standby or unavailable",
+        );
+    };
+    let before: Vec<(u16, String)> = st
+        .ctl
+        .targets()
+        .first()
+        .map(|t| t.alua.iter().map(|a| (a.group, a.state.clone())).collect())
+        .unwrap_or_default();
+    if !before.iter().any(|(g, _)| *g == group) {
+        return ControlError::NotFound(format!("no ALUA target port group {group}"))
+            .into_response();
+    }
+    let after: Vec<(u16, String)> = before
+        .iter()
+        .map(|(g, s)| {
+            let s = if *g == group {
+                state.name()
+            } else {
+                s.as_str()
+            };
+            (*g, config_state_name(s))
+        })
+        .collect();
+    let persisted = match persist(&st, |d| persist::set_alua(d, &after)) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.set_alua(group, state) {
+        Ok(()) => Json(json!({ "group": group, "state": state.name(), "persisted": persisted }))
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The configuration file's spelling of an access state name.
+fn config_state_name(s: &str) -> String {
+    scsi::AccessState::parse(s)
+        .map(|st| match st {
+            scsi::AccessState::ActiveOptimized => "active-optimized",
+            scsi::AccessState::ActiveNonOptimized => "active-non-optimized",
+            scsi::AccessState::Standby => "standby",
+            scsi::AccessState::Unavailable => "unavailable",
+        })
+        .unwrap_or("active-optimized")
+        .to_string()
+}
+
+/// Cumulative counters as the API shows them.
+#[derive(Serialize)]
+struct Totals {
+    read_ops: u64,
+    write_ops: u64,
+    other_ops: u64,
+    read_bytes: u64,
+    write_bytes: u64,
+    check_conditions: u64,
+    other_errors: u64,
+    read_p99_us: f64,
+    write_p99_us: f64,
+}
+
+fn totals(c: &LunCounters) -> Totals {
+    let q = |h: &hdrhistogram::Histogram<u64>| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(0.99) as f64 / 1e3
+        }
+    };
+    Totals {
+        read_ops: c.read_ops,
+        write_ops: c.write_ops,
+        other_ops: c.other_ops,
+        read_bytes: c.read_bytes,
+        write_bytes: c.write_bytes,
+        check_conditions: c.check_conditions,
+        other_errors: c.other_errors,
+        read_p99_us: q(&c.read_hist),
+        write_p99_us: q(&c.write_hist),
+    }
+}
+
+fn session_rows(st: &AdminState) -> Vec<serde_json::Value> {
+    let snap = st.ctl.stats();
+    let rates = st.rates.lock();
+    snap.sessions
+        .iter()
+        .map(|s| {
+            json!({
+                "info": s.info,
+                "in_flight": s.in_flight,
+                "max_in_flight": s.max_in_flight,
+                "rejects": s.rejects,
+                "totals": totals(&s.total),
+                "rate": rates.sessions.get(&s.info.id).cloned().unwrap_or_default(),
+                "luns": s.luns.keys().collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+async fn sessions(State(st): St) -> impl IntoResponse {
+    Json(session_rows(&st))
+}
+
+async fn stats(State(st): St) -> impl IntoResponse {
+    let snap = st.ctl.stats();
+    let targets = st.ctl.targets();
+    let luns: Vec<_> = {
+        let rates = st.rates.lock();
+        targets
+            .iter()
+            .flat_map(|t| t.luns.iter().map(move |l| (t, l)))
+            .map(|(t, l)| {
+                let c = snap.luns.get(&(t.name.clone(), l.lun));
+                json!({
+                    "target": t.name,
+                    "lun": l.lun,
+                    "naa": l.naa,
+                    "size_bytes": l.size_bytes,
+                    "totals": c.map(totals),
+                    "rate": rates.latest(&rates::lun_key(&t.name, l.lun)).cloned().unwrap_or_default(),
+                })
+            })
+            .collect()
+    };
+    let portals: Vec<_> = st
+        .ctl
+        .portals()
+        .into_iter()
+        .map(|p| {
+            json!({
+                "addr": p.addr,
+                "tpgt": p.tpgt,
+                "events": snap.portal_events.get(&p.tpgt).cloned().unwrap_or_default(),
+                "rejects": snap.portal_rejects.get(&p.tpgt).copied().unwrap_or(0),
+                "totals": snap.portals.get(&p.tpgt).map(totals),
+            })
+        })
+        .collect();
+    Json(json!({
+        "uptime_s": snap.uptime.as_secs(),
+        "luns": luns,
+        "sessions": session_rows(&st),
+        "portals": portals,
+    }))
+}
+
+#[derive(Deserialize)]
+struct HistoryQuery {
+    /// Only points after this time (ms since the epoch).
+    #[serde(default)]
+    since: Option<u64>,
+}
+
+async fn history(State(st): St, Query(q): Query<HistoryQuery>, _h: HeaderMap) -> impl IntoResponse {
+    let rates = st.rates.lock();
+    let since = q.since.unwrap_or(0);
+    let luns: serde_json::Map<String, serde_json::Value> = rates
+        .luns
+        .iter()
+        .map(|(k, v)| {
+            let pts: Vec<&Rate> = v.iter().filter(|r| r.t > since).collect();
+            (k.clone(), json!(pts))
+        })
+        .collect();
+    Json(json!({ "luns": luns }))
+}

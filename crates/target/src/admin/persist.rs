@@ -1,0 +1,326 @@
+//! Keeps the configuration file in step with changes made through the
+//! admin API. The file is edited as a TOML document (comments, order and
+//! keys this module does not know, such as secrets, are kept), the result
+//! is validated as a whole, then written to a temporary file in the same
+//! directory, synced and renamed over the original (atomic on POSIX), with
+//! the original's permissions.
+
+use std::io::Write;
+use std::path::Path;
+
+use toml_edit::{value, Array, ArrayOfTables, DocumentMut, Item, Table};
+
+use crate::config::{BackendKind, CacheConfig, Config, LunConfig};
+
+/// An edit that cannot be made to the file.
+pub type EditError = String;
+
+/// Parses the configuration file's text.
+pub fn parse(text: &str) -> Result<DocumentMut, EditError> {
+    text.parse::<DocumentMut>().map_err(|e| e.to_string())
+}
+
+fn targets(doc: &mut DocumentMut) -> Result<&mut ArrayOfTables, EditError> {
+    doc.get_mut("target")
+        .and_then(Item::as_array_of_tables_mut)
+        .ok_or_else(|| "the configuration file has no [[target]]".to_string())
+}
+
+fn target<'a>(doc: &'a mut DocumentMut, name: &str) -> Result<&'a mut Table, EditError> {
+    targets(doc)?
+        .iter_mut()
+        .find(|t| t.get("name").and_then(Item::as_str) == Some(name))
+        .ok_or_else(|| format!("target {name} is not in the configuration file"))
+}
+
+/// Writes `number = position` into every LUN of the target that has none,
+/// so that removing one does not renumber the others at the next start.
+fn pin_numbers(t: &mut Table) -> Option<&mut ArrayOfTables> {
+    let luns = t.get_mut("lun").and_then(Item::as_array_of_tables_mut)?;
+    for (i, l) in luns.iter_mut().enumerate() {
+        if l.get("number").is_none() {
+            l.insert("number", value(i as i64));
+        }
+    }
+    Some(luns)
+}
+
+fn number_of(l: &Table) -> Option<i64> {
+    l.get("number").and_then(Item::as_integer)
+}
+
+/// Adds LUN `n` described by `c` to target `name`.
+pub fn add_lun(doc: &mut DocumentMut, name: &str, n: u16, c: &LunConfig) -> Result<(), EditError> {
+    let t = target(doc, name)?;
+    if t.get("lun").is_none() {
+        t.insert("lun", Item::ArrayOfTables(ArrayOfTables::new()));
+    }
+    let luns = pin_numbers(t).ok_or("target.lun is not an array of tables")?;
+    let mut l = Table::new();
+    l.insert(
+        "backend",
+        value(match c.backend {
+            BackendKind::Mem => "mem",
+            BackendKind::Null => "null",
+            BackendKind::File => "file",
+        }),
+    );
+    if let Some(p) = &c.path {
+        l.insert("path", value(p.display().to_string()));
+    }
+    if let Some(s) = &c.size {
+        l.insert("size", value(s.as_str()));
+    }
+    if c.block_size != 512 {
+        l.insert("block_size", value(i64::from(c.block_size)));
+    }
+    if c.write_cache == CacheConfig::Back {
+        l.insert("write_cache", value("back"));
+    }
+    if c.read_only {
+        l.insert("read_only", value(true));
+    }
+    if !c.thin {
+        l.insert("thin", value(false));
+    }
+    if let Some(s) = &c.serial {
+        l.insert("serial", value(s.as_str()));
+    }
+    l.insert("number", value(i64::from(n)));
+    luns.push(l);
+    Ok(())
+}
+
+/// Removes LUN `n` from target `name`.
+pub fn remove_lun(doc: &mut DocumentMut, name: &str, n: u16) -> Result<(), EditError> {
+    let t = target(doc, name)?;
+    let luns = pin_numbers(t).ok_or_else(|| format!("target {name} has no LUN {n} in the file"))?;
+    let i = luns
+        .iter()
+        .position(|l| number_of(l) == Some(i64::from(n)))
+        .ok_or_else(|| format!("target {name} has no LUN {n} in the file"))?;
+    luns.remove(i);
+    Ok(())
+}
+
+/// Sets the size of LUN `n` of target `name`.
+pub fn resize_lun(doc: &mut DocumentMut, name: &str, n: u16, size: &str) -> Result<(), EditError> {
+    let t = target(doc, name)?;
+    let luns = pin_numbers(t).ok_or_else(|| format!("target {name} has no LUN {n} in the file"))?;
+    let l = luns
+        .iter_mut()
+        .find(|l| number_of(l) == Some(i64::from(n)))
+        .ok_or_else(|| format!("target {name} has no LUN {n} in the file"))?;
+    l.insert("size", value(size));
+    Ok(())
+}
+
+/// Appends portal `addr` to `listen` (writing the default portal first when
+/// the file relied on it), in ALUA group `group` when groups are listed.
+pub fn add_portal(
+    doc: &mut DocumentMut,
+    addr: &str,
+    position: u16,
+    group: u16,
+) -> Result<(), EditError> {
+    if doc.get("listen").is_none() {
+        let mut a = Array::new();
+        a.push(crate::config::DEFAULT_LISTEN);
+        doc.insert("listen", value(a));
+    }
+    let listen = doc
+        .get_mut("listen")
+        .and_then(Item::as_array_mut)
+        .ok_or("listen is not an array")?;
+    listen.push(addr);
+    if let Some(groups) = doc
+        .get_mut("alua")
+        .and_then(|a| a.get_mut("group"))
+        .and_then(Item::as_array_of_tables_mut)
+    {
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let g = groups
+            .iter_mut()
+            .find(|g| g.get("id").and_then(Item::as_integer) == Some(i64::from(group)))
+            .ok_or_else(|| format!("ALUA group {group} is not in the configuration file"))?;
+        g.get_mut("portals")
+            .and_then(Item::as_array_mut)
+            .ok_or("alua.group.portals is not an array")?
+            .push(i64::from(position));
+    }
+    Ok(())
+}
+
+/// Sets the state of every ALUA group to `states` (group, state name);
+/// when the file lists no groups, writes the default one-group-per-portal
+/// layout with those states.
+pub fn set_alua(doc: &mut DocumentMut, states: &[(u16, String)]) -> Result<(), EditError> {
+    if doc.get("alua").is_none() {
+        doc.insert("alua", Item::Table(Table::new()));
+    }
+    let alua = doc
+        .get_mut("alua")
+        .and_then(Item::as_table_mut)
+        .ok_or("alua is not a table")?;
+    let empty = alua
+        .get("group")
+        .and_then(Item::as_array_of_tables)
+        .is_none_or(ArrayOfTables::is_empty);
+    if empty {
+        let mut groups = ArrayOfTables::new();
+        for (id, state) in states {
+            let mut g = Table::new();
+            g.insert("id", value(i64::from(*id)));
+            let mut p = Array::new();
+            p.push(i64::from(*id));
+            g.insert("portals", value(p));
+            g.insert("state", value(state.as_str()));
+            groups.push(g);
+        }
+        alua.insert("group", Item::ArrayOfTables(groups));
+        return Ok(());
+    }
+    let groups = alua
+        .get_mut("group")
+        .and_then(Item::as_array_of_tables_mut)
+        .ok_or("alua.group is not an array of tables")?;
+    for g in groups.iter_mut() {
+        let id = g.get("id").and_then(Item::as_integer);
+        if let Some((_, s)) = states.iter().find(|(i, _)| Some(i64::from(*i)) == id) {
+            g.insert("state", value(s.as_str()));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `doc` is a valid configuration.
+pub fn validate(doc: &DocumentMut) -> Result<Config, EditError> {
+    Config::from_toml(&doc.to_string()).map_err(|e| e.to_string())
+}
+
+/// Replaces `path` with `text` atomically (temporary file, fsync, rename,
+/// fsync of the directory), keeping the original's permissions.
+pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "config".into());
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        if let Ok(m) = std::fs::metadata(path) {
+            f.set_permissions(m.permissions())?;
+        }
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"# my SAN
+listen = ["127.0.0.1:3260"]
+
+[[target]]
+name = "iqn.2026-11.x:a"   # the main one
+[[target.lun]]
+backend = "mem"
+size = "1M"
+[[target.lun]]
+backend = "mem"
+size = "2M"
+"#;
+
+    fn lun(size: &str) -> LunConfig {
+        let mut l = LunConfig::from_spec(&format!("mem:{size}")).unwrap();
+        l.number = None;
+        l
+    }
+
+    #[test]
+    fn add_remove_resize_keep_numbers_and_comments() {
+        let mut d = parse(FILE).unwrap();
+        add_lun(&mut d, "iqn.2026-11.x:a", 5, &lun("4M")).unwrap();
+        remove_lun(&mut d, "iqn.2026-11.x:a", 0).unwrap();
+        resize_lun(&mut d, "iqn.2026-11.x:a", 1, "8M").unwrap();
+        let text = d.to_string();
+        assert!(text.contains("# my SAN"));
+        assert!(text.contains("# the main one"));
+        let c = validate(&d).unwrap();
+        let l = &c.target[0].lun;
+        assert_eq!(l.len(), 2);
+        assert_eq!((l[0].number, l[0].size.as_deref()), (Some(1), Some("8M")));
+        assert_eq!((l[1].number, l[1].size.as_deref()), (Some(5), Some("4M")));
+        assert!(remove_lun(&mut d, "iqn.2026-11.x:a", 0).is_err());
+        assert!(add_lun(&mut d, "iqn.2026-11.x:nope", 0, &lun("1M")).is_err());
+        // Two LUNs with one number: the whole file is refused.
+        add_lun(&mut d, "iqn.2026-11.x:a", 5, &lun("4M")).unwrap();
+        assert!(validate(&d).is_err());
+    }
+
+    #[test]
+    fn portals_and_alua() {
+        let mut d = parse(FILE).unwrap();
+        add_portal(&mut d, "127.0.0.1:3261", 2, 2).unwrap();
+        set_alua(
+            &mut d,
+            &[(1, "active-optimized".into()), (2, "standby".into())],
+        )
+        .unwrap();
+        let c = validate(&d).unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.alua.group.len(), 2);
+        assert_eq!(
+            c.alua.group[1].state,
+            crate::config::AluaStateConfig::Standby
+        );
+        // With groups listed, a new portal joins the named group.
+        add_portal(&mut d, "127.0.0.1:3262", 3, 1).unwrap();
+        let c = validate(&d).unwrap();
+        assert_eq!(c.alua.group[0].portals, vec![1, 3]);
+        set_alua(&mut d, &[(2, "unavailable".into())]).unwrap();
+        assert_eq!(
+            validate(&d).unwrap().alua.group[1].state,
+            crate::config::AluaStateConfig::Unavailable
+        );
+    }
+
+    #[test]
+    fn default_listen_is_written_out() {
+        let mut d = parse("[[target]]\nname = \"iqn.2026-11.x:a\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n").unwrap();
+        add_portal(&mut d, "127.0.0.1:3999", 2, 2).unwrap();
+        let c = validate(&d).unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.listen[0].to_string(), crate::config::DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_keeps_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "old").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write_atomic(&p, "new").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

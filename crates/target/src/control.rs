@@ -1,0 +1,339 @@
+//! Changing a running server: LUNs, portals and ALUA states (what the admin
+//! API calls), and reading its statistics.
+//!
+//! Every change is safe with sessions connected: a LUN table change is a
+//! new immutable table (connections pick it up at their next batch of
+//! PDUs, commands already running keep the LU they started on), removed
+//! LUNs answer LOGICAL UNIT NOT SUPPORTED, and the sessions learn of the
+//! change through unit attentions: REPORTED LUNS DATA HAS CHANGED (3F/0E)
+//! after an addition or removal, CAPACITY DATA HAS CHANGED (2A/09) after a
+//! resize, ASYMMETRIC ACCESS STATE CHANGED (2A/06) after an ALUA change.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use scsi::{AccessState, Asc, LogicalUnit};
+use serde::Serialize;
+use thiserror::Error;
+use tokio::net::TcpListener;
+
+use crate::config::LunConfig;
+use crate::lunmap::{build_lu, TargetRt};
+use crate::server::{install_abort_hook, Portal, Shared};
+use crate::stats::Snapshot;
+
+/// Why a change was refused.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// The target, LUN or group named does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The change contradicts the current state (a LUN number in use).
+    #[error("{0}")]
+    Conflict(String),
+    /// The request is invalid or the backend refused it.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A LUN as the API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct LunView {
+    pub lun: u16,
+    /// `naa.` followed by 32 hex digits, as hosts name the device.
+    pub naa: String,
+    pub serial: String,
+    pub product: String,
+    pub block_size: u32,
+    pub blocks: u64,
+    pub size_bytes: u64,
+    pub read_only: bool,
+    pub thin: bool,
+}
+
+/// A target as the API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TargetView {
+    pub name: String,
+    pub alias: Option<String>,
+    pub luns: Vec<LunView>,
+    pub alua: Vec<AluaView>,
+}
+
+/// One ALUA target port group.
+#[derive(Clone, Debug, Serialize)]
+pub struct AluaView {
+    pub group: u16,
+    pub state: String,
+}
+
+/// A portal.
+#[derive(Clone, Debug, Serialize)]
+pub struct PortalView {
+    pub addr: String,
+    pub tpgt: u16,
+    pub alua_group: u16,
+}
+
+/// The admin handle of a running server ([`crate::Server::control`]).
+#[derive(Clone)]
+pub struct Control {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control").finish_non_exhaustive()
+    }
+}
+
+fn lun_view(n: u16, lu: &LogicalUnit) -> LunView {
+    let c = lu.config();
+    LunView {
+        lun: n,
+        naa: format!(
+            "naa.{}",
+            c.naa.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+        serial: c.serial.clone(),
+        product: c.product.clone(),
+        block_size: lu.block_size(),
+        blocks: lu.num_blocks(),
+        size_bytes: lu.num_blocks() * u64::from(lu.block_size()),
+        read_only: c.read_only,
+        thin: lu.thin(),
+    }
+}
+
+impl Control {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Control { shared }
+    }
+
+    fn target(&self, name: &str) -> Result<&TargetRt, ControlError> {
+        self.shared
+            .target(name)
+            .ok_or_else(|| ControlError::NotFound(format!("no target {name}")))
+    }
+
+    /// Every target with its LUNs and ALUA states.
+    pub fn targets(&self) -> Vec<TargetView> {
+        self.shared
+            .targets
+            .iter()
+            .map(|t| TargetView {
+                name: t.name.clone(),
+                alias: t.alias.clone(),
+                luns: t.luns().iter().map(|(n, lu)| lun_view(n, lu)).collect(),
+                alua: t
+                    .port_groups
+                    .states()
+                    .into_iter()
+                    .map(|(g, s)| AluaView {
+                        group: g,
+                        state: s.name().to_string(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Every portal.
+    pub fn portals(&self) -> Vec<PortalView> {
+        self.shared
+            .portals
+            .read()
+            .iter()
+            .map(|p| PortalView {
+                addr: p.addr.to_string(),
+                tpgt: p.tpgt,
+                alua_group: p.alua_group,
+            })
+            .collect()
+    }
+
+    /// The lowest LUN number target `name` does not use.
+    pub fn free_lun(&self, name: &str) -> Result<u16, ControlError> {
+        let t = self.luns_of(name)?;
+        (0..=255u16)
+            .find(|n| t.luns.get(usize::from(*n)).is_none_or(Option::is_none))
+            .ok_or_else(|| ControlError::Conflict("all 256 LUN numbers are in use".into()))
+    }
+
+    fn luns_of(&self, name: &str) -> Result<Arc<crate::lunmap::LunTable>, ControlError> {
+        Ok(self.target(name)?.luns())
+    }
+
+    /// Opens the backend of a new LUN `n` of target `name` without serving
+    /// it yet (so the configuration file can be written first).
+    pub fn build_lun(
+        &self,
+        name: &str,
+        n: u16,
+        cfg: &LunConfig,
+    ) -> Result<Arc<LogicalUnit>, ControlError> {
+        let t = self.target(name)?;
+        if n > 255 {
+            return Err(ControlError::Invalid("LUN numbers are 0..=255".into()));
+        }
+        if t.luns()
+            .luns
+            .get(usize::from(n))
+            .is_some_and(Option::is_some)
+        {
+            return Err(ControlError::Conflict(format!("LUN {n} exists")));
+        }
+        build_lu(
+            &t.name,
+            usize::from(n),
+            cfg,
+            &t.port_groups,
+            t.state_dir.as_deref(),
+        )
+        .map_err(ControlError::Invalid)
+    }
+
+    /// Serves `lu` (from [`Control::build_lun`]) as LUN `n` of `name`.
+    pub fn install_lun(
+        &self,
+        name: &str,
+        n: u16,
+        lu: Arc<LogicalUnit>,
+    ) -> Result<LunView, ControlError> {
+        let t = self.target(name)?;
+        if t.luns()
+            .luns
+            .get(usize::from(n))
+            .is_some_and(Option::is_some)
+        {
+            return Err(ControlError::Conflict(format!("LUN {n} exists")));
+        }
+        install_abort_hook(&self.shared, &t.name, n, &lu);
+        let view = lun_view(n, &lu);
+        t.install(n, Some(lu));
+        inventory_changed(t);
+        tracing::info!(target = %t.name, lun = n, "LUN added");
+        Ok(view)
+    }
+
+    /// Checks that LUN `n` of `name` exists.
+    pub fn lun(&self, name: &str, n: u16) -> Result<LunView, ControlError> {
+        let t = self.target(name)?;
+        t.luns()
+            .luns
+            .get(usize::from(n))
+            .and_then(Option::as_ref)
+            .map(|lu| lun_view(n, lu))
+            .ok_or_else(|| ControlError::NotFound(format!("{name} has no LUN {n}")))
+    }
+
+    /// Stops serving LUN `n` of `name`: new commands get LOGICAL UNIT NOT
+    /// SUPPORTED, commands already running finish.
+    pub fn remove_lun(&self, name: &str, n: u16) -> Result<(), ControlError> {
+        self.lun(name, n)?;
+        let t = self.target(name)?;
+        t.install(n, None);
+        inventory_changed(t);
+        tracing::info!(target = %t.name, lun = n, "LUN removed");
+        Ok(())
+    }
+
+    /// Grows LUN `n` of `name` to `bytes`.
+    pub fn resize_lun(&self, name: &str, n: u16, bytes: u64) -> Result<LunView, ControlError> {
+        let t = self.target(name)?;
+        let lu = t
+            .luns()
+            .luns
+            .get(usize::from(n))
+            .and_then(Option::clone)
+            .ok_or_else(|| ControlError::NotFound(format!("{name} has no LUN {n}")))?;
+        let now = lu.num_blocks() * u64::from(lu.block_size());
+        if bytes < now {
+            return Err(ControlError::Invalid(format!(
+                "LUN {n} has {now} bytes: shrinking would cut off data, only growing is allowed"
+            )));
+        }
+        if bytes != now {
+            lu.resize(bytes).map_err(ControlError::Invalid)?;
+            tracing::info!(target = %t.name, lun = n, bytes, "LUN resized");
+        }
+        Ok(lun_view(n, &lu))
+    }
+
+    /// Sets ALUA target port group `group` to `state` on every target.
+    pub fn set_alua(&self, group: u16, state: AccessState) -> Result<(), ControlError> {
+        let mut found = false;
+        for t in &self.shared.targets {
+            match t.port_groups.set_state(group, state) {
+                None => {}
+                Some(changed) => {
+                    found = true;
+                    if changed {
+                        t.luns().iter().for_each(|(_, lu)| {
+                            lu.unit_attention_all(Asc::ASYMMETRIC_ACCESS_STATE_CHANGED)
+                        });
+                    }
+                }
+            }
+        }
+        if !found {
+            return Err(ControlError::NotFound(format!(
+                "no ALUA target port group {group}"
+            )));
+        }
+        tracing::info!(group, state = state.name(), "ALUA state set");
+        Ok(())
+    }
+
+    /// Binds a new portal on `addr` in ALUA group `alua_group` (default:
+    /// its own, id = its group tag) and starts accepting on it.
+    pub async fn add_portal(
+        &self,
+        addr: SocketAddr,
+        alua_group: Option<u16>,
+    ) -> Result<PortalView, ControlError> {
+        if self.shared.portals.read().iter().any(|p| p.addr == addr) {
+            return Err(ControlError::Conflict(format!(
+                "{addr} is a portal already"
+            )));
+        }
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|e| ControlError::Invalid(format!("cannot listen on {addr}: {e}")))?;
+        let bound = l
+            .local_addr()
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let portal = {
+            let mut ps = self.shared.portals.write();
+            let tpgt = ps.iter().map(|p| p.tpgt).max().unwrap_or(0) + 1;
+            let p = Portal {
+                addr: bound,
+                tpgt,
+                alua_group: alua_group.unwrap_or(tpgt),
+            };
+            ps.push(p);
+            p
+        };
+        self.shared
+            .new_portals
+            .send((l, portal))
+            .map_err(|_| ControlError::Invalid("the server is stopping".into()))?;
+        Ok(PortalView {
+            addr: portal.addr.to_string(),
+            tpgt: portal.tpgt,
+            alua_group: portal.alua_group,
+        })
+    }
+
+    /// Everything counted so far.
+    pub fn stats(&self) -> Snapshot {
+        self.shared.stats.snapshot()
+    }
+}
+
+/// Tells every session of `t` that the LUN inventory changed.
+fn inventory_changed(t: &TargetRt) {
+    t.luns()
+        .iter()
+        .for_each(|(_, lu)| lu.unit_attention_all(Asc::REPORTED_LUNS_DATA_CHANGED));
+}

@@ -1,0 +1,310 @@
+//! The admin API against a running server with a session connected: LUNs
+//! added, resized and removed at run time reach the session (REPORT LUNS,
+//! unit attentions, LOGICAL UNIT NOT SUPPORTED), /metrics counts its I/O,
+//! and changes written to the configuration file survive a restart.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+
+use initiator::{scsi, Connection, DataDir, LoginConfig};
+use target::admin::{Admin, AdminOptions};
+use target::{Config, Server};
+
+const IQN: &str = "iqn.2026-11.io.ironsan:admin";
+
+struct Running {
+    iscsi: SocketAddr,
+    admin: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    th: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.th.take().unwrap().join().unwrap();
+    }
+}
+
+fn start(path: &Path, token: Option<&str>) -> Running {
+    let cfg = Config::from_file(path).unwrap();
+    let path = path.to_path_buf();
+    let token = token.map(str::to_string);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let th = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let s = Server::bind(cfg).await.unwrap();
+            let a = Admin::bind(
+                AdminOptions {
+                    listen: "127.0.0.1:0".parse().unwrap(),
+                    token,
+                    config_path: Some(path),
+                },
+                s.control(),
+            )
+            .await
+            .unwrap();
+            tx.send((s.local_addrs()[0], a.local_addr().unwrap()))
+                .unwrap();
+            tokio::spawn(a.run());
+            s.run(async move {
+                let _ = stop_rx.await;
+            })
+            .await;
+        });
+    });
+    let (iscsi, admin) = rx.recv().unwrap();
+    Running {
+        iscsi,
+        admin,
+        stop: Some(stop_tx),
+        th: Some(th),
+    }
+}
+
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let code = r[9..12].parse().unwrap();
+    let body = r.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
+    (code, body)
+}
+
+fn luns(c: &mut Connection) -> Vec<u16> {
+    let r = c
+        .execute(0, &scsi::report_luns(4096), DataDir::Read(4096))
+        .unwrap();
+    scsi::parse_report_luns(&r.data)
+}
+
+fn sense_of(c: &mut Connection, lun: u16) -> Option<(u8, u8, u8)> {
+    let r = c
+        .execute(lun, &scsi::test_unit_ready(), DataDir::None)
+        .unwrap();
+    (r.status != Some(0))
+        .then(|| scsi::sense_code(&r.sense))
+        .flatten()
+}
+
+#[test]
+fn runtime_lun_changes_reach_sessions_and_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ironsan.toml");
+    std::fs::write(
+        &path,
+        format!("# kept\nlisten = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n"),
+    )
+    .unwrap();
+    let run = start(&path, None);
+    let mut c = Connection::login(
+        &run.iscsi.to_string(),
+        LoginConfig::new("iqn.2026-11.x:test", Some(IQN), initiator::random_isid()),
+    )
+    .unwrap();
+    assert_eq!(luns(&mut c), vec![0]);
+    assert_eq!(sense_of(&mut c, 0), None);
+    let r = c
+        .execute(0, &scsi::rw10(false, 0, 8), DataDir::Read(4096))
+        .unwrap();
+    assert_eq!(r.status, Some(0));
+
+    // Add LUN 1 with the session connected.
+    let file = dir.path().join("lun1.img");
+    let body = format!(
+        "{{\"backend\":\"file\",\"path\":{:?},\"size\":\"2M\"}}",
+        file.display().to_string()
+    );
+    let (code, text) = http(
+        run.admin,
+        "POST",
+        &format!("/api/targets/{IQN}/luns"),
+        &body,
+        None,
+    );
+    assert_eq!(code, 201, "{text}");
+    assert!(text.contains("\"persisted\":true"), "{text}");
+    // The session learns of it: 3F/0E on its next command to LUN 0.
+    assert_eq!(sense_of(&mut c, 0), Some((6, 0x3f, 0x0e)));
+    assert_eq!(luns(&mut c), vec![0, 1]);
+    let r = c
+        .execute(1, &scsi::read_capacity16(), DataDir::Read(32))
+        .unwrap();
+    assert_eq!(scsi::parse_capacity16(&r.data), Some((4096, 512)));
+
+    // Grow it: CAPACITY DATA HAS CHANGED, then the new size.
+    let (code, text) = http(
+        run.admin,
+        "POST",
+        &format!("/api/targets/{IQN}/luns/1/resize"),
+        "{\"size\":\"4M\"}",
+        None,
+    );
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(sense_of(&mut c, 1), Some((6, 0x2a, 0x09)));
+    let r = c
+        .execute(1, &scsi::read_capacity16(), DataDir::Read(32))
+        .unwrap();
+    assert_eq!(scsi::parse_capacity16(&r.data), Some((8192, 512)));
+    // Shrinking is refused.
+    let (code, _) = http(
+        run.admin,
+        "POST",
+        &format!("/api/targets/{IQN}/luns/1/resize"),
+        "{\"size\":\"1M\"}",
+        None,
+    );
+    assert_eq!(code, 400);
+
+    // /metrics counted the session's READ.
+    // (Connections publish their counters every 100 ms.)
+    let want = format!("ironsan_lun_read_ops_total{{target=\"{IQN}\",lun=\"0\"}} 1");
+    let mut m = String::new();
+    for _ in 0..50 {
+        let (code, text) = http(run.admin, "GET", "/metrics", "", None);
+        assert_eq!(code, 200);
+        m = text;
+        if m.lines().any(|l| l == want) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(m.lines().any(|l| l == want), "{m}");
+    let (_, s) = http(run.admin, "GET", "/api/sessions", "", None);
+    assert!(s.contains("iqn.2026-11.x:test"), "{s}");
+
+    drop(c);
+    drop(run);
+    // A restart serves LUN 1 with its new size, from the file.
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("# kept"), "{text}");
+    let run = start(&path, None);
+    let mut c = Connection::login(
+        &run.iscsi.to_string(),
+        LoginConfig::new("iqn.2026-11.x:test", Some(IQN), initiator::random_isid()),
+    )
+    .unwrap();
+    assert_eq!(luns(&mut c), vec![0, 1]);
+    let _ = sense_of(&mut c, 1);
+    let r = c
+        .execute(1, &scsi::read_capacity16(), DataDir::Read(32))
+        .unwrap();
+    assert_eq!(scsi::parse_capacity16(&r.data), Some((8192, 512)));
+
+    // Remove LUN 0: LOGICAL UNIT NOT SUPPORTED, LUN 1 keeps its number.
+    let (code, text) = http(
+        run.admin,
+        "DELETE",
+        &format!("/api/targets/{IQN}/luns/0"),
+        "",
+        None,
+    );
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(sense_of(&mut c, 0), Some((5, 0x25, 0)));
+    assert_eq!(sense_of(&mut c, 1), Some((6, 0x3f, 0x0e)));
+    assert_eq!(luns(&mut c), vec![1]);
+    let (code, _) = http(
+        run.admin,
+        "DELETE",
+        &format!("/api/targets/{IQN}/luns/0"),
+        "",
+        None,
+    );
+    assert_eq!(code, 404);
+    drop(c);
+    drop(run);
+    let c = Config::from_file(&path).unwrap();
+    assert_eq!(c.target[0].lun.len(), 1);
+    assert_eq!(c.target[0].lun[0].number, Some(1));
+}
+
+#[test]
+fn token_is_required_when_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        format!("listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"null\"\nsize = \"1M\"\n"),
+    )
+    .unwrap();
+    let run = start(&path, Some("s3cret"));
+    assert_eq!(http(run.admin, "GET", "/api/targets", "", None).0, 401);
+    assert_eq!(
+        http(run.admin, "GET", "/api/targets", "", Some("wrong")).0,
+        401
+    );
+    assert_eq!(
+        http(run.admin, "GET", "/api/targets", "", Some("s3cret")).0,
+        200
+    );
+    assert_eq!(
+        http(run.admin, "GET", "/metrics?token=s3cret", "", None).0,
+        200
+    );
+    // ALUA: group 1 exists (one group per portal by default).
+    let (code, t) = http(
+        run.admin,
+        "PUT",
+        "/api/alua/1",
+        "{\"state\":\"standby\"}",
+        Some("s3cret"),
+    );
+    assert_eq!(code, 200, "{t}");
+    let (_, t) = http(run.admin, "GET", "/api/targets", "", Some("s3cret"));
+    assert!(t.contains("\"state\":\"standby\""), "{t}");
+    assert_eq!(
+        Config::from_file(&path).unwrap().alua.group[0].state,
+        target::config::AluaStateConfig::Standby
+    );
+    assert_eq!(
+        http(
+            run.admin,
+            "PUT",
+            "/api/alua/9",
+            "{\"state\":\"standby\"}",
+            Some("s3cret")
+        )
+        .0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn non_loopback_admin_needs_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, format!("listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"null\"\nsize = \"1M\"\n")).unwrap();
+    let s = Server::bind(Config::from_file(&path).unwrap())
+        .await
+        .unwrap();
+    let e = Admin::bind(
+        AdminOptions {
+            listen: "0.0.0.0:0".parse().unwrap(),
+            token: None,
+            config_path: None,
+        },
+        s.control(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("token"), "{e}");
+}

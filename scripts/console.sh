@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The web console in a real headless Chromium while an independent
+# initiator (libiscsi's iscsi-perf) drives I/O: the page must show live
+# charts with data points, and a screenshot is saved under target/.
+# Usage: scripts/console.sh [path/to/ironsan]   (default target/debug/ironsan)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-target/debug/ironsan}
+OUT=target/console
+mkdir -p "$OUT"
+if ! command -v chromium >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+fi
+if ! command -v iscsi-perf >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq libiscsi-bin >/dev/null
+fi
+[ -x "$BIN" ] || cargo build -q -p ironsan
+PORT=$((20000 + RANDOM % 10000)); APORT=$((PORT + 1))
+IQN=iqn.2026-11.io.ironsan:console
+"$BIN" serve --listen 127.0.0.1:$PORT --target $IQN --lun mem:256M --lun null:1G \
+    --admin 127.0.0.1:$APORT >"$OUT/serve.log" 2>&1 &
+SRV=$!
+PERF=()
+cleanup() { kill "${PERF[@]}" 2>/dev/null || true; kill $SRV 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$APORT/api/targets" >/dev/null && break; sleep 0.1; done
+# Reads on LUN 0, writes on LUN 1, for longer than the page is watched.
+iscsi-perf -t 40 -b 8 iscsi://127.0.0.1:$PORT/$IQN/0 >"$OUT/perf0.log" 2>&1 &
+PERF+=($!)
+qemu-img bench -w -c 100000000 -d 16 -s 65536 -f raw "iscsi://127.0.0.1:$PORT/$IQN/1" >"$OUT/perf1.log" 2>&1 &
+PERF+=($!)
+sleep 6   # let the history fill
+URL="http://127.0.0.1:$APORT/"
+CHROME=(chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,900)
+# The page fetches every second; the virtual time budget lets it run its timers.
+"${CHROME[@]}" --virtual-time-budget=6000 --dump-dom "$URL" >"$OUT/dom.html" 2>"$OUT/chromium.log"
+"${CHROME[@]}" --virtual-time-budget=6000 --screenshot="$OUT/console.png" "$URL" >>"$OUT/chromium.log" 2>&1
+python3 - "$OUT/dom.html" <<'PY'
+import re, sys
+dom = open(sys.argv[1]).read()
+charts = re.findall(r'<canvas class="chart (c-\w+)"[^>]*data-points="(\d+)"[^>]*data-max="([\d.e+-]+)"', dom)
+updates = int(re.search(r'id="status" data-updates="(\d+)"', dom).group(1))
+print(f"console: {len(charts)} charts, {updates} updates")
+assert updates >= 2, "the page did not update"
+assert len(charts) >= 6, f"expected 3 charts for each of 2 LUNs, got {charts}"
+assert all(int(n) >= 3 for _, n, _ in charts), f"charts without data points: {charts}"
+iops = [float(m) for k, _, m in charts if k == "c-iops"]
+assert all(v > 0 for v in iops), f"IOPS charts are flat: {charts}"
+assert "iscsi-perf" in dom or "iqn." in dom
+print("console: ok, IOPS chart maxima", iops)
+PY
+test -s "$OUT/console.png"
+echo "console: screenshot $OUT/console.png"
