@@ -9,7 +9,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use initiator::scsi;
-use initiator::{Connection, DataDir, LoginConfig, Url};
+use initiator::{Connection, DataDir, Url};
 use iscsi_wire::pdu::Itt;
 
 /// One I/O to submit.
@@ -66,7 +66,7 @@ impl IscsiEngine {
     pub fn open(url: &Url, initiator_name: &str, keep_data: bool) -> Result<IscsiEngine, String> {
         let target = url.target.as_deref().ok_or("URL without a target")?;
         let lun = url.lun.unwrap_or(0);
-        let cfg = LoginConfig::new(initiator_name, Some(target), initiator::random_isid());
+        let cfg = url.login_config(initiator_name, Some(target));
         let mut conn = Connection::login(&url.addr(), cfg).map_err(|e| format!("{url}: {e}"))?;
         // Clear unit attentions, then read the capacity.
         for _ in 0..5 {

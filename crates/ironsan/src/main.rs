@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use target::config::{
-    Config, DigestConfig, LunConfig, TargetConfig, DEFAULT_LISTEN, DEFAULT_TARGET,
+    Config, CredConfig, DigestConfig, LunConfig, TargetConfig, DEFAULT_LISTEN, DEFAULT_TARGET,
 };
 use target::Server;
 
@@ -78,6 +78,15 @@ struct ServeArgs {
     /// Event loop threads (default: one per CPU).
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
+    /// Require CHAP from initiators (every target and discovery); the secret is 12..=255 bytes.
+    #[arg(long, value_name = "USER:SECRET", value_parser = CredConfig::from_spec)]
+    chap: Option<CredConfig>,
+    /// The target's own CHAP credentials for mutual CHAP (needs --chap; a different secret).
+    #[arg(long, value_name = "USER:SECRET", value_parser = CredConfig::from_spec)]
+    mutual_chap: Option<CredConfig>,
+    /// Allow only this initiator name on every target (repeatable).
+    #[arg(long = "allow", value_name = "IQN")]
+    allow: Vec<String>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -104,6 +113,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             workers: None,
             target: Vec::new(),
             state_dir: None,
+            discovery: Default::default(),
         },
     };
     if !a.listen.is_empty() {
@@ -133,11 +143,9 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
         let no_targets = cfg.target.is_empty();
         match cfg.target.iter_mut().find(|t| t.name == name) {
             Some(t) => t.lun = luns,
-            None if no_targets || a.target.is_some() => cfg.target.push(TargetConfig {
-                name,
-                alias: None,
-                lun: luns,
-            }),
+            None if no_targets || a.target.is_some() => {
+                cfg.target.push(TargetConfig::new(&name, luns))
+            }
             None => bail!("--lun given with a config of several targets: name one with --target"),
         }
     } else if let Some(name) = &a.target {
@@ -163,6 +171,19 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     }
     if let Some(d) = a.data_digest {
         cfg.limits.data_digest = d;
+    }
+    if a.chap.is_some() || a.mutual_chap.is_some() {
+        for t in &mut cfg.target {
+            t.chap.clone_from(&a.chap);
+            t.mutual_chap.clone_from(&a.mutual_chap);
+        }
+        cfg.discovery.chap.clone_from(&a.chap);
+        cfg.discovery.mutual_chap.clone_from(&a.mutual_chap);
+    }
+    if !a.allow.is_empty() {
+        for t in &mut cfg.target {
+            t.allow.clone_from(&a.allow);
+        }
     }
     cfg.validate()?;
     Ok(cfg)

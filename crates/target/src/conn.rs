@@ -14,9 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use iscsi_proto::login::{
-    status as login_status, LoginStep, TargetDirectory, TargetInfo, TargetLogin,
-};
+use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
 use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
 use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
@@ -34,30 +32,23 @@ const OUTPUT_HIGH_WATER: usize = 8 << 20;
 /// Read buffer headroom.
 const READ_CHUNK: usize = 256 * 1024;
 
-struct Directory<'a> {
-    shared: &'a Shared,
-    tpgt: u16,
-}
-
-impl TargetDirectory for Directory<'_> {
-    fn find(&self, name: &str, _initiator: &str) -> Option<TargetInfo> {
-        let t = self.shared.target(name)?;
-        Some(TargetInfo {
-            name: t.name.clone(),
-            alias: t.alias.clone(),
-            tpgt: self.tpgt,
-        })
-    }
-}
-
 struct ConnHost<'a> {
     shared: &'a Shared,
     target: Option<&'a TargetRt>,
+    peer: std::net::IpAddr,
 }
 
 impl Host for ConnHost<'_> {
-    fn send_targets(&self, _initiator: &str, value: &str, session_target: Option<&str>) -> Vec<u8> {
-        iscsi_proto::discovery::send_targets(&self.shared.listings, value, session_target)
+    fn send_targets(&self, initiator: &str, value: &str, session_target: Option<&str>) -> Vec<u8> {
+        // Discovery shows only the targets this initiator may log in to.
+        let visible: Vec<_> = self
+            .shared
+            .listings
+            .iter()
+            .filter(|l| self.shared.access.visible(&l.name, initiator, self.peer))
+            .cloned()
+            .collect();
+        iscsi_proto::discovery::send_targets(&visible, value, session_target)
     }
 
     fn lun_exists(&self, lun: Lun) -> bool {
@@ -91,6 +82,10 @@ pub(crate) async fn serve(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let Some(_slot) = shared.access.connection_slot() else {
+        tracing::warn!(%peer, "connection limit reached: closed");
+        return;
+    };
     let _ = stream.set_nodelay(true);
     if shared.socket_buffer > 0 {
         let s = socket2::SockRef::from(&stream);
@@ -99,6 +94,7 @@ pub(crate) async fn serve(
     }
     let mut c = Conn {
         stream,
+        peer,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
         out: Outbox::new(),
     };
@@ -170,6 +166,7 @@ pub(crate) async fn serve(
 
 struct Conn {
     stream: TcpStream,
+    peer: SocketAddr,
     rbuf: BytesMut,
     out: Outbox,
 }
@@ -220,9 +217,12 @@ impl Conn {
         portal: Portal,
     ) -> io::Result<Option<(Session, Option<SessionKey>, [u8; 6])>> {
         let mut login = TargetLogin::new(shared.limits.clone(), portal.tpgt);
-        let dir = Directory {
+        let (id, challenge) = crate::access::random_challenge()?;
+        login.seed_challenge(id, challenge);
+        let dir = crate::access::Directory {
             shared,
             tpgt: portal.tpgt,
+            peer: self.peer.ip(),
         };
         let lim = FrameLimits::LOGIN;
         let mut first = true;
@@ -269,12 +269,9 @@ impl Conn {
                     self.flush().await?;
                 }
                 LoginStep::Fail { resp, reason } => {
-                    tracing::warn!(
-                        reason,
-                        class = resp.status_class,
-                        detail = resp.status_detail,
-                        "login refused"
-                    );
+                    let code = (resp.status_class, resp.status_detail);
+                    let delay = crate::access::refused(shared, self.peer, code, &reason);
+                    tokio::time::sleep(delay).await;
                     self.push_login(&resp, &[]);
                     self.flush().await?;
                     return Ok(None);
@@ -285,6 +282,14 @@ impl Conn {
                     outcome,
                 } => {
                     let mut key = None;
+                    if let Some(code) =
+                        crate::access::session_refused(shared, &outcome, portal.tpgt)
+                    {
+                        crate::access::refused(shared, self.peer, code, "session limit reached");
+                        self.push_login(&login_reject(&raw.bhs, code), &[]);
+                        self.flush().await?;
+                        return Ok(None);
+                    }
                     if outcome.params.session_type == SessionType::Normal {
                         let k = SessionKey {
                             initiator: outcome.params.initiator_name.clone(),
@@ -351,7 +356,11 @@ impl Conn {
             data_digest: p.data_digest,
             max_data_segment: p.recv_max_data_segment,
         };
-        let host = ConnHost { shared, target };
+        let host = ConnHost {
+            shared,
+            target,
+            peer: self.peer.ip(),
+        };
         let (tx, mut rx) = mpsc::unbounded_channel::<(Itt, Completion)>();
         let mut events = Vec::new();
         let mut last_rx = Instant::now();

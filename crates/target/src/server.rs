@@ -82,6 +82,7 @@ impl AbortRequests {
 /// State shared by every connection.
 pub(crate) struct Shared {
     pub limits: Limits,
+    pub access: crate::access::AccessControl,
     pub socket_buffer: u32,
     pub login_timeout: Duration,
     pub nop_interval: Duration,
@@ -197,6 +198,7 @@ impl Server {
             })
             .collect();
         let shared = Shared {
+            access: crate::access::AccessControl::from_config(&cfg).map_err(|e| e.to_string())?,
             limits: cfg.limits(),
             socket_buffer: cfg.limits.socket_buffer,
             login_timeout: Duration::from_secs(cfg.timeouts.login.max(1)),
