@@ -7,5 +7,6 @@ cargo fmt --all -- --check
 cargo clippy -q --workspace --all-targets -- -D warnings
 cargo test -q --workspace
 scripts/interop.sh
+scripts/security.sh
 scripts/conformance.sh --digest off
 scripts/conformance.sh --digest required
