@@ -204,6 +204,17 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
+/// Start-up output of `serve`: a closed or broken stdout must not stop the
+/// target (println! would panic on EPIPE once a supervisor stops reading).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, $($t)*);
+        let _ = o.flush();
+    }};
+}
+
 fn serve(a: ServeArgs) -> Result<()> {
     let cfg = build_config(&a)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -237,17 +248,18 @@ fn serve(a: ServeArgs) -> Result<()> {
                         }
                     ),
                 };
-                println!(
+                say!(
                     "ironsan: {} LUN {i}: {what}, {} byte blocks",
-                    t.name, l.block_size
+                    t.name,
+                    l.block_size
                 );
             }
         }
         for a in &addrs {
-            println!("ironsan: listening on {a}");
+            say!("ironsan: listening on {a}");
         }
         if let (Some(a), Some(t)) = (addrs.first(), cfg.target.first()) {
-            println!(
+            say!(
                 "ironsan: try  iscsi-ls -s iscsi://{a}  or  iscsi-inq iscsi://{a}/{}/0",
                 t.name
             );
