@@ -8,5 +8,8 @@ cargo clippy -q --workspace --all-targets -- -D warnings
 cargo test -q --workspace
 scripts/interop.sh
 scripts/security.sh
+# Fuzz targets on the stable runner: seeds, regressions, then 30 s of random
+# and mutated inputs each (IRONSAN_FUZZ_SECONDS to change).
+cargo run -q -p ironsan-fuzz --release -- --seconds "${IRONSAN_FUZZ_SECONDS:-30}" all
 scripts/conformance.sh --digest off
 scripts/conformance.sh --digest required

@@ -27,8 +27,11 @@ use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
 use iscsi_wire::pdu::{opcode, LoginReq, Lun, Opcode, Pdu};
 use iscsi_wire::Outbox;
 
+/// A fuzz target body.
+pub type Target = fn(&[u8]);
+
 /// The fuzz targets by name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("pdu", pdu),
     ("text", text),
     ("cdb", cdb),
