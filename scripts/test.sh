@@ -8,5 +8,9 @@ cargo clippy -q --workspace --all-targets -- -D warnings
 cargo test -q --workspace
 scripts/interop.sh
 scripts/console.sh
+scripts/security.sh
+# Fuzz targets on the stable runner: seeds, regressions, then 30 s of random
+# and mutated inputs each (IRONSAN_FUZZ_SECONDS to change).
+timeout 900 cargo run -q -p ironsan-fuzz --release -- --seconds "${IRONSAN_FUZZ_SECONDS:-30}" all
 scripts/conformance.sh --digest off
 scripts/conformance.sh --digest required

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use initiator::scsi;
-use initiator::{Connection, DataDir, LoginConfig, Url};
+use initiator::{Connection, DataDir, Url};
 use iscsi_wire::pdu::Itt;
 
 /// One I/O to submit.
@@ -80,9 +80,7 @@ pub fn open_session(
 ) -> Result<(Connection, u16, u64, u32), String> {
     let target = url.target.as_deref().ok_or("URL without a target")?;
     let lun = url.lun.unwrap_or(0);
-    let mut cfg = LoginConfig::new(initiator_name, Some(target), initiator::random_isid());
-    cfg.header_digest = url.header_digest;
-    cfg.data_digest = url.data_digest;
+    let cfg = url.login_config(initiator_name, Some(target));
     let mut conn = Connection::login(&url.addr(), cfg).map_err(|e| format!("{url}: {e}"))?;
     for _ in 0..5 {
         let r = conn

@@ -357,7 +357,19 @@ impl Connection {
 /// A discovery session: every target and its portal addresses
 /// (`SendTargets=All`).
 pub fn discover(addr: &str, initiator: &str) -> Result<Vec<(String, Vec<String>)>, Error> {
-    let cfg = LoginConfig::new(initiator, None, crate::random_isid());
+    discover_with(
+        addr,
+        LoginConfig::new(initiator, None, crate::random_isid()),
+    )
+}
+
+/// A discovery session logged in with `cfg` (its target name is ignored;
+/// CHAP credentials are used).
+pub fn discover_with(
+    addr: &str,
+    mut cfg: LoginConfig,
+) -> Result<Vec<(String, Vec<String>)>, Error> {
+    cfg.target_name = None;
     let mut c = Connection::login(addr, cfg)?;
     let pairs = c.text(b"SendTargets=All\0")?;
     let _ = c.logout();

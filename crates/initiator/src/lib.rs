@@ -13,12 +13,23 @@ mod conn;
 pub mod scsi;
 mod url;
 
-pub use conn::{discover, Connection, Error};
+pub use conn::{discover, discover_with, Connection, Error};
 pub use iscsi_proto::initiator::{DataDir, LoginConfig, TaskResult};
 pub use url::Url;
 
 /// The initiator name used when none is given.
 pub const DEFAULT_INITIATOR: &str = "iqn.2026-11.io.ironsan:initiator";
+
+/// Bytes from the OS random source (for CHAP challenges). Panics if
+/// `/dev/urandom` cannot be read: a challenge must never be predictable.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("reading /dev/urandom");
+    b
+}
 
 /// A random ISID of the "random" type (RFC 7143 §11.12.5, T=10b).
 pub fn random_isid() -> [u8; 6] {

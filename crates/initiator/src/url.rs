@@ -1,11 +1,14 @@
-//! `iscsi://[user[%secret]@]host[:port][/target-iqn[/lun]]` URLs, as
-//! libiscsi writes them.
+//! `iscsi://[user[%secret]@]host[:port][/target-iqn[/lun]][?target_user=U&target_password=P]`
+//! URLs, as libiscsi writes them. The user and secret are CHAP credentials;
+//! `target_user`/`target_password` (or the environment variables
+//! `LIBISCSI_CHAP_TARGET_USERNAME`/`LIBISCSI_CHAP_TARGET_PASSWORD`, as
+//! libiscsi reads them) ask for mutual CHAP.
 
 use std::fmt;
 use std::str::FromStr;
 
-/// A parsed iSCSI URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A parsed iSCSI URL. `Debug` does not show secrets.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Url {
     pub host: String,
     pub port: u16,
@@ -17,6 +20,23 @@ pub struct Url {
     pub header_digest: bool,
     /// `?data_digest=crc32c`: ask for CRC32C data digests.
     pub data_digest: bool,
+    /// Mutual CHAP: the target's user and secret.
+    pub target_chap: Option<(String, String)>,
+}
+
+impl fmt::Debug for Url {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Url")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("target", &self.target)
+            .field("lun", &self.lun)
+            .field("chap_user", &self.chap.as_ref().map(|c| &c.0))
+            .field("target_chap_user", &self.target_chap.as_ref().map(|c| &c.0))
+            .field("header_digest", &self.header_digest)
+            .field("data_digest", &self.data_digest)
+            .finish()
+    }
 }
 
 impl Url {
@@ -55,6 +75,7 @@ impl FromStr for Url {
             .ok_or_else(|| bad("no iscsi:// prefix"))?;
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (mut header_digest, mut data_digest) = (false, false);
+        let (mut tu, mut tp) = (None, None);
         for kv in query.split('&').filter(|kv| !kv.is_empty()) {
             match kv.split_once('=') {
                 Some(("header_digest", v)) => {
@@ -63,13 +84,20 @@ impl FromStr for Url {
                 Some(("data_digest", v)) => {
                     data_digest = v.to_ascii_lowercase().starts_with("crc32c")
                 }
+                Some(("target_user", v)) => tu = Some(v.to_string()),
+                Some(("target_password", v)) => tp = Some(v.to_string()),
                 _ => {
                     return Err(bad(
-                        "unknown URL parameter; known: header_digest=crc32c, data_digest=crc32c",
+                        "unknown URL parameter; known: header_digest, data_digest, target_user, target_password",
                     ))
                 }
             }
         }
+        let target_chap = match (tu, tp) {
+            (Some(u), Some(p)) if !u.is_empty() && !p.is_empty() => Some((u, p)),
+            (None, None) => None,
+            _ => return Err(bad("target_user and target_password go together")),
+        };
         let (auth, rest) = match rest.rsplit_once('@') {
             Some((a, r)) => (Some(a), r),
             None => (None, rest),
@@ -114,7 +142,49 @@ impl FromStr for Url {
             chap,
             header_digest,
             data_digest,
+            target_chap,
         })
+    }
+}
+
+impl Url {
+    /// The login configuration for this URL: CHAP from the credentials,
+    /// mutual CHAP from `target_user`/`target_password` or, failing those,
+    /// `LIBISCSI_CHAP_TARGET_USERNAME`/`LIBISCSI_CHAP_TARGET_PASSWORD`.
+    /// `target` overrides the URL's target; `None` with no target in the
+    /// URL is a discovery login.
+    pub fn login_config(
+        &self,
+        initiator: &str,
+        target: Option<&str>,
+    ) -> iscsi_proto::initiator::LoginConfig {
+        use iscsi_proto::chap::{Credential, Secret};
+        use iscsi_proto::initiator::{LoginConfig, MutualChap};
+        let target = target.or(self.target.as_deref());
+        let mut cfg = LoginConfig::new(initiator, target, crate::random_isid());
+        cfg.header_digest = self.header_digest;
+        cfg.data_digest = self.data_digest;
+        cfg.chap = self
+            .chap
+            .as_ref()
+            .map(|(u, p)| Credential::new(u, p.as_bytes()));
+        let env = || {
+            let u = std::env::var("LIBISCSI_CHAP_TARGET_USERNAME").ok()?;
+            let p = std::env::var("LIBISCSI_CHAP_TARGET_PASSWORD").ok()?;
+            (!u.is_empty() && !p.is_empty()).then_some((u, p))
+        };
+        if cfg.chap.is_some() {
+            if let Some((u, p)) = self.target_chap.clone().or_else(env) {
+                let r = crate::random_bytes::<17>();
+                cfg.mutual = Some(MutualChap {
+                    user: Some(u),
+                    secret: Secret::new(p.into_bytes()),
+                    id: r[0],
+                    challenge: r[1..].to_vec(),
+                });
+            }
+        }
+        cfg
     }
 }
 
@@ -145,5 +215,12 @@ mod tests {
             .unwrap();
         assert!(u.header_digest && u.data_digest && u.lun == Some(0));
         assert!("iscsi://h/iqn.a/0?bogus=1".parse::<Url>().is_err());
+        let u: Url = "iscsi://bob%s3cret@h/iqn.a/0?target_user=t&target_password=tsecret"
+            .parse()
+            .unwrap();
+        assert_eq!(u.target_chap, Some(("t".into(), "tsecret".into())));
+        assert_eq!(u.target.as_deref(), Some("iqn.a"));
+        assert!(!format!("{u:?}").contains("s3cret"));
+        assert!("iscsi://h/iqn.a/0?target_user=t".parse::<Url>().is_err());
     }
 }

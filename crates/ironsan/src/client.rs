@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use bench::spec::{IoEngineKind, Multipath};
 use bench::{JobSpec, Rw, TargetSpec};
 use clap::Args;
-use initiator::{scsi, Connection, DataDir, LoginConfig, Url};
+use initiator::{scsi, Connection, DataDir, Url};
 
 /// `ironsan ls`: discovery, and with `-s` the LUNs of every target.
 #[derive(Args, Debug)]
@@ -251,7 +251,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
 
 pub fn ls(a: LsArgs) -> Result<()> {
     let url: Url = a.url.parse().map_err(anyhow::Error::msg)?;
-    let targets = initiator::discover(&url.addr(), &a.initiator)
+    let targets = initiator::discover_with(&url.addr(), url.login_config(&a.initiator, None))
         .with_context(|| format!("discovery at {}", url.addr()))?;
     for (name, portals) in targets {
         for p in &portals {
@@ -261,7 +261,7 @@ pub fn ls(a: LsArgs) -> Result<()> {
             println!("Target:{name}");
         }
         if a.show_luns {
-            let cfg = LoginConfig::new(&a.initiator, Some(&name), initiator::random_isid());
+            let cfg = url.login_config(&a.initiator, Some(&name));
             let mut c =
                 Connection::login(&url.addr(), cfg).with_context(|| format!("login to {name}"))?;
             let r = c.execute(0, &scsi::report_luns(4096), DataDir::Read(4096))?;
@@ -291,7 +291,7 @@ pub fn inq(a: InqArgs) -> Result<()> {
         )
     };
     let lun = url.lun.unwrap_or(0);
-    let cfg = LoginConfig::new(&a.initiator, Some(&target), initiator::random_isid());
+    let cfg = url.login_config(&a.initiator, Some(&target));
     let mut c =
         Connection::login(&url.addr(), cfg).with_context(|| format!("login to {target}"))?;
     let _ = c.execute(lun, &scsi::test_unit_ready(), DataDir::None);

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use target::config::{
-    Config, DigestConfig, LunConfig, TargetConfig, DEFAULT_LISTEN, DEFAULT_TARGET,
+    Config, CredConfig, DigestConfig, LunConfig, TargetConfig, DEFAULT_LISTEN, DEFAULT_TARGET,
 };
 use target::Server;
 
@@ -93,6 +93,15 @@ struct ServeArgs {
     /// Event loop threads (default: one per CPU).
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
+    /// Require CHAP from initiators (every target and discovery); the secret is 12..=255 bytes.
+    #[arg(long, value_name = "USER:SECRET", value_parser = CredConfig::from_spec)]
+    chap: Option<CredConfig>,
+    /// The target's own CHAP credentials for mutual CHAP (needs --chap; a different secret).
+    #[arg(long, value_name = "USER:SECRET", value_parser = CredConfig::from_spec)]
+    mutual_chap: Option<CredConfig>,
+    /// Allow only this initiator name on every target (repeatable).
+    #[arg(long = "allow", value_name = "IQN")]
+    allow: Vec<String>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
     /// Changes made through the admin API are written back to it.
     #[arg(long, value_name = "FILE")]
@@ -132,6 +141,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             target: Vec::new(),
             state_dir: None,
             admin: Default::default(),
+            discovery: Default::default(),
         },
     };
     if !a.listen.is_empty() {
@@ -161,11 +171,9 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
         let no_targets = cfg.target.is_empty();
         match cfg.target.iter_mut().find(|t| t.name == name) {
             Some(t) => t.lun = luns,
-            None if no_targets || a.target.is_some() => cfg.target.push(TargetConfig {
-                name,
-                alias: None,
-                lun: luns,
-            }),
+            None if no_targets || a.target.is_some() => {
+                cfg.target.push(TargetConfig::new(&name, luns))
+            }
             None => bail!("--lun given with a config of several targets: name one with --target"),
         }
     } else if let Some(name) = &a.target {
@@ -198,6 +206,19 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     if let Some(d) = a.data_digest {
         cfg.limits.data_digest = d;
     }
+    if a.chap.is_some() || a.mutual_chap.is_some() {
+        for t in &mut cfg.target {
+            t.chap.clone_from(&a.chap);
+            t.mutual_chap.clone_from(&a.mutual_chap);
+        }
+        cfg.discovery.chap.clone_from(&a.chap);
+        cfg.discovery.mutual_chap.clone_from(&a.mutual_chap);
+    }
+    if !a.allow.is_empty() {
+        for t in &mut cfg.target {
+            t.allow.clone_from(&a.allow);
+        }
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -215,6 +236,17 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
             _ = term.recv() => {}
         }
     })
+}
+
+/// Start-up output of `serve`: a closed or broken stdout must not stop the
+/// target (println! would panic on EPIPE once a supervisor stops reading).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, $($t)*);
+        let _ = o.flush();
+    }};
 }
 
 fn serve(a: ServeArgs) -> Result<()> {
@@ -270,17 +302,18 @@ fn serve(a: ServeArgs) -> Result<()> {
                         }
                     ),
                 };
-                println!(
+                say!(
                     "ironsan: {} LUN {i}: {what}, {} byte blocks",
-                    t.name, l.block_size
+                    t.name,
+                    l.block_size
                 );
             }
         }
         for a in &addrs {
-            println!("ironsan: listening on {a}");
+            say!("ironsan: listening on {a}");
         }
         if let (Some(a), Some(t)) = (addrs.first(), cfg.target.first()) {
-            println!(
+            say!(
                 "ironsan: try  iscsi-ls -s iscsi://{a}  or  iscsi-inq iscsi://{a}/{}/0",
                 t.name
             );

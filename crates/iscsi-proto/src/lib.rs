@@ -8,8 +8,10 @@
 //! * [`session`]: the full feature phase of one connection — CmdSN window,
 //!   immediate/unsolicited data and R2T, Data-In with status, NOP, task
 //!   management, logout, text (§4.2, §11).
+//! * [`chap`]: CHAP with MD5 — responses, encodings, redacted secrets.
 //! * [`discovery`]: SendTargets answers (§13 Appendix C).
 
+pub mod chap;
 pub mod discovery;
 pub mod initiator;
 pub mod login;

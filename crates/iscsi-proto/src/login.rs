@@ -14,8 +14,12 @@
 //! to send and whether login continues, completes or fails. Keys are
 //! negotiated by their RFC 7143 §13 rule (boolean OR/AND, numerical
 //! minimum/maximum, list selection, declarative); unknown keys are answered
-//! `NotUnderstood`, malformed values `Reject`. Authentication (CHAP) will
-//! plug into the security stage; today AuthMethod=None is the only method.
+//! `NotUnderstood`, malformed values `Reject`. The security stage runs
+//! the authentication exchange of [`auth`] (AuthMethod=None or CHAP with
+//! MD5, optionally mutual) as the target's [`ChapPolicy`] demands; the
+//! operational stage cannot be entered before it has succeeded. The CHAP
+//! challenge comes from the caller ([`TargetLogin::seed_challenge`]), which
+//! draws it from the OS random source.
 
 use std::collections::HashSet;
 
@@ -23,7 +27,13 @@ use iscsi_wire::pdu::{stage, Itt, LoginReq, LoginResp, SnTriple};
 use iscsi_wire::text::{self, Continuation};
 use iscsi_wire::Sn;
 
+use crate::chap::{ChapPolicy, CHALLENGE_LEN};
 use crate::params::{DigestPolicy, Limits, SessionParams, SessionType};
+
+mod auth;
+
+/// Most Login Requests one login may take (continuations included).
+pub const MAX_LOGIN_REQUESTS: u32 = 64;
 
 /// A target as the login phase needs to know it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,8 +46,20 @@ pub struct TargetInfo {
 
 /// Looks targets up by name for the portal a connection arrived on.
 pub trait TargetDirectory {
-    /// The target called `name`, if it exists and the initiator may use it.
+    /// The target called `name`, if it exists.
     fn find(&self, name: &str, initiator: &str) -> Option<TargetInfo>;
+
+    /// Whether `initiator` may log in to the target `name` (its ACL). A
+    /// refusal is login status 0x0202 (authorization failure).
+    fn authorize(&self, _name: &str, _initiator: &str) -> bool {
+        true
+    }
+
+    /// The authentication a login to `target` (`None`: a discovery
+    /// session) must pass.
+    fn chap(&self, _target: Option<&str>) -> ChapPolicy {
+        ChapPolicy::default()
+    }
 }
 
 /// Login status classes and details (RFC 7143 §11.13.5).
@@ -116,6 +138,8 @@ pub struct TargetLogin {
     cont: Continuation,
     declared_mrdsl: bool,
     sent_tpgt: bool,
+    auth: auth::Auth,
+    requests: u32,
 }
 
 struct Fail((u8, u8), String);
@@ -141,7 +165,16 @@ impl TargetLogin {
             cont: Continuation::default(),
             declared_mrdsl: false,
             sent_tpgt: false,
+            auth: auth::Auth::new(),
+            requests: 0,
         }
+    }
+
+    /// Supplies the CHAP identifier and challenge this login will send if
+    /// CHAP is negotiated: fresh bytes from the OS random source for every
+    /// connection (RFC 7143 §12.1.3: challenges are never reused).
+    pub fn seed_challenge(&mut self, id: u8, challenge: [u8; CHALLENGE_LEN]) {
+        self.auth.seed(id, challenge);
     }
 
     /// Handles one Login Request with its data segment.
@@ -194,6 +227,13 @@ impl TargetLogin {
         dir: &dyn TargetDirectory,
         first: bool,
     ) -> Result<LoginStep, Fail> {
+        self.requests += 1;
+        if self.requests > MAX_LOGIN_REQUESTS {
+            return Err(Fail(
+                status::INITIATOR_ERROR,
+                format!("more than {MAX_LOGIN_REQUESTS} login requests"),
+            ));
+        }
         if req.version_min > 0 {
             return Err(Fail(
                 status::UNSUPPORTED_VERSION,
@@ -251,6 +291,7 @@ impl TargetLogin {
             text::parse(&whole).map_err(|e| Fail(status::INITIATOR_ERROR, e.to_string()))?;
 
         let mut out = Vec::new();
+        let mut security = Vec::new();
         for (k, v) in &pairs {
             if !self.seen.insert(k.clone()) {
                 return Err(Fail(
@@ -258,7 +299,18 @@ impl TargetLogin {
                     format!("key {k} negotiated twice"),
                 ));
             }
-            self.negotiate(k, v, csg, &mut out)?;
+            let auth_key = k == "AuthMethod" || k.starts_with("CHAP_");
+            if csg == stage::SECURITY && auth_key {
+                security.push((k.clone(), v.clone()));
+                continue;
+            }
+            if k.starts_with("CHAP_") {
+                return Err(Fail(
+                    status::INITIATOR_ERROR,
+                    format!("{k} outside the security stage"),
+                ));
+            }
+            self.negotiate(k, v, &mut out)?;
         }
 
         if first {
@@ -276,9 +328,26 @@ impl TargetLogin {
                 let Some(t) = dir.find(name, &self.params.initiator_name) else {
                     return Err(Fail(status::NOT_FOUND, format!("no target {name}")));
                 };
+                if !dir.authorize(&t.name, &self.params.initiator_name) {
+                    return Err(Fail(
+                        status::FORBIDDEN,
+                        format!("initiator not allowed on {}", t.name),
+                    ));
+                }
                 self.params.target_name = t.name.clone();
+                self.auth.policy = dir.chap(Some(&t.name));
                 self.target = Some(t);
+            } else {
+                self.auth.policy = dir.chap(None);
             }
+        }
+        if csg == stage::SECURITY {
+            self.auth.handle(&security, &mut out)?;
+            if req.transit && !self.auth.complete() && !self.auth.in_exchange() {
+                return Err(Fail(status::AUTH_FAILED, "authentication required".into()));
+            }
+        } else if !self.auth.complete() {
+            return Err(Fail(status::AUTH_FAILED, "authentication required".into()));
         }
         if self.params.session_type == SessionType::Normal && !self.sent_tpgt {
             text::push(&mut out, "TargetPortalGroupTag", &self.tpgt.to_string());
@@ -293,7 +362,9 @@ impl TargetLogin {
             self.declared_mrdsl = true;
         }
 
-        let transit = req.transit;
+        // Mid-exchange the target holds the initiator in the security
+        // stage by answering T=0 (RFC 7143 §6.3).
+        let transit = req.transit && self.auth.complete();
         if transit && req.nsg == stage::FULL_FEATURE {
             if let Some(alias) = self.target.as_ref().and_then(|t| t.alias.clone()) {
                 if !self.seen.contains("TargetAlias") {
@@ -325,7 +396,7 @@ impl TargetLogin {
         Ok(LoginStep::Continue { resp, text: out })
     }
 
-    fn negotiate(&mut self, key: &str, val: &str, csg: u8, out: &mut Vec<u8>) -> Result<(), Fail> {
+    fn negotiate(&mut self, key: &str, val: &str, out: &mut Vec<u8>) -> Result<(), Fail> {
         let l = self.limits.clone();
         let p = &mut self.params;
         let is_answer = matches!(val, "NotUnderstood" | "Irrelevant" | "Reject");
@@ -355,18 +426,8 @@ impl TargetLogin {
                     ))
                 }
             },
-            "AuthMethod" => {
-                if csg != stage::SECURITY {
-                    text::push(out, key, "Irrelevant");
-                } else if val.split(',').any(|m| m == "None") {
-                    text::push(out, key, "None");
-                } else {
-                    return Err(Fail(
-                        status::AUTH_FAILED,
-                        format!("no acceptable AuthMethod in {val}"),
-                    ));
-                }
-            }
+            // In the security stage the key goes to the auth exchange.
+            "AuthMethod" => text::push(out, key, "Irrelevant"),
             "HeaderDigest" | "DataDigest" => {
                 let policy = if key == "HeaderDigest" {
                     l.header_digest

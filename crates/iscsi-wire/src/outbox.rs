@@ -136,6 +136,8 @@ impl Outbox {
 
     /// Drops the first `n` bytes, which have been written.
     pub fn advance(&mut self, mut n: usize) {
+        // Bytes still in the arena count too (a caller may advance without
+        // having asked for slices first).
         self.seal();
         self.len -= n;
         while n > 0 {

@@ -14,6 +14,9 @@ pub const MAX_KEY_LEN: usize = 63;
 pub const MAX_VALUE_LEN: usize = 8192;
 /// Longest text accepted across C-bit continuations.
 pub const MAX_TEXT_LEN: usize = 64 * 1024;
+/// Most PDUs one continued text may span (bounds a stream of empty
+/// continuation PDUs, which [`MAX_TEXT_LEN`] alone does not).
+pub const MAX_TEXT_PIECES: usize = 128;
 
 /// Why a text segment was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -36,6 +39,9 @@ pub enum TextError {
     /// Continued text over [`MAX_TEXT_LEN`].
     #[error("text longer than {MAX_TEXT_LEN} bytes")]
     TooLong,
+    /// Continued text spread over more than [`MAX_TEXT_PIECES`] PDUs.
+    #[error("text continued over more than {MAX_TEXT_PIECES} PDUs")]
+    TooManyPieces,
 }
 
 /// Parses a complete text into pairs, in order. Empty segments (a trailing
@@ -90,6 +96,7 @@ pub fn encode<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Vec<u8> {
 #[derive(Debug, Default)]
 pub struct Continuation {
     buf: Vec<u8>,
+    pieces: usize,
 }
 
 impl Continuation {
@@ -98,12 +105,20 @@ impl Continuation {
     pub fn push(&mut self, data: &[u8], cont: bool) -> Result<Option<Vec<u8>>, TextError> {
         if self.buf.len() + data.len() > MAX_TEXT_LEN {
             self.buf.clear();
+            self.pieces = 0;
             return Err(TextError::TooLong);
+        }
+        self.pieces += 1;
+        if cont && self.pieces >= MAX_TEXT_PIECES {
+            self.buf.clear();
+            self.pieces = 0;
+            return Err(TextError::TooManyPieces);
         }
         self.buf.extend_from_slice(data);
         if cont {
             Ok(None)
         } else {
+            self.pieces = 0;
             Ok(Some(std::mem::take(&mut self.buf)))
         }
     }
@@ -169,6 +184,10 @@ mod tests {
         assert_eq!(err, Some(TextError::TooLong));
         assert_eq!(c.push(b"x=1\0", true), Ok(None));
         assert_eq!(c.push(b"y=2\0", false), Ok(Some(b"x=1\0y=2\0".to_vec())));
+        // Endless empty continuations end too.
+        let mut c = Continuation::default();
+        let r = (0..1000).find_map(|_| c.push(b"", true).err());
+        assert_eq!(r, Some(TextError::TooManyPieces));
     }
 
     proptest! {

@@ -198,10 +198,20 @@ pub(crate) fn data_in(mut v: Vec<u8>, alloc: usize) -> Outcome {
 
 /// Maps a backend error to sense data: an out-of-range access (which the
 /// range checks make impossible unless the backend shrank) to LBA OUT OF
-/// RANGE, anything else to MEDIUM ERROR with `asc`.
+/// RANGE, a full device (ENOSPC, EDQUOT: a thin LUN out of space) to DATA
+/// PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT (SBC-4 §4.7.3.7),
+/// anything else to MEDIUM ERROR with `asc`.
 pub(crate) fn backend_error(e: &io::Error, asc: Asc) -> Sense {
+    // Linux errno values (io::ErrorKind::StorageFull is newer than the MSRV).
+    const ENOSPC: i32 = 28;
+    const EDQUOT: i32 = 122;
     if e.kind() == io::ErrorKind::InvalidInput {
         Sense::lba_out_of_range()
+    } else if matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT)) {
+        Sense::new(
+            SenseKey::DataProtect,
+            Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
+        )
     } else {
         Sense::new(SenseKey::MediumError, asc)
     }

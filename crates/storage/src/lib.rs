@@ -40,10 +40,12 @@
 //!   (SBC-4 §4.29 atomic writes); concurrent commands are kept apart by the
 //!   SCSI layer's range locks, not by the backend.
 
+pub mod fault;
 mod file;
 mod mem;
 mod null;
 
+pub use fault::FaultBackend;
 pub use file::FileBackend;
 pub use mem::MemBackend;
 pub use null::NullBackend;

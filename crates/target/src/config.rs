@@ -27,6 +27,10 @@
 //! [[target]]
 //! name = "iqn.2026-11.io.ironsan:disk0"
 //! alias = "disk0"
+//! allow = ["iqn.2026-11.io.example:host1"]   # initiator names; empty: any
+//! allow_net = ["10.0.0.0/8"]                  # source networks; empty: any
+//! chap = { user = "host1", secret_file = "/etc/ironsan/host1.secret" }
+//! mutual_chap = { user = "disk0", secret = "another-secret" }
 //!
 //! [[target.lun]]
 //! backend = "file"             # mem | null | file
@@ -44,6 +48,7 @@ use iscsi_proto::params::{DigestPolicy, Limits, MAX_QUEUE_DEPTH};
 use serde::Deserialize;
 use thiserror::Error;
 
+pub use crate::access::{AuthConfig, Cidr, CredConfig, SecretString};
 use crate::size::parse_size;
 
 /// The default target name when none is given.
@@ -99,6 +104,9 @@ pub struct Config {
     /// The admin endpoint (JSON API, /metrics, web console).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Authentication of discovery sessions (CHAP, optionally mutual).
+    #[serde(default)]
+    pub discovery: AuthConfig,
 }
 
 /// The admin endpoint: `ironsan serve --admin` and `--admin-token`
@@ -141,6 +149,12 @@ pub struct LimitsConfig {
     pub data_digest: DigestConfig,
     /// Socket send and receive buffer size in bytes (0: the OS default).
     pub socket_buffer: u32,
+    /// Connections at once, logging in or logged in (0: no limit). More
+    /// are closed at once.
+    pub max_connections: usize,
+    /// Normal sessions at once over all targets (0: no limit). More are
+    /// refused at login with 0x0302 (out of resources).
+    pub max_sessions: usize,
 }
 
 impl Default for LimitsConfig {
@@ -157,6 +171,8 @@ impl Default for LimitsConfig {
             header_digest: DigestConfig::Allowed,
             data_digest: DigestConfig::Allowed,
             socket_buffer: 1 << 20,
+            max_connections: 4096,
+            max_sessions: 1024,
         }
     }
 }
@@ -338,6 +354,46 @@ pub struct TargetConfig {
     /// LUNs, numbered from 0 in order.
     #[serde(default)]
     pub lun: Vec<LunConfig>,
+    /// Initiator names that may log in (and see the target in discovery);
+    /// empty: any.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Source networks (CIDR) logins may come from; empty: any.
+    #[serde(default)]
+    pub allow_net: Vec<String>,
+    /// Initiators must authenticate with CHAP as this user.
+    #[serde(default)]
+    pub chap: Option<CredConfig>,
+    /// The target's own CHAP credentials for mutual CHAP.
+    #[serde(default)]
+    pub mutual_chap: Option<CredConfig>,
+    /// Sessions to this target at once (0: only the global limit).
+    #[serde(default)]
+    pub max_sessions: usize,
+}
+
+impl TargetConfig {
+    /// A target with these LUNs and no access rules.
+    pub fn new(name: &str, lun: Vec<LunConfig>) -> TargetConfig {
+        TargetConfig {
+            name: name.to_string(),
+            alias: None,
+            lun,
+            allow: Vec::new(),
+            allow_net: Vec::new(),
+            chap: None,
+            mutual_chap: None,
+            max_sessions: 0,
+        }
+    }
+
+    /// The target's authentication settings.
+    pub fn auth(&self) -> AuthConfig {
+        AuthConfig {
+            chap: self.chap.clone(),
+            mutual_chap: self.mutual_chap.clone(),
+        }
+    }
 }
 
 /// Where a LUN's data lives.
@@ -612,6 +668,7 @@ impl Config {
                 }
             }
         }
+        crate::access::AccessControl::from_config(self)?;
         Ok(())
     }
 }

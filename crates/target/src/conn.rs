@@ -14,9 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use iscsi_proto::login::{
-    status as login_status, LoginStep, TargetDirectory, TargetInfo, TargetLogin,
-};
+use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
 use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
 use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
@@ -35,30 +33,22 @@ const OUTPUT_HIGH_WATER: usize = 8 << 20;
 /// Read buffer headroom.
 const READ_CHUNK: usize = 256 * 1024;
 
-struct Directory<'a> {
-    shared: &'a Shared,
-    tpgt: u16,
-}
-
-impl TargetDirectory for Directory<'_> {
-    fn find(&self, name: &str, _initiator: &str) -> Option<TargetInfo> {
-        let t = self.shared.target(name)?;
-        Some(TargetInfo {
-            name: t.name.clone(),
-            alias: t.alias.clone(),
-            tpgt: self.tpgt,
-        })
-    }
-}
-
 struct ConnHost<'a> {
     shared: &'a Shared,
     lus: Option<&'a LunTable>,
+    peer: std::net::IpAddr,
 }
 
 impl Host for ConnHost<'_> {
-    fn send_targets(&self, _initiator: &str, value: &str, session_target: Option<&str>) -> Vec<u8> {
-        iscsi_proto::discovery::send_targets(&self.shared.listings(), value, session_target)
+    fn send_targets(&self, initiator: &str, value: &str, session_target: Option<&str>) -> Vec<u8> {
+        // Discovery shows only the targets this initiator may log in to.
+        let visible: Vec<_> = self
+            .shared
+            .listings()
+            .into_iter()
+            .filter(|l| self.shared.access.visible(&l.name, initiator, self.peer))
+            .collect();
+        iscsi_proto::discovery::send_targets(&visible, value, session_target)
     }
 
     fn lun_exists(&self, lun: Lun) -> bool {
@@ -92,6 +82,10 @@ pub(crate) async fn serve(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let Some(_slot) = shared.access.connection_slot() else {
+        tracing::warn!(%peer, "connection limit reached: closed");
+        return;
+    };
     let _ = stream.set_nodelay(true);
     if shared.socket_buffer > 0 {
         let s = socket2::SockRef::from(&stream);
@@ -100,6 +94,7 @@ pub(crate) async fn serve(
     }
     let mut c = Conn {
         stream,
+        peer,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
         out: Outbox::new(),
     };
@@ -239,6 +234,7 @@ fn session_info(
 
 struct Conn {
     stream: TcpStream,
+    peer: SocketAddr,
     rbuf: BytesMut,
     out: Outbox,
 }
@@ -289,9 +285,12 @@ impl Conn {
         portal: Portal,
     ) -> io::Result<Option<(Session, Option<SessionKey>, [u8; 6])>> {
         let mut login = TargetLogin::new(shared.limits.clone(), portal.tpgt);
-        let dir = Directory {
+        let (id, challenge) = crate::access::random_challenge()?;
+        login.seed_challenge(id, challenge);
+        let dir = crate::access::Directory {
             shared,
             tpgt: portal.tpgt,
+            peer: self.peer.ip(),
         };
         let lim = FrameLimits::LOGIN;
         let mut first = true;
@@ -338,12 +337,9 @@ impl Conn {
                     self.flush().await?;
                 }
                 LoginStep::Fail { resp, reason } => {
-                    tracing::warn!(
-                        reason,
-                        class = resp.status_class,
-                        detail = resp.status_detail,
-                        "login refused"
-                    );
+                    let code = (resp.status_class, resp.status_detail);
+                    let delay = crate::access::refused(shared, self.peer, code, &reason);
+                    tokio::time::sleep(delay).await;
                     self.push_login(&resp, &[]);
                     self.flush().await?;
                     return Ok(None);
@@ -354,6 +350,14 @@ impl Conn {
                     outcome,
                 } => {
                     let mut key = None;
+                    if let Some(code) =
+                        crate::access::session_refused(shared, &outcome, portal.tpgt)
+                    {
+                        crate::access::refused(shared, self.peer, code, "session limit reached");
+                        self.push_login(&login_reject(&raw.bhs, code), &[]);
+                        self.flush().await?;
+                        return Ok(None);
+                    }
                     if outcome.params.session_type == SessionType::Normal {
                         let k = SessionKey {
                             initiator: outcome.params.initiator_name.clone(),
@@ -448,6 +452,7 @@ impl Conn {
                 let host = ConnHost {
                     shared,
                     lus: lus.as_deref(),
+                    peer: self.peer.ip(),
                 };
                 loop {
                     let len = match frame_len(&self.rbuf, &lim) {

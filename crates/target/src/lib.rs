@@ -5,6 +5,7 @@
 //! I/O where it cannot block the event loop, and keeps the registry of
 //! sessions (for TSIH assignment and session reinstatement, RFC 7143 §6.3.5).
 
+mod access;
 pub mod admin;
 pub mod config;
 mod conn;

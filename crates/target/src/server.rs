@@ -82,6 +82,7 @@ impl AbortRequests {
 /// State shared by every connection.
 pub(crate) struct Shared {
     pub limits: Limits,
+    pub access: crate::access::AccessControl,
     pub socket_buffer: u32,
     pub login_timeout: Duration,
     pub nop_interval: Duration,
@@ -222,6 +223,7 @@ impl Server {
         let portals = listeners.iter().map(|(_, p)| *p).collect();
         let (new_portals, new_portals_rx) = mpsc::unbounded_channel();
         let shared = Shared {
+            access: crate::access::AccessControl::from_config(&cfg).map_err(|e| e.to_string())?,
             limits: cfg.limits(),
             socket_buffer: cfg.limits.socket_buffer,
             login_timeout: Duration::from_secs(cfg.timeouts.login.max(1)),

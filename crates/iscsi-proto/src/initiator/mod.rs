@@ -10,5 +10,5 @@
 pub mod login;
 pub mod session;
 
-pub use login::{InitiatorLogin, LoginConfig, LoginError, LoginProgress, Negotiated};
+pub use login::{InitiatorLogin, LoginConfig, LoginError, LoginProgress, MutualChap, Negotiated};
 pub use session::{DataDir, InitiatorEvent, InitiatorSession, TaskResult};

@@ -1,0 +1,254 @@
+//! Seed inputs: valid login streams (plain, CHAP with mutual CHAP,
+//! discovery) followed by full feature phase traffic, and CDBs. The
+//! runner writes them to `fuzz/corpus/` with `--write-seeds`.
+
+use iscsi_proto::chap::{self, Secret};
+use iscsi_wire::pdu::*;
+use iscsi_wire::{text, Sn};
+
+fn pad(v: &mut Vec<u8>) {
+    while !v.len().is_multiple_of(4) {
+        v.push(0);
+    }
+}
+
+fn login(csg: u8, nsg: u8, transit: bool, keys: &[(&str, &str)], out: &mut Vec<u8>) {
+    let body = text::encode(keys);
+    let r = LoginReq {
+        transit,
+        cont: false,
+        csg,
+        nsg,
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 0, 0, 0, 0, 1],
+        tsih: 0,
+        itt: Itt(1),
+        cid: 0,
+        cmd_sn: Sn(10),
+        exp_stat_sn: Sn(0),
+    };
+    out.extend_from_slice(&r.encode(body.len()));
+    out.extend_from_slice(&body);
+    pad(out);
+}
+
+fn cmd(itt: u32, sn: u32, cdb: &[u8], edtl: u32, read: bool, data: &[u8], out: &mut Vec<u8>) {
+    let mut c = [0u8; 16];
+    c[..cdb.len()].copy_from_slice(cdb);
+    let s = ScsiCommand {
+        immediate: false,
+        final_: true,
+        read,
+        write: !data.is_empty(),
+        attr: 1,
+        lun: Lun::from_index(0),
+        itt: Itt(itt),
+        edtl,
+        cmd_sn: Sn(sn),
+        exp_stat_sn: Sn(1),
+        cdb: c,
+    };
+    out.extend_from_slice(&s.encode(data.len()));
+    out.extend_from_slice(data);
+    pad(out);
+}
+
+fn traffic(out: &mut Vec<u8>) {
+    cmd(1, 10, &[0; 6], 0, false, &[], out);
+    let mut w = vec![0x2a, 0, 0, 0, 0, 8, 0, 0, 2, 0];
+    cmd(2, 11, &w, 1024, false, &[0xab; 1024], out);
+    w[0] = 0x28;
+    cmd(3, 12, &w, 1024, true, &[], out);
+    cmd(4, 13, &[0x12, 0, 0, 0, 96, 0], 96, true, &[], out);
+    // A write whose data comes unsolicited after the command.
+    let mut c = [0u8; 16];
+    c[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 16, 0, 0, 4, 0]);
+    let s = ScsiCommand {
+        immediate: false,
+        final_: false,
+        read: false,
+        write: true,
+        attr: 1,
+        lun: Lun::from_index(0),
+        itt: Itt(5),
+        edtl: 2048,
+        cmd_sn: Sn(14),
+        exp_stat_sn: Sn(1),
+        cdb: c,
+    };
+    out.extend_from_slice(&s.encode(1024));
+    out.extend_from_slice(&[1; 1024]);
+    let d = DataOut {
+        final_: true,
+        lun: Lun::from_index(0),
+        itt: Itt(5),
+        ttt: RESERVED_TAG,
+        exp_stat_sn: Sn(1),
+        data_sn: 0,
+        buffer_offset: 1024,
+    };
+    out.extend_from_slice(&d.encode(1024));
+    out.extend_from_slice(&[2; 1024]);
+    let t = TextReq {
+        immediate: false,
+        final_: true,
+        cont: false,
+        lun: Lun::default(),
+        itt: Itt(6),
+        ttt: RESERVED_TAG,
+        cmd_sn: Sn(15),
+        exp_stat_sn: Sn(1),
+    };
+    let body = b"SendTargets=All\0";
+    out.extend_from_slice(&t.encode(body.len()));
+    out.extend_from_slice(body);
+    let n = NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: Itt(7),
+        ttt: RESERVED_TAG,
+        cmd_sn: Sn(16),
+        exp_stat_sn: Sn(1),
+    };
+    out.extend_from_slice(&n.encode(0));
+    let m = TaskMgmtReq {
+        immediate: true,
+        function: TmfFunction::AbortTask,
+        lun: Lun::from_index(0),
+        itt: Itt(8),
+        ref_task_tag: Itt(5),
+        cmd_sn: Sn(16),
+        exp_stat_sn: Sn(1),
+        ref_cmd_sn: Sn(14),
+        exp_data_sn: 0,
+    };
+    out.extend_from_slice(&m.encode());
+    let l = LogoutReq {
+        immediate: false,
+        reason: 0,
+        itt: Itt(9),
+        cid: 0,
+        cmd_sn: Sn(16),
+        exp_stat_sn: Sn(1),
+    };
+    out.extend_from_slice(&l.encode());
+}
+
+const OPS: &[(&str, &str)] = &[
+    ("HeaderDigest", "None"),
+    ("DataDigest", "None"),
+    ("ImmediateData", "Yes"),
+    ("InitialR2T", "No"),
+    ("FirstBurstLength", "65536"),
+    ("MaxRecvDataSegmentLength", "65536"),
+];
+
+/// Login streams followed by traffic.
+pub fn streams() -> Vec<(&'static str, Vec<u8>)> {
+    let mut plain = Vec::new();
+    let mut keys = vec![
+        ("InitiatorName", "iqn.i"),
+        ("TargetName", "iqn.t"),
+        ("SessionType", "Normal"),
+    ];
+    keys.extend_from_slice(OPS);
+    login(1, 3, true, &keys, &mut plain);
+    traffic(&mut plain);
+
+    let mut chap_s = Vec::new();
+    login(
+        0,
+        1,
+        false,
+        &[
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", "iqn.c"),
+            ("AuthMethod", "CHAP,None"),
+        ],
+        &mut chap_s,
+    );
+    login(0, 1, false, &[("CHAP_A", "5")], &mut chap_s);
+    let r = chap::response(
+        7,
+        &Secret::new(&b"initiator-secret"[..]),
+        b"fuzz-challenge-0",
+    );
+    let r = chap::encode_hex(&r);
+    login(
+        0,
+        1,
+        true,
+        &[
+            ("CHAP_N", "user"),
+            ("CHAP_R", &r),
+            ("CHAP_I", "3"),
+            ("CHAP_C", "0x00112233445566778899aabbccddeeff"),
+        ],
+        &mut chap_s,
+    );
+    login(1, 3, true, OPS, &mut chap_s);
+    traffic(&mut chap_s);
+
+    let mut disc = Vec::new();
+    login(
+        1,
+        3,
+        true,
+        &[("InitiatorName", "iqn.i"), ("SessionType", "Discovery")],
+        &mut disc,
+    );
+    traffic(&mut disc);
+    vec![("plain", plain), ("chap", chap_s), ("discovery", disc)]
+}
+
+/// Seeds for every target.
+pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut v = Vec::new();
+    for (name, s) in streams() {
+        v.push(("login_session", name.to_string(), s.clone()));
+        let mut p = vec![0u8];
+        p.extend_from_slice(&s);
+        v.push(("pdu", name.to_string(), p));
+    }
+    v.push((
+        "text",
+        "login".into(),
+        text::encode(&[
+            ("InitiatorName", "iqn.i"),
+            ("CHAP_C", "0b3q2+7w=="),
+            ("CHAP_I", "0x10"),
+        ]),
+    ));
+    v.push(("text", "odd".into(), b"a=b\0=c\0noeq\0\0k=\xff\0".to_vec()));
+    let cdbs: &[(&str, &[u8])] = &[
+        ("read10", &[0x28, 0, 0, 0, 0, 1, 0, 0, 8, 0]),
+        ("write10", &[0x2a, 0, 0, 0, 0, 1, 0, 0, 1, 0]),
+        ("inquiry", &[0x12, 1, 0x83, 0, 255, 0]),
+        ("modesense10", &[0x5a, 0, 0x3f, 0, 0, 0, 0, 0xff, 0xff, 0]),
+        (
+            "rsoc",
+            &[0xa3, 0x0c, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        ),
+        ("unmap", &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0]),
+        (
+            "writesame16",
+            &[0x93, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0],
+        ),
+        ("prout", &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0]),
+        (
+            "xcopy",
+            &[0x83, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0],
+        ),
+    ];
+    for (name, c) in cdbs {
+        let mut v2 = vec![c.len() as u8 - 6];
+        v2.extend_from_slice(c);
+        v2.extend_from_slice(&[
+            0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 0,
+        ]);
+        v2.resize(v2.len() + 512, 0x5a);
+        v.push(("cdb", name.to_string(), v2));
+    }
+    v
+}

@@ -1,0 +1,124 @@
+//! A fault-injecting wrapper for tests: makes reads, writes or flushes of
+//! an inner backend fail with a chosen OS error (EIO, ENOSPC, …) until
+//! told otherwise, and counts what reached the inner backend.
+
+use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::{BlockBackend, Extent, WriteCache};
+
+/// Which calls fail, as OS error numbers (0: pass through).
+pub struct FaultBackend {
+    inner: Arc<dyn BlockBackend>,
+    read: AtomicI32,
+    write: AtomicI32,
+    flush: AtomicI32,
+    /// Writes that reached the inner backend.
+    pub writes: AtomicU64,
+}
+
+impl std::fmt::Debug for FaultBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultBackend")
+            .field("inner", &self.inner.kind())
+            .field("read", &self.read)
+            .field("write", &self.write)
+            .field("flush", &self.flush)
+            .finish()
+    }
+}
+
+impl FaultBackend {
+    /// Wraps `inner`; nothing fails until a `fail_*` call.
+    pub fn new(inner: Arc<dyn BlockBackend>) -> Self {
+        FaultBackend {
+            inner,
+            read: AtomicI32::new(0),
+            write: AtomicI32::new(0),
+            flush: AtomicI32::new(0),
+            writes: AtomicU64::new(0),
+        }
+    }
+
+    /// Reads fail with `errno` (0: succeed).
+    pub fn fail_reads(&self, errno: i32) {
+        self.read.store(errno, Ordering::SeqCst);
+    }
+
+    /// Writes (including zeroing and discards) fail with `errno`.
+    pub fn fail_writes(&self, errno: i32) {
+        self.write.store(errno, Ordering::SeqCst);
+    }
+
+    /// Flushes (and FUA or write-through writes' sync) fail with `errno`.
+    pub fn fail_flushes(&self, errno: i32) {
+        self.flush.store(errno, Ordering::SeqCst);
+    }
+
+    fn check(a: &AtomicI32) -> io::Result<()> {
+        match a.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            e => Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+impl BlockBackend for FaultBackend {
+    fn kind(&self) -> &'static str {
+        "fault"
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        Self::check(&self.read)?;
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        Self::check(&self.write)?;
+        // A write that must be stable on return fails like its sync would.
+        if fua || self.write_cache() == WriteCache::WriteThrough {
+            Self::check(&self.flush)?;
+        }
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Self::check(&self.flush)?;
+        self.inner.flush()
+    }
+    fn write_cache(&self) -> WriteCache {
+        self.inner.write_cache()
+    }
+    fn set_write_cache(&self, policy: WriteCache) -> io::Result<()> {
+        self.inner.set_write_cache(policy)
+    }
+    fn volatile(&self) -> bool {
+        self.inner.volatile()
+    }
+    fn may_block(&self) -> bool {
+        self.inner.may_block()
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        Self::check(&self.write)?;
+        self.inner.write_zeroes(offset, len)
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        Self::check(&self.write)?;
+        self.inner.discard(offset, len)
+    }
+    fn can_deallocate(&self) -> bool {
+        self.inner.can_deallocate()
+    }
+    fn discard_granularity(&self) -> u64 {
+        self.inner.discard_granularity()
+    }
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        Self::check(&self.read)?;
+        self.inner.allocation(offset, len)
+    }
+    fn max_atomic_write(&self) -> u64 {
+        self.inner.max_atomic_write()
+    }
+}

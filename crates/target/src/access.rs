@@ -1,0 +1,497 @@
+//! Who may log in: CHAP credentials, initiator allow-lists (by name and by
+//! source network), the limits on connections and sessions, and the log of
+//! failed logins (DESIGN.md "Security").
+//!
+//! The configuration types live here ([`AuthConfig`], [`CredConfig`]);
+//! [`AccessControl`] is what the server keeps at run time. Secrets are
+//! read (inline or from a file) when the configuration is validated and
+//! never appear in `Debug` output or logs.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iscsi_proto::chap::{self, ChapPolicy, Credential};
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+
+/// A secret as written in the configuration. `Debug` never shows it.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct SecretString(pub String);
+
+impl std::fmt::Debug for SecretString {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A CHAP name and secret: the secret inline, or in a file (its first line;
+/// keep the file readable by the target's user only).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CredConfig {
+    /// CHAP name (CHAP_N).
+    pub user: String,
+    /// The secret, 12..=255 bytes.
+    #[serde(default)]
+    pub secret: Option<SecretString>,
+    /// A file whose first line is the secret.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+}
+
+impl CredConfig {
+    /// Parses the quick-flag form `USER:SECRET`.
+    pub fn from_spec(spec: &str) -> Result<CredConfig, String> {
+        let (u, s) = spec
+            .split_once(':')
+            .filter(|(u, s)| !u.is_empty() && !s.is_empty())
+            .ok_or("expected USER:SECRET")?;
+        Ok(CredConfig {
+            user: u.to_string(),
+            secret: Some(SecretString(s.to_string())),
+            secret_file: None,
+        })
+    }
+
+    /// The credential, reading the secret file if one is named.
+    pub fn resolve(&self, at: &str) -> Result<Credential, ConfigError> {
+        let inv = |m: String| ConfigError::Invalid(format!("{at}: {m}"));
+        if self.user.is_empty() || self.user.len() > 255 || self.user.contains('\0') {
+            return Err(inv("user must be 1..=255 bytes without NUL".into()));
+        }
+        let secret = match (&self.secret, &self.secret_file) {
+            (Some(s), None) => s.0.clone(),
+            (None, Some(p)) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| inv(format!("cannot read secret_file {}: {e}", p.display())))?;
+                text.lines().next().unwrap_or("").to_string()
+            }
+            _ => return Err(inv("give exactly one of secret and secret_file".into())),
+        };
+        if !(chap::MIN_SECRET_LEN..=chap::MAX_SECRET_LEN).contains(&secret.len()) {
+            return Err(inv(format!(
+                "the secret must be {}..={} bytes (RFC 7143 §12.1.3: at least 96 bits)",
+                chap::MIN_SECRET_LEN,
+                chap::MAX_SECRET_LEN
+            )));
+        }
+        Ok(Credential::new(&self.user, secret.as_bytes()))
+    }
+}
+
+/// Authentication and access of a target, or of discovery sessions.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Initiators must log in with CHAP as this user.
+    pub chap: Option<CredConfig>,
+    /// The target authenticates itself with this user when the initiator
+    /// asks (mutual CHAP). Its secret must differ from `chap`'s.
+    pub mutual_chap: Option<CredConfig>,
+}
+
+impl AuthConfig {
+    /// The CHAP policy, secrets read and checked.
+    pub fn policy(&self, at: &str) -> Result<ChapPolicy, ConfigError> {
+        let initiator = self
+            .chap
+            .as_ref()
+            .map(|c| c.resolve(&format!("{at} chap")))
+            .transpose()?;
+        let target = self
+            .mutual_chap
+            .as_ref()
+            .map(|c| c.resolve(&format!("{at} mutual_chap")))
+            .transpose()?;
+        match (&initiator, &target) {
+            (None, Some(_)) => {
+                return Err(ConfigError::Invalid(format!(
+                    "{at}: mutual_chap needs chap"
+                )))
+            }
+            (Some(i), Some(t)) if chap::ct_eq(i.secret.expose(), t.secret.expose()) => {
+                return Err(ConfigError::Invalid(format!(
+                    "{at}: chap and mutual_chap secrets must differ (RFC 7143 §12.1.3)"
+                )))
+            }
+            _ => {}
+        }
+        Ok(ChapPolicy { initiator, target })
+    }
+}
+
+/// An IPv4 or IPv6 network in CIDR notation (`10.0.0.0/8`, `::1/128`; a
+/// bare address is a /32 or /128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `ADDR[/PREFIX]`.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?}: not an address"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= max)
+                .ok_or_else(|| format!("{s:?}: prefix must be 0..={max}"))?,
+            None => max,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+
+    /// True when `ip` is in the network (IPv4-mapped IPv6 addresses match
+    /// IPv4 networks).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let bits = |a: IpAddr| -> u128 {
+            match a {
+                IpAddr::V4(v) => u128::from(u32::from(v)) << 96,
+                IpAddr::V6(v) => u128::from(v),
+            }
+        };
+        if self.addr.is_ipv4() != ip.is_ipv4() {
+            return false;
+        }
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u128::MAX << (128 - u32::from(self.prefix))
+        };
+        bits(self.addr) & mask == bits(ip) & mask
+    }
+}
+
+/// One target's access rules at run time.
+#[derive(Debug)]
+pub(crate) struct TargetAccess {
+    pub chap: ChapPolicy,
+    /// Initiator names allowed; empty: any.
+    pub allow: Vec<String>,
+    /// Source networks allowed; empty: any.
+    pub nets: Vec<Cidr>,
+    /// At most this many sessions (0: no limit beyond the global one).
+    pub max_sessions: usize,
+}
+
+impl TargetAccess {
+    pub fn permits(&self, initiator: &str, peer: IpAddr) -> bool {
+        (self.allow.is_empty() || self.allow.iter().any(|a| a == initiator))
+            && (self.nets.is_empty() || self.nets.iter().any(|n| n.contains(peer)))
+    }
+}
+
+/// Access rules, limits and the failed-login log, shared by every
+/// connection.
+#[derive(Debug)]
+pub(crate) struct AccessControl {
+    pub targets: HashMap<String, TargetAccess>,
+    pub discovery: ChapPolicy,
+    /// Connections at once, logging in or logged in (0: no limit).
+    pub max_connections: usize,
+    /// Normal sessions at once over all targets (0: no limit).
+    pub max_sessions: usize,
+    connections: Arc<AtomicUsize>,
+    pub failures: FailureLog,
+}
+
+/// Holds one connection slot; released when dropped.
+#[derive(Debug)]
+pub(crate) struct ConnSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl AccessControl {
+    pub fn from_config(cfg: &crate::Config) -> Result<AccessControl, ConfigError> {
+        let mut targets = HashMap::new();
+        for t in &cfg.target {
+            let at = format!("target {:?}", t.name);
+            let nets = t
+                .allow_net
+                .iter()
+                .map(|n| Cidr::parse(n))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|m| ConfigError::Invalid(format!("{at} allow_net: {m}")))?;
+            for a in &t.allow {
+                crate::config::check_iscsi_name(a)
+                    .map_err(|m| ConfigError::Invalid(format!("{at} allow {a:?}: {m}")))?;
+            }
+            targets.insert(
+                t.name.clone(),
+                TargetAccess {
+                    chap: t.auth().policy(&at)?,
+                    allow: t.allow.clone(),
+                    nets,
+                    max_sessions: t.max_sessions,
+                },
+            );
+        }
+        Ok(AccessControl {
+            targets,
+            discovery: cfg.discovery.policy("discovery")?,
+            max_connections: cfg.limits.max_connections,
+            max_sessions: cfg.limits.max_sessions,
+            connections: Arc::default(),
+            failures: FailureLog::default(),
+        })
+    }
+
+    /// Takes a connection slot, or `None` at the limit.
+    pub fn connection_slot(&self) -> Option<ConnSlot> {
+        let n = self.connections.fetch_add(1, Ordering::AcqRel);
+        let slot = ConnSlot(self.connections.clone());
+        (self.max_connections == 0 || n < self.max_connections).then_some(slot)
+    }
+
+    /// Whether one more normal session to `target` fits, given the live
+    /// sessions' targets.
+    pub fn session_fits<'a>(&self, target: &str, live: impl Iterator<Item = &'a str>) -> bool {
+        let (mut all, mut this) = (0usize, 0usize);
+        for t in live {
+            all += 1;
+            this += usize::from(t == target);
+        }
+        let per = self.targets.get(target).map_or(0, |t| t.max_sessions);
+        (self.max_sessions == 0 || all < self.max_sessions) && (per == 0 || this < per)
+    }
+
+    /// The targets `initiator` from `peer` may log in to.
+    pub fn visible(&self, name: &str, initiator: &str, peer: IpAddr) -> bool {
+        self.targets
+            .get(name)
+            .is_some_and(|t| t.permits(initiator, peer))
+    }
+}
+
+/// Failed logins per source address over the last minute. Logging is
+/// rate-limited per address (the first few failures in a window are
+/// logged, then one summary per window), and the driver delays its answer
+/// to an address that keeps failing, which slows guessing without costing
+/// other connections anything.
+#[derive(Debug, Default)]
+pub(crate) struct FailureLog {
+    by_addr: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+}
+
+/// Failures logged per address per window before going quiet.
+const LOGGED_PER_WINDOW: u32 = 5;
+const WINDOW: Duration = Duration::from_secs(60);
+/// Addresses remembered at most (old entries are dropped first).
+const MAX_ADDRS: usize = 4096;
+
+impl FailureLog {
+    /// Records a failure from `ip` at `now`; returns whether to log it and
+    /// how long to wait before answering.
+    pub fn record(&self, ip: IpAddr, now: Instant) -> (bool, Duration) {
+        let mut m = self.by_addr.lock();
+        if m.len() >= MAX_ADDRS && !m.contains_key(&ip) {
+            m.retain(|_, (t, _)| now.duration_since(*t) < WINDOW);
+            if m.len() >= MAX_ADDRS {
+                return (false, Duration::from_secs(1));
+            }
+        }
+        let e = m.entry(ip).or_insert((now, 0));
+        if now.duration_since(e.0) >= WINDOW {
+            *e = (now, 0);
+        }
+        e.1 += 1;
+        let n = e.1;
+        let log = n <= LOGGED_PER_WINDOW || n.is_power_of_two();
+        let delay = if n > 3 {
+            Duration::from_millis(250 * u64::from((n - 3).min(8)))
+        } else {
+            Duration::ZERO
+        };
+        (log, delay)
+    }
+}
+
+/// Looks targets up for the login state machine: existence, ACLs (by
+/// initiator name and source address) and CHAP policies.
+pub(crate) struct Directory<'a> {
+    pub shared: &'a crate::server::Shared,
+    pub tpgt: u16,
+    pub peer: IpAddr,
+}
+
+impl iscsi_proto::TargetDirectory for Directory<'_> {
+    fn find(&self, name: &str, _initiator: &str) -> Option<iscsi_proto::TargetInfo> {
+        let t = self.shared.target(name)?;
+        Some(iscsi_proto::TargetInfo {
+            name: t.name.clone(),
+            alias: t.alias.clone(),
+            tpgt: self.tpgt,
+        })
+    }
+
+    fn authorize(&self, name: &str, initiator: &str) -> bool {
+        self.shared.access.visible(name, initiator, self.peer)
+    }
+
+    fn chap(&self, target: Option<&str>) -> ChapPolicy {
+        match target {
+            None => self.shared.access.discovery.clone(),
+            Some(t) => self
+                .shared
+                .access
+                .targets
+                .get(t)
+                .map(|a| a.chap.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A CHAP identifier and challenge from the OS random source.
+pub(crate) fn random_challenge() -> std::io::Result<(u8, [u8; chap::CHALLENGE_LEN])> {
+    use std::io::Read;
+    let mut b = [0u8; chap::CHALLENGE_LEN + 1];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    let mut c = [0u8; chap::CHALLENGE_LEN];
+    c.copy_from_slice(&b[1..]);
+    Ok((b[0], c))
+}
+
+/// Logs a refused login (rate-limited per source address) and returns how
+/// long to wait before answering it.
+pub(crate) fn refused(
+    shared: &crate::server::Shared,
+    peer: std::net::SocketAddr,
+    status: (u8, u8),
+    reason: &str,
+) -> Duration {
+    let auth = status == iscsi_proto::login::status::AUTH_FAILED
+        || status == iscsi_proto::login::status::FORBIDDEN;
+    if !auth {
+        tracing::warn!(%peer, reason, class = status.0, detail = status.1, "login refused");
+        return Duration::ZERO;
+    }
+    let (log, delay) = shared.access.failures.record(peer.ip(), Instant::now());
+    if log {
+        tracing::warn!(%peer, reason, class = status.0, detail = status.1, "login refused");
+    }
+    delay
+}
+
+/// Whether a completed login must be refused for the session limits
+/// (a reinstatement replaces a session, so it always fits): the status to
+/// send, 0x0302 (out of resources).
+pub(crate) fn session_refused(
+    shared: &crate::server::Shared,
+    outcome: &iscsi_proto::LoginOutcome,
+    tpgt: u16,
+) -> Option<(u8, u8)> {
+    if outcome.params.session_type != iscsi_proto::SessionType::Normal {
+        return None;
+    }
+    let reg = shared.registry.lock();
+    let target = &outcome.params.target_name;
+    let reinstates = reg.keys().any(|k| {
+        k.initiator == outcome.params.initiator_name
+            && k.isid == outcome.isid
+            && &k.target == target
+            && k.tpgt == tpgt
+    });
+    let fits = reinstates
+        || shared
+            .access
+            .session_fits(target, reg.keys().map(|k| k.target.as_str()));
+    (!fits).then_some(iscsi_proto::login::status::OUT_OF_RESOURCES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr() {
+        let n = Cidr::parse("10.1.0.0/16").unwrap();
+        assert!(n.contains("10.1.2.3".parse().unwrap()));
+        assert!(!n.contains("10.2.0.1".parse().unwrap()));
+        assert!(n.contains("::ffff:10.1.9.9".parse().unwrap()));
+        assert!(!n.contains("::1".parse().unwrap()));
+        let one = Cidr::parse("127.0.0.1").unwrap();
+        assert!(one.contains("127.0.0.1".parse().unwrap()));
+        assert!(!one.contains("127.0.0.2".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("8.8.8.8".parse().unwrap()));
+        assert!(Cidr::parse("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "x/8", "::/129", ""] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn credentials() {
+        let c = CredConfig::from_spec("bob:0123456789ab").unwrap();
+        assert_eq!(c.resolve("t").unwrap().user, "bob");
+        assert!(!format!("{c:?}").contains("0123456789ab"));
+        assert!(CredConfig::from_spec("bob:short")
+            .unwrap()
+            .resolve("t")
+            .is_err());
+        assert!(CredConfig::from_spec("bob").is_err());
+        assert!(CredConfig::from_spec(":x").is_err());
+        let same = AuthConfig {
+            chap: Some(CredConfig::from_spec("a:0123456789ab").unwrap()),
+            mutual_chap: Some(CredConfig::from_spec("b:0123456789ab").unwrap()),
+        };
+        assert!(same.policy("t").is_err(), "identical secrets refused");
+        let mutual_only = AuthConfig {
+            chap: None,
+            mutual_chap: Some(CredConfig::from_spec("b:0123456789ab").unwrap()),
+        };
+        assert!(mutual_only.policy("t").is_err());
+        let dir = std::env::temp_dir().join(format!("ironsan-secret-{}", std::process::id()));
+        std::fs::write(&dir, "from-a-file-123\nignored\n").unwrap();
+        let f = CredConfig {
+            user: "u".into(),
+            secret: None,
+            secret_file: Some(dir.clone()),
+        };
+        assert_eq!(f.resolve("t").unwrap().secret.expose(), b"from-a-file-123");
+        std::fs::remove_file(dir).unwrap();
+    }
+
+    #[test]
+    fn failure_log_is_rate_limited() {
+        let f = FailureLog::default();
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let t0 = Instant::now();
+        let logged = (0..100).filter(|_| f.record(ip, t0).0).count();
+        assert!(logged < 12, "{logged}");
+        assert!(f.record(ip, t0).1 >= Duration::from_secs(1));
+        // A new window starts over.
+        assert_eq!(f.record(ip, t0 + WINDOW), (true, Duration::ZERO));
+        // Another address is not affected.
+        assert_eq!(
+            f.record("192.0.2.2".parse().unwrap(), t0),
+            (true, Duration::ZERO)
+        );
+    }
+}

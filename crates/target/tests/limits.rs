@@ -1,0 +1,151 @@
+//! Limits: idle, half-open and trickling sockets cost other sessions
+//! nothing; connection and session limits hold.
+
+mod common;
+
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use iscsi_wire::pdu::*;
+
+const LUN: &str = "[[target.lun]]\nbackend = \"mem\"\nsize = \"16M\"";
+
+/// Time for `n` 4 KiB write+read pairs on a fresh session.
+fn io_time(addr: std::net::SocketAddr, n: u32, tag: u8) -> Duration {
+    let mut c = Client::connect(addr);
+    c.login_normal([0x80, 0, 0, 0, 0x55, tag], &[]);
+    let data = vec![tag; 4096];
+    let t0 = Instant::now();
+    for i in 0..n {
+        let lba = (i % 1000) * 8;
+        let (st, _, _) = c.command(&rw10(0x2a, lba, 8), 4096, false, &data, 4096);
+        assert_eq!(st, 0);
+        let (st, back, _) = c.command(&rw10(0x28, lba, 8), 4096, true, &[], 0);
+        assert_eq!(st, 0);
+        assert!(back == data);
+    }
+    t0.elapsed()
+}
+
+#[test]
+fn idle_half_open_and_trickling_sockets_do_not_slow_io() {
+    let (a, _s) = start(config(LUN, "workers = 2\n[timeouts]\nlogin = 60"));
+    let base = io_time(a[0], 500, 1);
+    // 1000 idle sockets, 200 with half a header, one sending a byte a
+    // second.
+    let mut idle: Vec<TcpStream> = (0..1000)
+        .map(|_| TcpStream::connect(a[0]).unwrap())
+        .collect();
+    for s in idle.iter_mut().take(200) {
+        use std::io::Write;
+        s.write_all(&[0x43, 0x87, 0, 0, 0, 0, 0, 0x40, 0x80])
+            .unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        let addr = a[1];
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut s = TcpStream::connect(addr).unwrap();
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(&[0x43]).is_err() {
+                    break;
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let loaded = io_time(a[0], 500, 2);
+    let loaded2 = io_time(a[1], 500, 3);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(trickle.join().unwrap() > 0);
+    eprintln!("500 I/O pairs: {base:?} alone, {loaded:?} and {loaded2:?} beside 1201 idle sockets");
+    let bound = base * 4 + Duration::from_secs(1);
+    assert!(
+        loaded < bound && loaded2 < bound,
+        "slowed down: {base:?} -> {loaded:?}, {loaded2:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    drop(idle);
+}
+
+#[test]
+fn connection_limit() {
+    let (a, _s) = start(config(LUN, "[limits]\nmax_connections = 4"));
+    let held: Vec<Client> = (0..4)
+        .map(|i| {
+            let mut c = Client::connect(a[0]);
+            c.login_normal([0x80, 0, 0, 0, 0x56, i], &[]);
+            c
+        })
+        .collect();
+    // The fifth is closed at once.
+    let mut c = Client::connect(a[0]);
+    assert!(c.closed_within(Duration::from_secs(3)), "over the limit");
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    sanity(a[0], 1);
+}
+
+#[test]
+fn session_limits_refuse_with_0302() {
+    let (a, _s) = start(config(LUN, "[limits]\nmax_sessions = 3"));
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let mut c = Client::connect(a[0]);
+        c.login_normal([0x80, 0, 0, 0, 0x57, i], &[]);
+        held.push(c);
+    }
+    let mut c = Client::connect(a[0]);
+    let r = c.login(
+        [0x80, 0, 0, 0, 0x57, 9],
+        &[
+            ("InitiatorName", "iqn.2026-11.test:e2e"),
+            ("TargetName", IQN),
+        ],
+    );
+    assert_eq!(
+        (r.status_class, r.status_detail),
+        (3, 2),
+        "out of resources"
+    );
+    // Reinstating an existing session is not a new one.
+    let mut c = Client::connect(a[0]);
+    c.login_normal([0x80, 0, 0, 0, 0x57, 0], &[]);
+    assert!(c.ping());
+    // Discovery sessions are not counted.
+    let mut d = Client::connect(a[0]);
+    let r = d.login(
+        [0x80, 0, 0, 0, 0x58, 1],
+        &[
+            ("InitiatorName", "iqn.2026-11.test:d"),
+            ("SessionType", "Discovery"),
+        ],
+    );
+    assert_eq!(r.status_class, 0);
+    let _ = Opcode::NopIn;
+}
+
+#[test]
+fn per_target_session_limit() {
+    let text = format!(
+        "listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\nmax_sessions = 1\n{LUN}\n"
+    );
+    let (a, _s) = start(target::Config::from_toml(&text).unwrap());
+    let mut one = Client::connect(a[0]);
+    one.login_normal([0x80, 0, 0, 0, 0x59, 1], &[]);
+    let mut two = Client::connect(a[0]);
+    let r = two.login(
+        [0x80, 0, 0, 0, 0x59, 2],
+        &[("InitiatorName", "iqn.2026-11.test:x"), ("TargetName", IQN)],
+    );
+    assert_eq!((r.status_class, r.status_detail), (3, 2));
+    assert!(one.ping());
+}
