@@ -67,10 +67,17 @@ pub struct IscsiEngine {
     lun: u16,
     bs: u32,
     capacity: u64,
-    inflight: HashMap<u32, usize>,
+    /// Commands in flight: their slot, the I/O and (writes) the payload,
+    /// kept so they can be submitted again after a reconnect.
+    inflight: HashMap<u32, (usize, Io, Bytes)>,
     keep_data: bool,
     scratch: Vec<(Itt, initiator::TaskResult)>,
+    /// Times the connection was lost and the session reinstated.
+    reconnects: u32,
 }
+
+/// How often a single-path engine logs in again before giving up.
+const MAX_RECONNECTS: u32 = 5;
 
 /// Logs in to the URL's target, clears unit attentions and reads the
 /// LUN's capacity: (connection, LUN, capacity in bytes, block size).
@@ -126,7 +133,48 @@ impl IscsiEngine {
             inflight: HashMap::new(),
             keep_data,
             scratch: Vec::new(),
+            reconnects: 0,
         })
+    }
+
+    fn send(&mut self, io: Io, payload: Bytes) {
+        let lba = io.offset / u64::from(self.bs);
+        let blocks = io.len / self.bs;
+        let cdb = scsi::rw16(io.write, lba, blocks, false);
+        let dir = if io.write {
+            DataDir::Write(payload.clone())
+        } else {
+            DataDir::Read(io.len)
+        };
+        let itt = self.conn.submit(self.lun, &cdb, dir);
+        self.inflight.insert(itt.0, (io.slot, io, payload));
+    }
+
+    /// After a lost connection: log in again (the target reinstates the
+    /// session) and submit every outstanding I/O again.
+    fn recover(&mut self, why: &str) -> Result<(), String> {
+        loop {
+            self.reconnects += 1;
+            if self.reconnects > MAX_RECONNECTS {
+                return Err(format!("{why} (gave up after {MAX_RECONNECTS} reconnects)"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(
+                100 * u64::from(self.reconnects),
+            ));
+            match self.conn.reconnect() {
+                Ok(()) => break,
+                Err(e) => eprintln!("ironsan bench: reconnect failed: {e}"),
+            }
+        }
+        let pending: Vec<_> = self.inflight.drain().map(|(_, v)| v).collect();
+        eprintln!(
+            "ironsan bench: connection lost ({why}); session reinstated, {} I/Os submitted again",
+            pending.len()
+        );
+        for (_, io, payload) in pending {
+            self.send(io, payload);
+        }
+        Ok(())
     }
 
     /// Commands in flight.
@@ -146,24 +194,27 @@ impl Engine for IscsiEngine {
         self.conn.can_submit()
     }
     fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
-        let lba = io.offset / u64::from(self.bs);
-        let blocks = io.len / self.bs;
-        let cdb = scsi::rw16(io.write, lba, blocks, false);
-        let dir = if io.write {
-            DataDir::Write(payload.clone())
+        let payload = if io.write {
+            payload.clone()
         } else {
-            DataDir::Read(io.len)
+            Bytes::new()
         };
-        let itt = self.conn.submit(self.lun, &cdb, dir);
-        self.inflight.insert(itt.0, io.slot);
+        self.send(io, payload);
         Ok(())
     }
     fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String> {
-        self.conn
-            .wait(&mut self.scratch)
-            .map_err(|e| e.to_string())?;
+        if let Err(e) = self.conn.wait(&mut self.scratch) {
+            match e {
+                // The connection is gone: reinstate the session and go on.
+                initiator::Error::Io(_) | initiator::Error::Closed => {
+                    self.scratch.clear();
+                    return self.recover(&e.to_string());
+                }
+                e => return Err(e.to_string()),
+            }
+        }
         for (itt, r) in self.scratch.drain(..) {
-            let Some(slot) = self.inflight.remove(&itt.0) else {
+            let Some((slot, _, _)) = self.inflight.remove(&itt.0) else {
                 continue;
             };
             done.push(Done {

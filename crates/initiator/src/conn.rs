@@ -45,6 +45,9 @@ pub struct Connection {
     pub tpgt: Option<u16>,
     /// The TSIH the target assigned.
     pub tsih: u16,
+    /// Where and how this connection logged in, for [`Connection::reconnect`].
+    addr: String,
+    cfg: LoginConfig,
 }
 
 impl std::fmt::Debug for Connection {
@@ -87,6 +90,8 @@ impl Connection {
             events: Vec::new(),
             tpgt: None,
             tsih: 0,
+            addr: addr.to_string(),
+            cfg: cfg.clone(),
         };
         let mut login = InitiatorLogin::new(cfg, Sn(1), Itt(0));
         let (mut req, mut body) = login.start();
@@ -118,6 +123,16 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// Logs in again after the connection was lost, with the same ISID and
+    /// TSIH 0, so the target reinstates the session (RFC 7143 §6.3.5) and
+    /// drops whatever the old connection had in flight. Commands that were
+    /// outstanding are forgotten: the caller submits them again.
+    pub fn reconnect(&mut self) -> Result<(), Error> {
+        let fresh = Connection::login(&self.addr, self.cfg.clone())?;
+        *self = fresh;
+        Ok(())
     }
 
     /// The session state (negotiated parameters, window).

@@ -312,17 +312,36 @@ fn multipath_survives_a_path_cut_mid_run() {
         assert!(series.len() >= 3, "{series:?}");
         assert!(series[2]["read_iops"].as_u64().unwrap() > 0);
     }
-    // With the only path cut, the run fails.
+    // With the only path cut, the initiator logs in again (the target
+    // reinstates the session), submits what was in flight again, and the
+    // run completes without errors.
     let child = ironsan()
-        .args(["bench", "--runtime", "3", &via_proxy])
-        .stdout(Stdio::null())
+        .args([
+            "bench",
+            "--rw",
+            "randrw",
+            "--runtime",
+            "3",
+            "--json",
+            &via_proxy,
+        ])
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(800));
     proxy.cut();
     let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("session reinstated"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0);
+    let series = v["ironsan"]["series"].as_array().unwrap();
+    assert!(
+        series.last().unwrap()["read_iops"].as_u64().unwrap() > 0,
+        "{series:?}"
+    );
 }
 
 #[test]
