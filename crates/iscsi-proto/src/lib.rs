@@ -17,6 +17,7 @@ pub mod initiator;
 pub mod login;
 pub mod params;
 pub mod session;
+mod tags;
 
 pub use login::{LoginOutcome, LoginStep, TargetDirectory, TargetInfo, TargetLogin};
 pub use params::{DigestPolicy, Limits, SessionParams, SessionType};

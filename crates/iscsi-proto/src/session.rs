@@ -23,8 +23,7 @@
 //! arrive in order (DataPDUInOrder=Yes, DataSequenceInOrder=Yes), with
 //! DataSN counting from 0 in each sequence.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::{Bytes, BytesMut};
 use iscsi_wire::outbox::Digests;
@@ -113,24 +112,7 @@ pub trait Host {
     fn reset(&self, action: TmfAction);
 }
 
-#[derive(Default)]
-struct TagHasher(u64);
-
-impl Hasher for TagHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type TagMap<V> = HashMap<u32, V, BuildHasherDefault<TagHasher>>;
+use crate::tags::TagMap;
 
 #[derive(Debug)]
 struct R2tState {

@@ -7,9 +7,6 @@
 //! a copy), R2Ts are answered from the command's data-out, NOP-In pings are
 //! answered — and reports finished commands as [`InitiatorEvent::Done`].
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use bytes::{Bytes, BytesMut};
 use iscsi_wire::outbox::Digests;
 use iscsi_wire::pdu::*;
@@ -57,22 +54,7 @@ pub enum InitiatorEvent {
     ProtocolError(String),
 }
 
-#[derive(Default)]
-struct TagHasher(u64);
-
-impl Hasher for TagHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
+use crate::tags::TagMap;
 
 struct Task {
     lun: Lun,
@@ -93,7 +75,7 @@ pub struct InitiatorSession {
     max_cmd_sn: Sn,
     exp_stat_sn: Sn,
     next_itt: u32,
-    tasks: HashMap<u32, Task, BuildHasherDefault<TagHasher>>,
+    tasks: TagMap<Task>,
     text_in: BytesMut,
 }
 
@@ -121,7 +103,7 @@ impl InitiatorSession {
             max_cmd_sn,
             exp_stat_sn,
             next_itt: 1,
-            tasks: HashMap::default(),
+            tasks: TagMap::default(),
             text_in: BytesMut::new(),
         }
     }
