@@ -1,6 +1,6 @@
 //! A minimal blocking raw-socket initiator and a server harness shared by
-//! the hostile-input, limits and fault tests (a copy of e2e.rs's client
-//! with raw-PDU helpers added).
+//! the end-to-end, hostile-input, limits and fault tests, with raw-PDU
+//! helpers for sending what a well-behaved initiator would not.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
