@@ -129,6 +129,8 @@ struct WriteState {
     buf: BytesMut,
     /// Bytes the command will use: min(EDTL, the CDB's transfer length).
     wanted: u32,
+    /// Bytes that will arrive: `wanted`, or the unsolicited burst if longer.
+    total: u32,
     /// Bytes received so far, all contiguous from offset 0.
     received: u32,
     /// End of the unsolicited range.
@@ -467,12 +469,16 @@ impl Session {
             // task and is dropped.
             return;
         }
-        let mut buf = BytesMut::zeroed(wanted.max(unsolicited_end) as usize);
-        buf[..imm as usize].copy_from_slice(&raw.data);
+        // Data arrives in order (DataPDUInOrder=Yes), so the buffer — from
+        // the per-thread pool, not zeroed — is filled by appending.
+        let total = wanted.max(unsolicited_end);
+        let mut buf = bufpool::take(total as usize);
+        buf.extend_from_slice(&raw.data);
         let mut w = Box::new(WriteState {
             req,
             buf,
             wanted,
+            total,
             received: imm,
             unsolicited_end,
             unsolicited_data_sn: 0,
@@ -529,10 +535,7 @@ impl Session {
         let mut w = w;
         let len = raw.data.len() as u32;
         let off = d.buffer_offset;
-        let in_range = off == w.received
-            && off
-                .checked_add(len)
-                .is_some_and(|e| e as usize <= w.buf.len());
+        let in_range = off == w.received && off.checked_add(len).is_some_and(|e| e <= w.total);
         let ok = if d.ttt == RESERVED_TAG {
             let ok =
                 in_range && off + len <= w.unsolicited_end && d.data_sn == w.unsolicited_data_sn;
@@ -578,7 +581,8 @@ impl Session {
             return;
         }
         let start = off as usize;
-        w.buf[start..start + len as usize].copy_from_slice(&raw.data);
+        debug_assert_eq!(start, w.buf.len(), "in-order data checked above");
+        w.buf.extend_from_slice(&raw.data);
         w.received += len;
         if d.ttt != RESERVED_TAG && d.final_ {
             if let Some(pos) = w.r2ts.iter().position(|r| r.ttt == d.ttt) {
@@ -586,7 +590,7 @@ impl Session {
             }
             self.send_r2ts(&mut w, out);
         }
-        if w.received as usize == w.buf.len() {
+        if w.received == w.total {
             let WriteState {
                 mut req,
                 buf,
@@ -595,7 +599,12 @@ impl Session {
                 wanted,
                 ..
             } = *w;
-            req.data_out = buf.freeze().slice(..wanted as usize);
+            let all = buf.freeze();
+            req.data_out = if all.len() == wanted as usize {
+                all
+            } else {
+                all.slice(..wanted as usize)
+            };
             self.tasks.insert(
                 req.itt.0,
                 Task::Running {

@@ -607,7 +607,10 @@ fn execute(
     if !lu.may_block() && !lu.is_long_running(req.cdb.as_slice()) {
         let c = run_on_lu(&lu, &req, env.origin);
         stats.completed(lun, op, req.edtl, c.status, env.start);
-        return session.complete(req.itt, c, out);
+        session.complete(req.itt, c, out);
+        // A gathered write buffer goes back to this thread's pool.
+        bufpool::give(req.data_out);
+        return;
     }
     let origin = env.origin.clone();
     let tx = env.tx.clone();
