@@ -223,6 +223,22 @@ impl Connection {
         }
     }
 
+    /// Handles every complete PDU already received; appends finished
+    /// commands to `done`.
+    fn handle_buffered(&mut self, done: &mut Vec<(Itt, TaskResult)>) -> Result<(), Error> {
+        while let Some(p) = self.take_pdu()? {
+            self.session.handle_pdu(p, &mut self.out, &mut self.events);
+        }
+        for e in self.events.drain(..) {
+            match e {
+                InitiatorEvent::Done(itt, r) => done.push((itt, r)),
+                InitiatorEvent::ProtocolError(m) => return Err(Error::Protocol(m)),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Sends what is queued, then reads until at least one command
     /// finishes; appends every finished command (and other events) seen in
     /// the bytes read.
@@ -230,16 +246,7 @@ impl Connection {
         self.flush()?;
         let before = done.len();
         loop {
-            while let Some(p) = self.take_pdu()? {
-                self.session.handle_pdu(p, &mut self.out, &mut self.events);
-            }
-            for e in self.events.drain(..) {
-                match e {
-                    InitiatorEvent::Done(itt, r) => done.push((itt, r)),
-                    InitiatorEvent::ProtocolError(m) => return Err(Error::Protocol(m)),
-                    _ => {}
-                }
-            }
+            self.handle_buffered(done)?;
             // Answers to R2Ts and NOP-In pings.
             self.flush()?;
             if done.len() > before {
@@ -257,16 +264,7 @@ impl Connection {
     pub fn poll_completions(&mut self, done: &mut Vec<(Itt, TaskResult)>) -> Result<(), Error> {
         self.flush()?;
         loop {
-            while let Some(p) = self.take_pdu()? {
-                self.session.handle_pdu(p, &mut self.out, &mut self.events);
-            }
-            for e in self.events.drain(..) {
-                match e {
-                    InitiatorEvent::Done(itt, r) => done.push((itt, r)),
-                    InitiatorEvent::ProtocolError(m) => return Err(Error::Protocol(m)),
-                    _ => {}
-                }
-            }
+            self.handle_buffered(done)?;
             self.flush()?;
             if !self.fill_nonblocking()? {
                 return Ok(());
