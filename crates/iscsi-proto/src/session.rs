@@ -62,6 +62,9 @@ pub struct ExecRequest {
     pub edtl: u32,
     pub read: bool,
     pub write: bool,
+    /// The data-out length the CDB itself calls for ([`Host::data_out_len`],
+    /// asked once when the command arrived): the basis of write residuals.
+    pub cdb_data_out: u32,
 }
 
 /// The result of a command, handed back to [`Session::complete`].
@@ -430,6 +433,11 @@ impl Session {
         if counted {
             self.in_flight += 1;
         }
+        let cdb_data_out = if c.write {
+            host.data_out_len(c.lun, cdb.as_slice())
+        } else {
+            0
+        };
         let req = ExecRequest {
             itt: c.itt,
             lun: c.lun,
@@ -438,14 +446,11 @@ impl Session {
             edtl: c.edtl,
             read: c.read,
             write: c.write,
+            cdb_data_out,
         };
         // Data the command takes: what the CDB calls for, within EDTL.
         // Immediate or unsolicited data beyond it is accepted and dropped.
-        let wanted = if c.write {
-            c.edtl.min(host.data_out_len(c.lun, req.cdb.as_slice()))
-        } else {
-            0
-        };
+        let wanted = c.edtl.min(cdb_data_out);
         let unsolicited_end = if c.final_ {
             imm
         } else {

@@ -192,11 +192,7 @@ fn main() {
                             status: o.status,
                             sense: o.sense.map(|s| Bytes::from(s.to_bytes())),
                             data_in: o.data,
-                            data_out_wanted: if r.write {
-                                host.lu.plan(r.cdb.as_slice()).data_out
-                            } else {
-                                0
-                            },
+                            data_out_wanted: r.cdb_data_out,
                         };
                         tgt.complete(r.itt, c, &mut tout);
                     }

@@ -316,11 +316,7 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
         status: out.status,
         sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
         data_in: out.data,
-        data_out_wanted: if req.write {
-            lu.plan(req.cdb.as_slice()).data_out
-        } else {
-            0
-        },
+        data_out_wanted: req.cdb_data_out,
     }
 }
 
