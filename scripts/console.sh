@@ -21,7 +21,15 @@ IQN=iqn.2026-11.io.ironsan:console
     --admin 127.0.0.1:$APORT >"$OUT/serve.log" 2>&1 &
 SRV=$!
 PERF=()
-cleanup() { kill "${PERF[@]}" 2>/dev/null || true; kill $SRV 2>/dev/null || true; wait 2>/dev/null || true; }
+# iscsi-perf waits for its outstanding I/O after SIGTERM, which can spin
+# forever: stop it for good before the target, so `wait` cannot hang.
+cleanup() {
+  kill "${PERF[@]}" 2>/dev/null || true
+  sleep 1
+  kill -9 "${PERF[@]}" 2>/dev/null || true
+  kill $SRV 2>/dev/null || true
+  wait 2>/dev/null || true
+}
 trap cleanup EXIT
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$APORT/api/targets" >/dev/null && break; sleep 0.1; done
 # Reads on LUN 0, writes on LUN 1, for longer than the page is watched.
