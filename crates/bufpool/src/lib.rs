@@ -12,6 +12,9 @@
 //! Buffers are pooled by power-of-two capacity from 4 KiB to 1 MiB, at most
 //! [`MAX_POOLED_BYTES`] per thread; anything else is a plain allocation.
 
+mod chain;
+pub use chain::Chain;
+
 use std::cell::RefCell;
 
 use bytes::{Bytes, BytesMut};

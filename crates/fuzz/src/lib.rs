@@ -122,7 +122,7 @@ fn run_cdb(lu: &scsi::LogicalUnit, cdb: &[u8], data_out: &[u8], nexus: u64) -> C
     Completion {
         status: o.status,
         sense: o.sense.map(|s| Bytes::from(s.to_bytes())),
-        data_in: o.data,
+        data_in: bufpool::Chain::from_parts(o.data, o.more),
         data_out_wanted: plan.data_out,
     }
 }

@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use bufpool::Chain;
 use bytes::{Bytes, BytesMut};
 use iscsi_wire::outbox::Digests;
 use iscsi_wire::pdu::*;
@@ -75,8 +76,9 @@ pub struct Completion {
     /// Sense data (sent in the SCSI Response's data segment).
     pub sense: Option<Bytes>,
     /// Data-in, exactly what the command transfers per its CDB; the part
-    /// beyond EDTL is not sent and reported as residual overflow.
-    pub data_in: Bytes,
+    /// beyond EDTL is not sent and reported as residual overflow. Several
+    /// segments when a large read is served without copying.
+    pub data_in: Chain,
     /// The data-out length the CDB called for, for residuals of writes.
     pub data_out_wanted: u32,
 }
@@ -375,7 +377,7 @@ impl Session {
         let c = Completion {
             status,
             sense: Some(Bytes::copy_from_slice(sense)),
-            data_in: Bytes::new(),
+            data_in: Chain::new(),
             data_out_wanted: 0,
         };
         self.complete(itt, c, out);
@@ -684,9 +686,9 @@ impl Session {
                 let piece = if off == 0 && n == c.data_in.len() {
                     std::mem::take(&mut c.data_in)
                 } else {
-                    c.data_in.slice(off..off + n)
+                    c.data_in.slice(off, n)
                 };
-                out.push_bytes(&d.encode(n), piece, self.dg);
+                out.push_chain(&d.encode(n), piece, self.dg);
                 data_sn += 1;
                 off += n;
             }

@@ -54,10 +54,19 @@ impl Disk {
         let lba = u32::from_be_bytes([c[2], c[3], c[4], c[5]]) as usize * BS;
         let len = usize::from(u16::from_be_bytes([c[7], c[8]])) * BS;
         match c[0] {
-            0x28 => Completion {
-                data_in: Bytes::copy_from_slice(&self.0.borrow()[lba..lba + len]),
-                ..Default::default()
-            },
+            0x28 => {
+                // Served as segments of at most 3 blocks, as a RAM LUN serves
+                // a large read from several chunks without copying.
+                let disk = self.0.borrow();
+                let mut data_in = bufpool::Chain::new();
+                for piece in disk[lba..lba + len].chunks(3 * BS) {
+                    data_in.push(Bytes::copy_from_slice(piece));
+                }
+                Completion {
+                    data_in,
+                    ..Default::default()
+                }
+            }
             0x2a => {
                 self.0.borrow_mut()[lba..lba + r.data_out.len()].copy_from_slice(&r.data_out);
                 Completion {

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
+use bufpool::Chain;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::digest::{crc32c_parts, pad_len, PAD};
@@ -98,6 +99,35 @@ impl Outbox {
         self.len += n;
     }
 
+    /// Queues a PDU whose data segment is `data`, segments shared rather
+    /// than copied when large; the data digest runs over all of them.
+    pub fn push_chain(&mut self, bhs: &[u8; BHS_LEN], data: Chain, dg: Digests) {
+        let data = match data.into_single() {
+            Ok(one) => return self.push_bytes(bhs, one, dg),
+            Err(many) => many,
+        };
+        self.push_header(bhs, dg);
+        self.seal();
+        let len = data.len();
+        let pad = pad_len(len);
+        let mut t = [0u8; 8];
+        let mut n = pad;
+        if dg.data {
+            let crc = data
+                .segments()
+                .fold(crc32c::crc32c(&[]), |c, s| crc32c::crc32c_append(c, s));
+            let crc = crc32c::crc32c_append(crc, &PAD[..pad]);
+            t[n..n + 4].copy_from_slice(&crc.to_le_bytes());
+            n += 4;
+        }
+        let (first, rest) = data.into_parts();
+        self.queue.push_back(first);
+        self.queue.extend(rest);
+        self.len += len;
+        self.pending.extend_from_slice(&t[..n]);
+        self.len += n;
+    }
+
     fn push_header(&mut self, bhs: &[u8; BHS_LEN], dg: Digests) {
         let start = self.pending.len();
         self.pending.extend_from_slice(bhs);
@@ -165,6 +195,30 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chained_segments_match_one_buffer() {
+        let whole: Vec<u8> = (0..9000u32).map(|i| (i * 7) as u8).collect();
+        for dg in [
+            Digests::default(),
+            Digests {
+                header: true,
+                data: true,
+            },
+        ] {
+            let mut bhs = [0u8; BHS_LEN];
+            bhs[5..8].copy_from_slice(&[0, 0x23, 0x28]);
+            let mut one = Outbox::new();
+            one.push_bytes(&bhs, Bytes::from(whole.clone()), dg);
+            let mut c = Chain::new();
+            c.push(Bytes::copy_from_slice(&whole[..3001]));
+            c.push(Bytes::copy_from_slice(&whole[3001..]));
+            let mut two = Outbox::new();
+            two.push_chain(&bhs, c, dg);
+            assert_eq!(one.len(), two.len());
+            assert_eq!(one.to_vec(), two.to_vec());
+        }
+    }
 
     #[test]
     fn copies_small_and_shares_large() {

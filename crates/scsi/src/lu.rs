@@ -152,8 +152,13 @@ pub struct Outcome {
     /// Sense data, present with CHECK CONDITION.
     pub sense: Option<Sense>,
     /// Data-in: exactly the bytes the command transfers (already cut to
-    /// the allocation length).
+    /// the allocation length), or its first segment when [`Self::more`]
+    /// is not empty.
     pub data: Bytes,
+    /// Further segments of data-in after [`Self::data`], in order: a large
+    /// read served from the backend's memory without copying
+    /// ([`storage::BlockBackend::read_chain`]). Empty otherwise.
+    pub more: Vec<Bytes>,
 }
 
 impl Outcome {
@@ -163,6 +168,7 @@ impl Outcome {
             status: status::GOOD,
             sense: None,
             data: Bytes::new(),
+            more: Vec::new(),
         }
     }
 
@@ -172,6 +178,7 @@ impl Outcome {
             status: status::GOOD,
             sense: None,
             data: data.into(),
+            more: Vec::new(),
         }
     }
 
@@ -181,7 +188,24 @@ impl Outcome {
             status: status::CHECK_CONDITION,
             sense: Some(sense),
             data: Bytes::new(),
+            more: Vec::new(),
         }
+    }
+
+    /// GOOD with data-in in segments.
+    pub fn with_chain(data: bufpool::Chain) -> Self {
+        let (data, more) = data.into_parts();
+        Outcome {
+            status: status::GOOD,
+            sense: None,
+            data,
+            more,
+        }
+    }
+
+    /// Length of the data-in, all segments.
+    pub fn data_len(&self) -> usize {
+        self.data.len() + self.more.iter().map(Bytes::len).sum::<usize>()
     }
 
     /// True for GOOD.

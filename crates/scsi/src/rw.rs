@@ -189,9 +189,9 @@ pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     let _range = lu.locks.shared(f.lba, u64::from(f.len));
     let data = lu
         .backend
-        .read_bytes(f.lba << lu.block_shift, (f.len as usize) << lu.block_shift)
+        .read_chain(f.lba << lu.block_shift, (f.len as usize) << lu.block_shift)
         .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
-    Ok(Outcome::with_data(data))
+    Ok(Outcome::with_chain(data))
 }
 
 /// WRITE(6/10/12/16) (SBC-3 §5.39–5.42).

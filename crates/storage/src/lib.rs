@@ -83,6 +83,14 @@ pub trait BlockBackend: Send + Sync + 'static {
         Ok(bytes::Bytes::from(buf))
     }
 
+    /// Reads `len` bytes at `offset` as one or more shared segments. A
+    /// backend that holds its data in memory may hand out references to it
+    /// instead of copying (it must then never change bytes it has handed
+    /// out); the default reads into one buffer with [`Self::read_bytes`].
+    fn read_chain(&self, offset: u64, len: usize) -> io::Result<bufpool::Chain> {
+        self.read_bytes(offset, len).map(bufpool::Chain::from)
+    }
+
     /// Writes `buf` at `offset`; with `fua` the data is stable on return
     /// whatever the cache policy.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;

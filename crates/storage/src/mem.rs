@@ -5,12 +5,23 @@
 //! chunk has its own reader/writer lock, so I/O to different chunks never
 //! contends and a read never sees a torn write within a chunk.
 //!
+//! Large reads are not copied: [`BlockBackend::read_chain`] of at least
+//! [`SHARE_MIN`] bytes hands out shared references to the chunks
+//! themselves (and to a static zero page for never-written ones), which
+//! the send queue writes straight to the socket. A chunk is immutable while
+//! shared: a write to a chunk that some read still holds copies it first
+//! (copy-on-write), so data already handed out never changes under the
+//! reader — the data digest computed over it stays true. Smaller reads are
+//! copied into a pooled buffer, which costs less than sharing.
+//!
 //! Thin provisioning: [`BlockBackend::discard`] frees every whole chunk it
 //! covers and zero-fills the partial ones; [`BlockBackend::allocation`]
 //! reports chunks held as allocated and the others as deallocated.
 
 use std::io;
 
+use bufpool::Chain;
+use bytes::{Bytes, BytesMut};
 use parking_lot::RwLock;
 
 use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
@@ -18,8 +29,15 @@ use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
 
-/// One 1 MiB chunk, allocated on first write.
-type Chunk = RwLock<Option<Box<[u8]>>>;
+/// Reads of at least this many bytes share the chunks instead of copying.
+pub const SHARE_MIN: usize = 64 * 1024;
+
+/// What never-written chunks read as, shared by large reads.
+static ZEROS: [u8; CHUNK as usize] = [0; CHUNK as usize];
+
+/// One 1 MiB chunk, allocated on first write; shared (read-only) with the
+/// large reads in flight.
+type Chunk = RwLock<Option<Bytes>>;
 
 /// A volatile in-memory store.
 pub struct MemBackend {
@@ -67,6 +85,20 @@ impl MemBackend {
             done += n;
         }
     }
+
+    /// Runs `f` on chunk `idx`'s bytes for writing: allocated (zeroed) when
+    /// never written, copied first when a read still shares it.
+    fn modify(&self, idx: usize, f: impl FnOnce(&mut [u8])) {
+        let mut g = self.chunks[idx].write();
+        let mut m = match g.take() {
+            None => BytesMut::zeroed(CHUNK as usize),
+            Some(b) => b
+                .try_into_mut()
+                .unwrap_or_else(|shared| BytesMut::from(&shared[..])),
+        };
+        f(&mut m);
+        *g = Some(m.freeze());
+    }
 }
 
 impl BlockBackend for MemBackend {
@@ -87,6 +119,21 @@ impl BlockBackend for MemBackend {
         });
         Ok(())
     }
+    fn read_chain(&self, offset: u64, len: usize) -> io::Result<Chain> {
+        if len < SHARE_MIN {
+            return self.read_bytes(offset, len).map(Chain::from);
+        }
+        check_range(self.size, offset, len)?;
+        let mut out = Chain::new();
+        Self::for_each_chunk(offset, len, |idx, within, r| {
+            let n = r.len();
+            out.push(match &*self.chunks[idx].read() {
+                Some(c) => c.slice(within..within + n),
+                None => Bytes::from_static(&ZEROS[..n]),
+            });
+        });
+        Ok(out)
+    }
     fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
         check_range(self.size, offset, len)?;
         // Filled by copying straight from the chunks into a pooled buffer:
@@ -105,9 +152,7 @@ impl BlockBackend for MemBackend {
         check_range(self.size, offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
-            let mut g = self.chunks[idx].write();
-            let c = g.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
-            c[within..within + n].copy_from_slice(&buf[r]);
+            self.modify(idx, |c| c[within..within + n].copy_from_slice(&buf[r]));
         });
         Ok(())
     }
@@ -129,9 +174,7 @@ impl BlockBackend for MemBackend {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range_u64(self.size, offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
-            let mut g = self.chunks[idx].write();
-            let c = g.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
-            c[within..within + n].fill(0);
+            self.modify(idx, |c| c[within..within + n].fill(0));
         });
         Ok(())
     }
@@ -143,8 +186,9 @@ impl BlockBackend for MemBackend {
             let chunk_len = (self.size - ((idx as u64) << CHUNK_SHIFT)).min(CHUNK) as usize;
             if within == 0 && n == chunk_len {
                 *g = None;
-            } else if let Some(c) = g.as_mut() {
-                c[within..within + n].fill(0);
+            } else if g.is_some() {
+                drop(g);
+                self.modify(idx, |c| c[within..within + n].fill(0));
             }
         });
         Ok(())
@@ -234,6 +278,39 @@ mod tests {
         assert_eq!(m.resident_bytes(), 2 * CHUNK);
         assert!(m.discard(3 * CHUNK, 8193).is_err());
         assert!(m.discard(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn large_reads_share_chunks_and_writes_copy_them_first() {
+        let m = MemBackend::new(3 * CHUNK);
+        m.write_at(&vec![1u8; CHUNK as usize], 0, false).unwrap();
+        // Chunk 0 written, chunk 1 never: both served without copying.
+        let at = CHUNK - 4096;
+        let len = SHARE_MIN + 8192;
+        let held = m.read_chain(at, len).unwrap();
+        assert_eq!(held.segment_count(), 2);
+        let v = held.to_vec();
+        assert!(v[..4096].iter().all(|&b| b == 1));
+        assert!(v[4096..].iter().all(|&b| b == 0));
+        let first = held.segments().next().unwrap().clone();
+        let chunk_ptr = m.chunks[0].read().as_ref().unwrap().as_ptr();
+        assert_eq!(first.as_ptr(), chunk_ptr.wrapping_add(at as usize));
+        // A write while the read is held copies the chunk: the held data
+        // stays as it was, later reads see the write.
+        m.write_at(&[9u8; 4096], at, false).unwrap();
+        assert!(held.to_vec()[..4096].iter().all(|&b| b == 1));
+        let mut now = vec![0u8; 4096];
+        m.read_at(&mut now, at).unwrap();
+        assert!(now.iter().all(|&b| b == 9));
+        assert_ne!(m.chunks[0].read().as_ref().unwrap().as_ptr(), chunk_ptr);
+        // Small reads are copied: writes after them keep the chunk in place.
+        drop((held, first));
+        let small = m.read_chain(at, 4096).unwrap();
+        let ptr = m.chunks[0].read().as_ref().unwrap().as_ptr();
+        m.write_at(&[3u8; 512], 0, false).unwrap();
+        assert_eq!(m.chunks[0].read().as_ref().unwrap().as_ptr(), ptr);
+        assert!(small.to_vec().iter().all(|&b| b == 9));
+        assert!(m.read_chain(3 * CHUNK - 100, SHARE_MIN).is_err());
     }
 
     #[test]

@@ -191,7 +191,7 @@ fn main() {
                         let c = Completion {
                             status: o.status,
                             sense: o.sense.map(|s| Bytes::from(s.to_bytes())),
-                            data_in: o.data,
+                            data_in: bufpool::Chain::from_parts(o.data, o.more),
                             data_out_wanted: r.cdb_data_out,
                         };
                         tgt.complete(r.itt, c, &mut tout);

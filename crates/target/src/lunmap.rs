@@ -315,7 +315,7 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
     Completion {
         status: out.status,
         sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
-        data_in: out.data,
+        data_in: bufpool::Chain::from_parts(out.data, out.more),
         data_out_wanted: req.cdb_data_out,
     }
 }
@@ -342,7 +342,7 @@ pub fn answer_above_lu(t: &LunTable, req: &ExecRequest) -> Option<Completion> {
             d[4] = 31;
             d.truncate(alloc.min(36));
             Completion {
-                data_in: Bytes::from(d),
+                data_in: Bytes::from(d).into(),
                 ..Completion::default()
             }
         }
@@ -352,7 +352,7 @@ pub fn answer_above_lu(t: &LunTable, req: &ExecRequest) -> Option<Completion> {
             let mut s = sense(ILLEGAL_REQUEST, 0x25, 0).to_vec();
             s.truncate(alloc.min(18));
             Completion {
-                data_in: Bytes::from(s),
+                data_in: Bytes::from(s).into(),
                 ..Completion::default()
             }
         }
@@ -379,7 +379,7 @@ fn report_luns(t: &LunTable, cdb: &[u8]) -> Completion {
     }
     d.truncate(alloc);
     Completion {
-        data_in: Bytes::from(d),
+        data_in: Bytes::from(d).into(),
         ..Completion::default()
     }
 }

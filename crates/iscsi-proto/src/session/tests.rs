@@ -104,7 +104,7 @@ fn read_returns_data_with_status_in_last_data_in() {
     s.complete(
         req.itt,
         Completion {
-            data_in: data,
+            data_in: data.into(),
             ..Default::default()
         },
         &mut out,
@@ -143,7 +143,7 @@ fn read_residuals() {
         s.complete(
             req.itt,
             Completion {
-                data_in: Bytes::from(vec![1u8; 512]),
+                data_in: Bytes::from(vec![1u8; 512]).into(),
                 ..Default::default()
             },
             &mut out,

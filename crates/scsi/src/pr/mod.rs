@@ -156,6 +156,7 @@ pub(crate) fn conflict() -> Outcome {
         status: status::RESERVATION_CONFLICT,
         sense: None,
         data: bytes::Bytes::new(),
+        more: Vec::new(),
     }
 }
 

@@ -56,8 +56,8 @@ proptest! {
         prop_assert!(matches!(o.status, status::GOOD | status::CHECK_CONDITION));
         prop_assert_eq!(o.sense.is_some(), o.status == status::CHECK_CONDITION);
         if o.status == status::GOOD {
-            prop_assert!(o.data.len() <= plan.data_in as usize,
-                "{} bytes returned, {} planned", o.data.len(), plan.data_in);
+            prop_assert!(o.data_len() <= plan.data_in as usize,
+                "{} bytes returned, {} planned", o.data_len(), plan.data_in);
         } else {
             prop_assert!(o.data.is_empty());
             let s = o.sense.unwrap();

@@ -89,7 +89,9 @@ fn rcr(sa: u8, list_id: u8, alloc: u32) -> [u8; 16] {
 fn read(lu: &LogicalUnit, lba: u32, blocks: u16) -> Vec<u8> {
     let o = run(lu, &read10(lba, blocks), &[]);
     good(&o);
-    o.data.to_vec()
+    let mut v = o.data.to_vec();
+    o.more.iter().for_each(|s| v.extend_from_slice(s));
+    v
 }
 
 #[track_caller]
