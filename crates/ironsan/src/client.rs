@@ -190,6 +190,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         ioengine: IoEngineKind::parse(&a.ioengine).map_err(anyhow::Error::msg)?,
         verify: a.verify,
         verify_id: a.verify_id.as_deref().map(parse_id).transpose()?,
+        share: Default::default(),
     };
     spec.validate().map_err(anyhow::Error::msg)?;
     if let Some(p) = &a.plot {
