@@ -487,9 +487,13 @@ fn job(
     };
     let mut ids = vshared.check;
     let mut seq: u64 = u64::from(index) << 48;
-    // Per job, a job of only --size bytes stops after that many bytes.
+    // Without --runtime the jobs (of every node) together do the region's
+    // whole blocks once: job i of n does blocks [b*i/n, b*(i+1)/n).
     let byte_budget = if spec.runtime.is_none() {
-        region / u64::from(jobs)
+        let blocks = u128::from(region / u64::from(spec.bs));
+        let share = |i: u32| blocks * u128::from(i) / u128::from(jobs);
+        // At most `blocks`, which fits in u64.
+        (share(index + 1) - share(index)) as u64 * u64::from(spec.bs)
     } else {
         u64::MAX
     };

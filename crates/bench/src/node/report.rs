@@ -13,6 +13,7 @@ use crate::spec::JobSpec;
 fn merged_spec(m: &MultiResult) -> JobSpec {
     let mut s = m.nodes[0].spec.clone();
     s.name = "All clients".into();
+    s.numjobs = m.nodes.iter().map(|n| n.spec.numjobs).sum();
     s.targets.clear();
     for n in &m.nodes {
         for t in &n.spec.targets {
