@@ -27,9 +27,12 @@ pub const JOB_LIMIT: u32 = 1 << 20;
 pub const MAX_CONNECTIONS: usize = 16;
 /// How long a new connection has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a connection may wait between jobs, and a prepared job for
-/// its start.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a connection may wait for a job after the hello or between
+/// jobs.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a prepared job waits for its start (the coordinator waits up
+/// to two minutes for the slowest node to prepare).
+const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How often a running job's I/O counts are sampled for the timeline.
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 /// Samples kept before the timeline is thinned (every other one dropped
@@ -254,7 +257,7 @@ fn job(conn: &mut Conn, spec: &JobSpec, opts: &ServerOptions) -> Result<bool, St
         capacity: prepared.capacity(),
     })
     .map_err(|e| e.to_string())?;
-    match conn.recv::<ToServer>(IDLE_TIMEOUT) {
+    match conn.recv::<ToServer>(START_TIMEOUT) {
         Ok(ToServer::Start) => {}
         Ok(ToServer::Abort) => {
             log(&format!("{peer}: job aborted before the start"));
