@@ -205,8 +205,12 @@ pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
 /// Live progress shared with the caller (for a progress line).
 #[derive(Debug, Default)]
 pub struct Progress {
+    /// Measured I/Os completed (after the ramp).
     pub ios: AtomicU64,
     pub bytes: AtomicU64,
+    /// When the jobs started, past their common barrier (the first job's
+    /// clock; measured time starts `ramp_time` later).
+    pub started: std::sync::OnceLock<Instant>,
 }
 
 /// Runs the plan. `progress` is updated as I/Os complete.
@@ -500,6 +504,9 @@ fn job(
     let mut issued: u64 = 0;
     barrier.wait();
     let t0 = Instant::now();
+    if let Some(p) = progress {
+        let _ = p.started.set(t0);
+    }
     let measure_from = t0 + spec.ramp_time;
     let deadline = spec.runtime.map(|r| measure_from + r);
     let mut inflight = 0usize;

@@ -165,9 +165,42 @@ pub fn decode_hist(s: &str, bounds: (u64, u64, u8)) -> Result<Histogram<u64>, St
             "histogram: bounds {got:?}, expected {bounds:?} (another ironsan version?)"
         ));
     }
+    check_varints(&b[V2_HEADER..])?;
     Deserializer::new()
         .deserialize(&mut &b[..])
         .map_err(|e| format!("histogram: {e:?}"))
+}
+
+/// Refuses the one count encoding the decoder cannot take: the varint of
+/// `u64::MAX`, whose zig-zag decoding `i64::MIN` overflows when the
+/// decoder negates it (a panic with overflow checks on). Varints are 7 bits
+/// per byte with a continuation bit, the ninth byte all 8 bits.
+fn check_varints(payload: &[u8]) -> Result<(), String> {
+    let mut i = 0;
+    while i < payload.len() {
+        let mut v: u64 = 0;
+        let mut k = 0;
+        loop {
+            let Some(&b) = payload.get(i) else {
+                // Truncated: the decoder reports it.
+                return Ok(());
+            };
+            i += 1;
+            if k == 8 {
+                v |= u64::from(b) << 56;
+                break;
+            }
+            v |= u64::from(b & 0x7f) << (7 * k);
+            if b & 0x80 == 0 {
+                break;
+            }
+            k += 1;
+        }
+        if v == u64::MAX {
+            return Err("histogram: a count out of range".into());
+        }
+    }
+    Ok(())
 }
 
 fn dir_to_wire(d: &DirStats) -> WireDir {
@@ -326,6 +359,124 @@ mod tests {
         assert!(decode_hist(&huge, DIR_BOUNDS).is_err());
         for junk in ["", "!!!", "AAAA"] {
             assert!(decode_hist(junk, DIR_BOUNDS).is_err());
+        }
+        // The varint of u64::MAX (zig-zag i64::MIN) would make the decoder
+        // overflow; it is refused first.
+        let mut raw = base64::engine::general_purpose::STANDARD
+            .decode(&s)
+            .unwrap();
+        raw.truncate(V2_HEADER);
+        raw.extend_from_slice(&[0xff; 9]);
+        raw[4..8].copy_from_slice(&9u32.to_be_bytes());
+        let min = base64::engine::general_purpose::STANDARD.encode(&raw);
+        assert!(decode_hist(&min, DIR_BOUNDS)
+            .unwrap_err()
+            .contains("out of range"));
+    }
+
+    /// Mutated and truncated frames of every message kind: typed errors or
+    /// a message, never a panic (a deterministic fuzz loop).
+    #[test]
+    fn mutated_frames_never_panic() {
+        use crate::node::frame::{decode, encode, FrameReader};
+        let mut r = DirStats::new();
+        for v in [1_000, 5_000, 70_000, 2_000_000] {
+            r.ios += 1;
+            r.lat.record(v).unwrap();
+        }
+        let mut sec = Second::new();
+        sec.lat.record(3_000).unwrap();
+        let run = RunResult {
+            read: r.clone(),
+            write: r,
+            elapsed: Duration::from_secs(1),
+            series: vec![sec],
+            paths: vec![PathStat {
+                name: "a:1".into(),
+                ios: 3,
+                failed: None,
+            }],
+            error_samples: vec!["e".into()],
+            engine: "iscsi",
+            notes: vec![],
+            verify_id: Some(7),
+            verified_bytes: 0,
+            capacity: 1 << 20,
+            first_finish: Duration::from_millis(900),
+        };
+        let tl = vec![Sample {
+            us: 10,
+            ios: 1,
+            bytes: 4096,
+        }];
+        let to_coord = [
+            encode(&ToCoordinator::Result {
+                result: Box::new(NodeRun::from_run(&run, tl)),
+            }),
+            encode(&ToCoordinator::Hello {
+                version: VERSION,
+                host: "h".into(),
+            }),
+            encode(&ToCoordinator::Progress {
+                elapsed_ms: 1,
+                ios: 2,
+                bytes: 3,
+            }),
+        ];
+        let to_server = [encode(&ToServer::Hello {
+            version: VERSION,
+            token: Some("t".into()),
+        })];
+        // The clean Result decodes back to the same numbers.
+        let Ok(ToCoordinator::Result { result }) = decode(&to_coord[0][8..]) else {
+            panic!("the clean result does not decode");
+        };
+        let (back, tl) = result.into_run().unwrap();
+        assert_eq!((back.read.ios, back.read.lat.len()), (4, 4));
+        assert_eq!(back.read.lat, run.read.lat);
+        assert_eq!(back.series[0].lat, run.series[0].lat);
+        assert_eq!(
+            (back.first_finish, back.verify_id),
+            (run.first_finish, Some(7))
+        );
+        assert_eq!(tl.len(), 1);
+        let mut rng = crate::workload::Rng::new(42);
+        for i in 0..3000 {
+            let (server_side, base) = if i % 4 == 3 {
+                (true, &to_server[0])
+            } else {
+                (false, &to_coord[i % 3])
+            };
+            let mut f = base.clone();
+            for _ in 0..1 + rng.below(4) {
+                let at = rng.below(f.len() as u64) as usize;
+                match rng.below(4) {
+                    0 => f[at] = rng.next_u64() as u8,
+                    1 => f[at] ^= 1 << rng.below(8),
+                    2 => f.truncate(at.max(1)),
+                    _ => f.insert(at, b"{}[]\",0\x00"[rng.below(8) as usize]),
+                }
+            }
+            let mut rd = FrameReader::new(1 << 20);
+            let mut src = &f[..];
+            let body = loop {
+                match rd.read_frame(&mut src) {
+                    Ok(Some(b)) => break Some(b),
+                    Ok(None) => {}
+                    Err(_) => break None,
+                }
+            };
+            let Some(body) = body else { continue };
+            if server_side {
+                let _ = decode::<ToServer>(&body);
+            } else if let Ok(ToCoordinator::Result { result }) = decode::<ToCoordinator>(&body) {
+                if let Ok((r, _)) = result.into_run() {
+                    let mut all = DirStats::new();
+                    all.merge(&r.read);
+                    all.merge(&r.write);
+                    let _ = all.lat.value_at_quantile(0.99);
+                }
+            }
         }
     }
 

@@ -268,7 +268,6 @@ fn job(conn: &mut Conn, spec: &JobSpec, opts: &ServerOptions) -> Result<bool, St
     }
     let progress = Arc::new(Progress::default());
     let abort = Arc::new(AtomicBool::new(false));
-    let origin = Instant::now() + spec.ramp_time;
     let handle = {
         let (progress, abort) = (progress.clone(), abort.clone());
         std::thread::spawn(move || prepared.run(Some(progress), Some(abort)))
@@ -279,10 +278,15 @@ fn job(conn: &mut Conn, spec: &JobSpec, opts: &ServerOptions) -> Result<bool, St
         bytes: 0,
     }];
     let mut every = SAMPLE_EVERY;
-    let mut next_sample = origin + every;
+    let mut next_sample = Instant::now() + every;
     let mut next_progress = Instant::now() + Duration::from_secs(1);
+    // Times count from the jobs' own start plus the ramp, like their
+    // elapsed and first-finish times.
+    let ramp = spec.ramp_time;
     let sample = |at: Instant| Sample {
-        us: u64::try_from(at.saturating_duration_since(origin).as_micros()).unwrap_or(u64::MAX),
+        us: progress.started.get().map_or(0, |t0| {
+            u64::try_from(at.saturating_duration_since(*t0 + ramp).as_micros()).unwrap_or(u64::MAX)
+        }),
         ios: progress.ios.load(Ordering::Relaxed),
         bytes: progress.bytes.load(Ordering::Relaxed),
     };
