@@ -180,6 +180,11 @@ fn three_servers_merge_into_one_result() {
     assert!(sw > 0 && sw <= total, "{w}");
     assert!(w["at_us"].as_u64().unwrap() >= 900_000, "{w}");
     assert!(addrs.contains(&w["first_to_finish"].as_str().unwrap().to_string()));
+    let per_node: u64 = nodes
+        .iter()
+        .map(|n| n["stonewall_ios"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_node, sw);
 
     // The same servers serve the next job; text output names every node.
     let mut args = vec!["bench"];

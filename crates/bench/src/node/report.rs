@@ -6,6 +6,7 @@
 use serde_json::{json, Value};
 
 use crate::node::coordinator::MultiResult;
+use crate::node::merge;
 use crate::report;
 use crate::spec::JobSpec;
 
@@ -55,6 +56,10 @@ pub fn json(m: &MultiResult) -> Value {
     let mut all = report::json(&ms, &m.merged);
     let mut clients = Vec::new();
     let mut nodes = Vec::new();
+    let wall_us = m
+        .stonewall
+        .as_ref()
+        .map(|w| u64::try_from(w.at.as_micros()).unwrap_or(u64::MAX));
     for n in &m.nodes {
         let mut v = report::json(&n.spec, &n.result);
         let mut job = v["jobs"][0].take();
@@ -67,6 +72,7 @@ pub fn json(m: &MultiResult) -> Value {
             "share": {"index": n.spec.share.index, "count": n.spec.share.count},
             "elapsed_us": u64::try_from(n.result.elapsed.as_micros()).unwrap_or(u64::MAX),
             "first_finish_us": u64::try_from(n.result.first_finish.as_micros()).unwrap_or(u64::MAX),
+            "stonewall_ios": wall_us.map(|t| merge::at(&n.timeline, t).0),
             "ironsan": v["ironsan"].take(),
         }));
     }
