@@ -222,7 +222,9 @@ pub fn run(
     t: Timeouts,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<MultiResult, String> {
-    assert_eq!(nodes.len(), specs.len(), "one job per node");
+    if nodes.len() != specs.len() || nodes.is_empty() {
+        return Err(format!("{} nodes but {} jobs", nodes.len(), specs.len()));
+    }
     // Prepare every node in parallel: logins may take a while.
     let prepared: Vec<Result<(Conn, String), String>> = std::thread::scope(|sc| {
         let hs: Vec<_> = nodes
