@@ -51,7 +51,8 @@ pub trait Engine: Send {
 }
 
 /// One path of a multipath engine, for reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PathStat {
     /// `host:port` of the portal.
     pub name: String,

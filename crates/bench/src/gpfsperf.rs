@@ -222,6 +222,7 @@ impl Args {
             },
             verify: false,
             verify_id: None,
+            share: Default::default(),
         };
         s.validate().map_err(|e| {
             e.replace("--bs", "-r")

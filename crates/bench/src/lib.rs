@@ -12,6 +12,7 @@ pub mod cdm;
 pub mod engine;
 pub mod gpfsperf;
 pub mod multipath;
+pub mod node;
 pub mod plot;
 pub mod report;
 pub mod run;

@@ -27,7 +27,8 @@ pub struct DirStats {
 }
 
 impl DirStats {
-    fn new() -> DirStats {
+    /// Empty, with the bounds every run uses (1 ns to 1 hour, 3 digits).
+    pub fn new() -> DirStats {
         DirStats {
             ios: 0,
             bytes: 0,
@@ -36,7 +37,8 @@ impl DirStats {
         }
     }
 
-    fn merge(&mut self, o: &DirStats) {
+    /// Adds another run's totals; histograms are added, never averaged.
+    pub fn merge(&mut self, o: &DirStats) {
         self.ios += o.ios;
         self.bytes += o.bytes;
         self.errors += o.errors;
@@ -67,6 +69,9 @@ pub struct RunResult {
     pub verified_bytes: u64,
     /// The target's size in bytes.
     pub capacity: u64,
+    /// Measured time until the first job finished (the stonewall: until
+    /// then every job was running).
+    pub first_finish: Duration,
 }
 
 /// One second of the series.
@@ -81,7 +86,8 @@ pub struct Second {
 }
 
 impl Second {
-    fn new() -> Second {
+    /// Empty (2 significant digits).
+    pub fn new() -> Second {
         Second {
             read_ios: 0,
             write_ios: 0,
@@ -91,7 +97,8 @@ impl Second {
         }
     }
 
-    fn merge(&mut self, o: &Second) {
+    /// Adds another second's counts and latencies.
+    pub fn merge(&mut self, o: &Second) {
         self.read_ios += o.read_ios;
         self.write_ios += o.write_ios;
         self.read_bytes += o.read_bytes;
@@ -198,12 +205,34 @@ pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
 /// Live progress shared with the caller (for a progress line).
 #[derive(Debug, Default)]
 pub struct Progress {
+    /// Measured I/Os completed (after the ramp).
     pub ios: AtomicU64,
     pub bytes: AtomicU64,
+    /// When the jobs started, past their common barrier (the first job's
+    /// clock; measured time starts `ramp_time` later).
+    pub started: std::sync::OnceLock<Instant>,
 }
 
 /// Runs the plan. `progress` is updated as I/Os complete.
 pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult, String> {
+    prepare(spec)?.run(progress, None)
+}
+
+/// A plan with its engines open (sessions logged in, files opened, buffers
+/// allocated) and the region checked: everything but the I/O, so that
+/// several nodes can prepare and then start together.
+pub struct Prepared {
+    spec: JobSpec,
+    engines: Vec<Box<dyn Engine>>,
+    notes: Vec<String>,
+    engine_name: &'static str,
+    cap: u64,
+    target_bs: u32,
+    region: u64,
+}
+
+/// Opens one engine per job and checks the region against the target.
+pub fn prepare(spec: &JobSpec) -> Result<Prepared, String> {
     spec.validate()?;
     let keep_data = spec.verify && spec.rw.read_percent(spec.rwmixread) > 0;
     let mut engines = Vec::new();
@@ -244,8 +273,71 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
             "the target has {region} bytes from --offset, less than --bs"
         ));
     }
+    Ok(Prepared {
+        spec: spec.clone(),
+        engines,
+        notes,
+        engine_name,
+        cap,
+        target_bs,
+        region,
+    })
+}
+
+impl Prepared {
+    /// The engine the jobs use (`iscsi`, `multipath`, `io_uring`, `psync`).
+    pub fn engine_name(&self) -> &'static str {
+        self.engine_name
+    }
+
+    /// The target's size in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.cap
+    }
+
+    /// Runs the jobs. Setting `abort` makes every job stop submitting and
+    /// finish what it has in flight; the result then covers the I/Os done.
+    pub fn run(
+        self,
+        progress: Option<Arc<Progress>>,
+        abort: Option<Arc<AtomicBool>>,
+    ) -> Result<RunResult, String> {
+        let Prepared {
+            spec,
+            engines,
+            notes,
+            engine_name,
+            cap,
+            target_bs,
+            region,
+        } = self;
+        run_prepared(
+            &spec,
+            engines,
+            notes,
+            engine_name,
+            cap,
+            target_bs,
+            region,
+            progress,
+            abort.unwrap_or_default(),
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_prepared(
+    spec: &JobSpec,
+    engines: Vec<Box<dyn Engine>>,
+    notes: Vec<String>,
+    engine_name: &'static str,
+    cap: u64,
+    target_bs: u32,
+    region: u64,
+    progress: Option<Arc<Progress>>,
+    stop: Arc<AtomicBool>,
+) -> Result<RunResult, String> {
     let barrier = Arc::new(Barrier::new(spec.numjobs as usize));
-    let stop = Arc::new(AtomicBool::new(false));
     let writes = spec.rw.read_percent(spec.rwmixread) < 100;
     let verify_id = match (spec.verify, spec.verify_id) {
         (false, _) => None,
@@ -290,6 +382,7 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
     let mut paths: Vec<PathStat> = Vec::new();
     let mut error_samples = Vec::new();
     let mut elapsed = Duration::ZERO;
+    let mut first_finish: Option<Duration> = None;
     let mut verified_bytes = 0;
     let mut first_err = None;
     for h in handles {
@@ -326,6 +419,7 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
         error_samples.extend(out.errors);
         verified_bytes += out.verified;
         elapsed = elapsed.max(took);
+        first_finish = Some(first_finish.map_or(took, |f| f.min(took)));
     }
     if let Some(e) = first_err {
         return Err(e);
@@ -344,6 +438,7 @@ pub fn run(spec: &JobSpec, progress: Option<Arc<Progress>>) -> Result<RunResult,
         verify_id: verify_id.or((spec.verify && learned != 0).then_some(learned)),
         verified_bytes,
         capacity: cap,
+        first_finish: first_finish.unwrap_or(elapsed),
     })
 }
 
@@ -369,6 +464,8 @@ fn job(
     progress: Option<&Progress>,
     vshared: &VerifyShared,
 ) -> Result<(JobOut, Duration), String> {
+    // Jobs are numbered across the nodes of a multi-node run.
+    let (index, jobs) = spec.global_job(index);
     let mut wl = Workload::new(
         spec.rw,
         spec.rwmixread,
@@ -377,7 +474,7 @@ fn job(
         region,
         spec.randseed,
         index,
-        spec.numjobs,
+        jobs,
     );
     let payload = Bytes::from(pattern(spec.bs as usize, spec.randseed ^ u64::from(index)));
     let depth = spec.iodepth as usize;
@@ -394,15 +491,22 @@ fn job(
     };
     let mut ids = vshared.check;
     let mut seq: u64 = u64::from(index) << 48;
-    // Per job, a job of only --size bytes stops after that many bytes.
+    // Without --runtime the jobs (of every node) together do the region's
+    // whole blocks once: job i of n does blocks [b*i/n, b*(i+1)/n).
     let byte_budget = if spec.runtime.is_none() {
-        region / u64::from(spec.numjobs)
+        let blocks = u128::from(region / u64::from(spec.bs));
+        let share = |i: u32| blocks * u128::from(i) / u128::from(jobs);
+        // At most `blocks`, which fits in u64.
+        (share(index + 1) - share(index)) as u64 * u64::from(spec.bs)
     } else {
         u64::MAX
     };
     let mut issued: u64 = 0;
     barrier.wait();
     let t0 = Instant::now();
+    if let Some(p) = progress {
+        let _ = p.started.set(t0);
+    }
     let measure_from = t0 + spec.ramp_time;
     let deadline = spec.runtime.map(|r| measure_from + r);
     let mut inflight = 0usize;
@@ -540,4 +644,16 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     }
     v.truncate(len);
     v
+}
+
+impl Default for DirStats {
+    fn default() -> DirStats {
+        DirStats::new()
+    }
+}
+
+impl Default for Second {
+    fn default() -> Second {
+        Second::new()
+    }
 }

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use initiator::Url;
+use serde::{Deserialize, Serialize};
 
 /// fio's `rw` modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Rw {
     Read,
     Write,
@@ -64,8 +66,11 @@ impl Rw {
     }
 }
 
-/// What to drive.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What to drive. On the wire (the multi-node bench) a target is its
+/// full text form: an `iscsi://` URL with its credentials and digest
+/// parameters, or a path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum TargetSpec {
     /// A LUN through the built-in initiator.
     Iscsi(Url),
@@ -92,6 +97,23 @@ impl TargetSpec {
     }
 }
 
+impl TryFrom<String> for TargetSpec {
+    type Error = String;
+    fn try_from(s: String) -> Result<TargetSpec, String> {
+        TargetSpec::parse(&s)
+    }
+}
+
+impl From<TargetSpec> for String {
+    /// The full form, credentials included (unlike `Display`).
+    fn from(t: TargetSpec) -> String {
+        match t {
+            TargetSpec::Iscsi(u) => u.to_full_string(),
+            TargetSpec::File(p) => p.to_string_lossy().into_owned(),
+        }
+    }
+}
+
 impl std::fmt::Display for TargetSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -101,8 +123,11 @@ impl std::fmt::Display for TargetSpec {
     }
 }
 
-/// One benchmark run.
-#[derive(Clone, Debug)]
+/// One benchmark run. It is also the job a multi-node coordinator sends
+/// to every bench server (as JSON), so every field is (de)serializable and
+/// unknown fields are refused.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JobSpec {
     pub name: String,
     pub targets: Vec<TargetSpec>,
@@ -135,10 +160,44 @@ pub struct JobSpec {
     /// The run id writes stamp and reads expect (default: a fresh one for
     /// writes; reads learn it from the first block).
     pub verify_id: Option<u64>,
+    /// This run's share of a multi-node run (default: the whole run).
+    #[serde(default)]
+    pub share: Share,
+}
+
+/// A node's share of a multi-node run: its jobs are numbers
+/// `index * numjobs ..` of `count * numjobs`, so nodes driving the same LU
+/// split it like the jobs of one run do (sequential jobs start at their own
+/// part of the region, `--size` runs divide the bytes, seeds differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// This node's number, `0..count`.
+    pub index: u32,
+    /// Nodes driving the same targets.
+    pub count: u32,
+}
+
+impl Default for Share {
+    fn default() -> Share {
+        Share { index: 0, count: 1 }
+    }
+}
+
+impl JobSpec {
+    /// The global number of this run's job `j` and the total number of
+    /// jobs across the nodes sharing the targets.
+    pub fn global_job(&self, j: u32) -> (u32, u32) {
+        (
+            self.share.index * self.numjobs + j,
+            self.share.count * self.numjobs,
+        )
+    }
 }
 
 /// fio's `ioengine`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IoEngineKind {
     /// io_uring for files when the kernel allows it (else psync), the
     /// built-in initiator for iscsi:// URLs.
@@ -169,7 +228,8 @@ impl IoEngineKind {
 }
 
 /// Multipath policies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Multipath {
     /// Round robin switching path every N I/Os.
     RoundRobin(u32),
@@ -261,6 +321,10 @@ impl JobSpec {
         if self.verify_id.is_some() && !self.verify {
             return Err("--verify-id needs --verify".into());
         }
+        let Share { index, count } = self.share;
+        if count == 0 || index >= count || self.numjobs.checked_mul(count).is_none() {
+            return Err(format!("node share {index} of {count}: out of range"));
+        }
         Ok(())
     }
 }
@@ -290,6 +354,7 @@ mod tests {
             ioengine: IoEngineKind::Auto,
             verify: false,
             verify_id: None,
+            share: Share::default(),
         }
     }
 

@@ -38,8 +38,9 @@ pub struct InqArgs {
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Targets: iscsi://host[:port]/iqn/lun (several with --multipath), a file or a block device.
-    #[arg(required = true)]
-    targets: Vec<String>,
+    /// With --client: the targets of every node without its own.
+    #[arg(required_unless_present_any = ["server", "clients"])]
+    pub(crate) targets: Vec<String>,
     /// read, write, randread, randwrite, randrw or rw.
     #[arg(long, default_value = "randread")]
     rw: String,
@@ -87,16 +88,55 @@ pub struct BenchArgs {
     verify_id: Option<String>,
     /// Also draw IOPS and latency over time and the latency histogram into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
-    plot: Option<std::path::PathBuf>,
+    pub(crate) plot: Option<std::path::PathBuf>,
     /// Print fio-compatible JSON instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Job name in reports.
     #[arg(long, default_value = "ironsan")]
     name: String,
     /// Initiator name for iSCSI targets.
     #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
     initiator: String,
+    /// Be a bench server on this machine, running the jobs a coordinator
+    /// (`--client`) sends, one at a time (default address 127.0.0.1:9261; prints the
+    /// address bound; port 0 picks one). Other bench options are the coordinator's.
+    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1,
+          default_missing_value = crate::multinode::DEFAULT_SERVER,
+          conflicts_with = "clients", help_heading = "Multi-node")]
+    pub(crate) server: Option<std::net::SocketAddr>,
+    /// Run the job on this bench server (repeatable; port 9261 by default),
+    /// start all together and merge the results. `=TARGET[,TARGET]` gives this node its
+    /// own targets (else the job's TARGETS). Nodes on the same targets split them like
+    /// --numjobs jobs do.
+    #[arg(
+        long = "client",
+        value_name = "HOST[:PORT][=TARGET,..]",
+        help_heading = "Multi-node"
+    )]
+    pub(crate) clients: Vec<String>,
+    /// The shared token servers require and coordinators present.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "IRONSAN_BENCH_TOKEN",
+        hide_env_values = true,
+        help_heading = "Multi-node"
+    )]
+    pub(crate) token: Option<String>,
+    /// (--server) Also accept jobs on files and block devices of this machine
+    /// (default: iscsi:// targets only).
+    #[arg(long, requires = "server", help_heading = "Multi-node")]
+    pub(crate) allow_files: bool,
+    /// (--client) Give up on a server silent for this long (connecting,
+    /// hello, progress during the run).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        help_heading = "Multi-node"
+    )]
+    pub(crate) client_timeout: String,
 }
 
 /// Parses `10`, `10s`, `1m`, `500ms`, `1h`.
@@ -149,6 +189,23 @@ pub fn size_arg(opt: &str, s: &str) -> Result<u64> {
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
+    if let Some(addr) = a.server {
+        return crate::multinode::server(&a, addr);
+    }
+    let spec = build_spec(&a)?;
+    if let Some(p) = &a.plot {
+        check_plot_path(p)?;
+    }
+    if !a.clients.is_empty() {
+        return crate::multinode::coordinator(&a, spec);
+    }
+    spec.validate().map_err(anyhow::Error::msg)?;
+    run_local(&a, &spec)
+}
+
+/// The job the options describe (not yet validated: a multi-node job's
+/// targets may come from the --client options).
+fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
     let targets = a
         .targets
         .iter()
@@ -156,8 +213,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
     let bs = size_arg("--bs", &a.bs)?;
-    let spec = JobSpec {
-        name: a.name,
+    Ok(JobSpec {
+        name: a.name.clone(),
         targets,
         rw: Rw::parse(&a.rw).map_err(anyhow::Error::msg)?,
         rwmixread: a.rwmixread,
@@ -180,7 +237,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         randseed: a.randseed,
         direct: a.direct,
         create: true,
-        initiator: a.initiator,
+        initiator: a.initiator.clone(),
         multipath: a
             .multipath
             .as_deref()
@@ -190,11 +247,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         ioengine: IoEngineKind::parse(&a.ioengine).map_err(anyhow::Error::msg)?,
         verify: a.verify,
         verify_id: a.verify_id.as_deref().map(parse_id).transpose()?,
-    };
-    spec.validate().map_err(anyhow::Error::msg)?;
-    if let Some(p) = &a.plot {
-        check_plot_path(p)?;
-    }
+        share: Default::default(),
+    })
+}
+
+fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
     let progress = Arc::new(bench::run::Progress::default());
     let live = std::io::stderr().is_terminal() && !a.json;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -222,7 +279,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             eprint!("\r{:60}\r", "");
         })
     });
-    let r = bench::run(&spec, Some(progress));
+    let r = bench::run(spec, Some(progress));
     stop.store(true, Ordering::Relaxed);
     if let Some(t) = ticker {
         let _ = t.join();
@@ -232,16 +289,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         eprintln!("ironsan: note: {n}");
     }
     if let Some(p) = &a.plot {
-        std::fs::write(p, bench::plot::svg(&spec, &r))
+        std::fs::write(p, bench::plot::svg(spec, &r))
             .with_context(|| format!("--plot {}", p.display()))?;
     }
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&bench::report::json(&spec, &r))?
+            serde_json::to_string_pretty(&bench::report::json(spec, &r))?
         );
     } else {
-        print!("{}", bench::report::text(&spec, &r));
+        print!("{}", bench::report::text(spec, &r));
     }
     if r.read.errors + r.write.errors > 0 {
         bail!("{} I/O errors", r.read.errors + r.write.errors);

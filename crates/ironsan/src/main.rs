@@ -4,6 +4,7 @@
 mod admin;
 mod client;
 mod http;
+mod multinode;
 mod probe;
 mod tools;
 mod top;
@@ -37,7 +38,12 @@ struct Cli {
 enum Cmd {
     /// Serve LUNs over iSCSI. With no options: a 1 GiB RAM LUN on 127.0.0.1:3260.
     Serve(ServeArgs),
-    /// Benchmark iSCSI LUNs, files or block devices (fio's options and JSON).
+    /// Benchmark iSCSI LUNs, files or block devices (fio's options and JSON); on several load nodes with --server and --client.
+    #[command(after_help = "Multi-node (like fio --server/--client):\n  \
+        on each load node:   ironsan bench --server [ADDR:PORT]          (default 127.0.0.1:9261)\n  \
+        on the coordinator:  ironsan bench --client node1 --client node2:9261 --rw randread --runtime 10s iscsi://target/iqn.../0\n\
+        Each node may drive its own LUN: --client node2=iscsi://other/iqn.../1. Results: per node, all nodes merged\n\
+        (HDR histograms added) and a stonewall figure (all nodes' I/Os until the first job finished).")]
     Bench(client::BenchArgs),
     /// List targets and portals of a portal (discovery); -s also lists LUNs.
     Ls(client::LsArgs),

@@ -96,6 +96,7 @@ pub fn cdm(a: CdmArgs) -> Result<()> {
         ioengine: IoEngineKind::parse(&a.ioengine).map_err(anyhow::Error::msg)?,
         verify: false,
         verify_id: None,
+        share: Default::default(),
     };
     cdm::validate(&base, &o).map_err(anyhow::Error::msg)?;
     let name = a.targets.join(" ");

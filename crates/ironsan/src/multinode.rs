@@ -1,0 +1,121 @@
+//! `ironsan bench --server` and `ironsan bench --client …`: the command-line
+//! side of the multi-node bench (the protocol lives in `bench::node`).
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use bench::node::coordinator::{self, NodeSpec, Timeouts};
+use bench::node::server::{BenchServer, ServerOptions};
+use bench::JobSpec;
+
+use crate::client::{parse_duration, BenchArgs};
+
+/// Where `--server` listens when given no address.
+pub const DEFAULT_SERVER: &str = "127.0.0.1:9261";
+
+/// `ironsan bench --server [ADDR:PORT]`: serve jobs until killed.
+pub fn server(a: &BenchArgs, addr: SocketAddr) -> Result<()> {
+    if !a.targets.is_empty() {
+        bail!(
+            "--server takes no targets: the coordinator (ironsan bench --client …) sends the job"
+        );
+    }
+    if !addr.ip().is_loopback() {
+        eprintln!(
+            "ironsan bench: warning: listening on {addr}, reachable from other machines: whoever \
+             connects can drive I/O against the targets they name{}",
+            if a.token.is_some() {
+                "; the --token guards it (it travels in clear: use trusted networks)"
+            } else {
+                "; give --token (or IRONSAN_BENCH_TOKEN) to require a shared token"
+            }
+        );
+    }
+    let s = BenchServer::bind(
+        addr,
+        ServerOptions {
+            token: a.token.clone(),
+            allow_files: a.allow_files,
+        },
+    )
+    .with_context(|| format!("--server {addr}"))?;
+    let bound = s.local_addr()?;
+    // Scripts and tests read this line for the port chosen.
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "ironsan bench: server listening on {bound}");
+    let _ = o.flush();
+    drop(o);
+    s.run(&AtomicBool::new(false))?;
+    Ok(())
+}
+
+/// `ironsan bench --client HOST … <job>`: run on every node, merge, report.
+pub fn coordinator(a: &BenchArgs, base: JobSpec) -> Result<()> {
+    let nodes = a
+        .clients
+        .iter()
+        .map(|c| NodeSpec::parse(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let specs = coordinator::plan(&base, &nodes).map_err(anyhow::Error::msg)?;
+    let answer =
+        parse_duration(&a.client_timeout).map_err(|e| anyhow::anyhow!("--client-timeout: {e}"))?;
+    if answer.is_zero() {
+        bail!("--client-timeout must be more than 0");
+    }
+    let t = Timeouts {
+        answer,
+        ..Timeouts::default()
+    };
+    let live = std::io::stderr().is_terminal() && !a.json;
+    let mut last = (Instant::now(), 0u64, 0u64);
+    let m = coordinator::run(&nodes, &specs, a.token.as_deref(), t, |ios, bytes| {
+        let dt = last.0.elapsed().as_secs_f64();
+        if live && dt >= 0.9 {
+            eprint!(
+                "\r  {} nodes: {:.0} IOPS, {:.1} MB/s        ",
+                nodes.len(),
+                (ios - last.1) as f64 / dt,
+                (bytes - last.2) as f64 / 1e6 / dt
+            );
+            last = (Instant::now(), ios, bytes);
+        }
+    });
+    if live {
+        eprint!("\r{:60}\r", "");
+    }
+    let m = m.map_err(anyhow::Error::msg)?;
+    for n in &m.merged.notes {
+        eprintln!("ironsan: note: {n}");
+    }
+    if let Some(p) = &a.plot {
+        std::fs::write(p, bench::plot::svg(&m.nodes[0].spec, &m.merged))
+            .with_context(|| format!("--plot {}", p.display()))?;
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&bench::node::report::json(&m))?
+        );
+    } else {
+        print!("{}", bench::node::report::text(&m));
+    }
+    let errors = m.merged.read.errors + m.merged.write.errors;
+    if errors > 0 {
+        bail!("{errors} I/O errors");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn default_server_address_uses_the_documented_port() {
+        let a: std::net::SocketAddr = super::DEFAULT_SERVER.parse().unwrap();
+        assert!(a.ip().is_loopback());
+        assert_eq!(a.port(), bench::node::DEFAULT_PORT);
+    }
+}
