@@ -52,6 +52,11 @@ impl Chain {
         c
     }
 
+    /// The first segment (empty when the chain is) and the others.
+    pub fn parts(&self) -> (&Bytes, &[Bytes]) {
+        (&self.first, &self.rest)
+    }
+
     /// The first segment and the others.
     pub fn into_parts(self) -> (Bytes, Vec<Bytes>) {
         (self.first, self.rest)

@@ -106,17 +106,25 @@ fn new_lu() -> scsi::LogicalUnit {
     scsi::LogicalUnit::new(b, lu_config()).expect("valid LU config")
 }
 
-fn run_cdb(lu: &scsi::LogicalUnit, cdb: &[u8], data_out: &[u8], nexus: u64) -> Completion {
+fn run_cdb(
+    lu: &scsi::LogicalUnit,
+    cdb: &[u8],
+    data_out: &[u8],
+    more: &[Bytes],
+    nexus: u64,
+) -> Completion {
     let plan = lu.plan(cdb);
+    let total = data_out.len() + more.iter().map(Bytes::len).sum::<usize>();
     let o = lu.execute(&scsi::Command {
         cdb,
         data_out,
+        data_out_more: more,
         nexus: scsi::NexusId(nexus),
         relative_port: 1,
         tpg: 1,
         target_port_name: "iqn.2026-11.io.ironsan:fuzz,t,0x0001",
         initiator_port_name: "iqn.2026-11.io.ironsan:i,i,0x800000000001",
-        expected_data_out: Some(data_out.len() as u32),
+        expected_data_out: Some(total as u32),
         lus: None,
     });
     Completion {
@@ -139,8 +147,15 @@ pub fn cdb(data: &[u8]) {
         return;
     }
     let lu = new_lu();
-    for nexus in [1, 2] {
-        let r = run_cdb(&lu, c, dout, nexus);
+    // The second run gets the data-out in segments, as large Data-Out PDUs
+    // arrive, so the segmented paths see the same hostile input.
+    let cut = dout.len() / 3;
+    let more = [
+        Bytes::copy_from_slice(&dout[cut..2 * cut]),
+        Bytes::copy_from_slice(&dout[2 * cut..]),
+    ];
+    for (nexus, first, more) in [(1, dout, &[][..]), (2, &dout[..cut], &more[..])] {
+        let r = run_cdb(&lu, c, first, more, nexus);
         if r.status == 0 {
             assert!(r.sense.is_none());
         }
@@ -268,7 +283,10 @@ pub fn drive_session(data: &[u8]) -> Option<u32> {
         if round % 2 == 1 {
             while let Some(req) = pending.pop() {
                 let c = if req.lun.index() == Some(0) {
-                    run_cdb(&fx.lu, req.cdb.as_slice(), &req.data_out, 1)
+                    {
+                        let (first, more) = req.data_out.parts();
+                        run_cdb(&fx.lu, req.cdb.as_slice(), first, more, 1)
+                    }
                 } else {
                     Completion::default()
                 };

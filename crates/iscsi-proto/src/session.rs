@@ -57,8 +57,9 @@ pub struct ExecRequest {
     pub itt: Itt,
     pub lun: Lun,
     pub cdb: Cdb,
-    /// The data-out received (empty for commands without one).
-    pub data_out: Bytes,
+    /// The data-out received (empty for commands without one): large
+    /// Data-Out segments as received, small ones gathered.
+    pub data_out: Chain,
     /// Expected data transfer length from the command PDU.
     pub edtl: u32,
     pub read: bool,
@@ -128,10 +129,63 @@ struct R2tState {
     next_data_sn: u32,
 }
 
+/// Data-out segments of at least this size are kept as slices of the
+/// receive buffer instead of being copied; smaller ones are gathered into
+/// one buffer, so that a trickle of tiny segments cannot pin many receive
+/// buffers.
+const HOLD_MIN: usize = 64 * 1024;
+
+/// The data-out of one command as it arrives, in order: large segments
+/// held as received, runs of small ones copied into a pooled buffer.
+#[derive(Debug, Default)]
+struct Gather {
+    held: Chain,
+    small: Option<BytesMut>,
+    /// Bytes still to come, for sizing the gather buffer.
+    remaining: usize,
+}
+
+impl Gather {
+    fn new(total: usize) -> Self {
+        Gather {
+            remaining: total,
+            ..Gather::default()
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.held.len() + self.small.as_ref().map_or(0, BytesMut::len)
+    }
+
+    fn push(&mut self, data: Bytes) {
+        self.remaining = self.remaining.saturating_sub(data.len());
+        if data.len() >= HOLD_MIN {
+            self.seal();
+            self.held.push(data);
+        } else {
+            let remaining = self.remaining;
+            self.small
+                .get_or_insert_with(|| bufpool::take(data.len() + remaining))
+                .extend_from_slice(&data);
+        }
+    }
+
+    fn seal(&mut self) {
+        if let Some(b) = self.small.take() {
+            self.held.push(b.freeze());
+        }
+    }
+
+    fn finish(mut self) -> Chain {
+        self.seal();
+        self.held
+    }
+}
+
 #[derive(Debug)]
 struct WriteState {
     req: ExecRequest,
-    buf: BytesMut,
+    buf: Gather,
     /// Bytes the command will use: min(EDTL, the CDB's transfer length).
     wanted: u32,
     /// Bytes that will arrive: `wanted`, or the unsolicited burst if longer.
@@ -444,7 +498,7 @@ impl Session {
             itt: c.itt,
             lun: c.lun,
             cdb,
-            data_out: Bytes::new(),
+            data_out: Chain::new(),
             edtl: c.edtl,
             read: c.read,
             write: c.write,
@@ -470,7 +524,7 @@ impl Session {
                 },
             );
             let mut req = req;
-            req.data_out = raw.data.slice(..wanted as usize);
+            req.data_out = raw.data.slice(..wanted as usize).into();
             ev.push(Event::Execute(req));
             // Unsolicited Data-Out still on its way for this task finds no
             // task and is dropped.
@@ -479,8 +533,8 @@ impl Session {
         // Data arrives in order (DataPDUInOrder=Yes), so the buffer — from
         // the per-thread pool, not zeroed — is filled by appending.
         let total = wanted.max(unsolicited_end);
-        let mut buf = bufpool::take(total as usize);
-        buf.extend_from_slice(&raw.data);
+        let mut buf = Gather::new(total as usize);
+        buf.push(raw.data);
         let mut w = Box::new(WriteState {
             req,
             buf,
@@ -589,7 +643,7 @@ impl Session {
         }
         let start = off as usize;
         debug_assert_eq!(start, w.buf.len(), "in-order data checked above");
-        w.buf.extend_from_slice(&raw.data);
+        w.buf.push(raw.data);
         w.received += len;
         if d.ttt != RESERVED_TAG && d.final_ {
             if let Some(pos) = w.r2ts.iter().position(|r| r.ttt == d.ttt) {
@@ -606,11 +660,11 @@ impl Session {
                 wanted,
                 ..
             } = *w;
-            let all = buf.freeze();
+            let all = buf.finish();
             req.data_out = if all.len() == wanted as usize {
                 all
             } else {
-                all.slice(..wanted as usize)
+                all.slice(0, wanted as usize)
             };
             self.tasks.insert(
                 req.itt.0,

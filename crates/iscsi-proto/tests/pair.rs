@@ -68,7 +68,8 @@ impl Disk {
                 }
             }
             0x2a => {
-                self.0.borrow_mut()[lba..lba + r.data_out.len()].copy_from_slice(&r.data_out);
+                self.0.borrow_mut()[lba..lba + r.data_out.len()]
+                    .copy_from_slice(&r.data_out.to_vec());
                 Completion {
                     data_out_wanted: len as u32,
                     ..Default::default()

@@ -326,6 +326,14 @@ pub fn plan(cdb: &[u8], block_size: u32, max_blocks: u32) -> (u32, u32) {
     }
 }
 
+/// WRITE(6/10/12/16): the commands that take data-out in segments.
+pub(crate) fn is_plain_write(cdb: &[u8]) -> bool {
+    matches!(
+        cdb.first(),
+        Some(&(op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

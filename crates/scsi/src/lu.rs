@@ -116,8 +116,13 @@ pub struct Command<'a> {
     /// The CDB (16 bytes from the BHS, or more with an extended-CDB AHS);
     /// bytes past the opcode's CDB length are ignored.
     pub cdb: &'a [u8],
-    /// The data-out received for this command.
+    /// The data-out received for this command, or its first segment when
+    /// [`Self::data_out_more`] is not empty.
     pub data_out: &'a [u8],
+    /// Further data-out segments after [`Self::data_out`], in order (large
+    /// Data-Out PDUs kept as received). WRITE writes them as they are;
+    /// every other command sees them joined to `data_out`.
+    pub data_out_more: &'a [Bytes],
     /// The I_T nexus the command came from.
     pub nexus: NexusId,
     /// Relative target port identifier of the path (VPD 83h, REPORT
@@ -472,6 +477,21 @@ impl LogicalUnit {
 
     /// Executes one command. Never panics, whatever the CDB and data.
     pub fn execute(&self, cmd: &Command<'_>) -> Outcome {
+        if !cmd.data_out_more.is_empty() && !cdb::is_plain_write(cmd.cdb) {
+            // Only WRITE takes data-out in segments: join them for the rest.
+            let mut joined = Vec::with_capacity(
+                cmd.data_out.len() + cmd.data_out_more.iter().map(Bytes::len).sum::<usize>(),
+            );
+            joined.extend_from_slice(cmd.data_out);
+            cmd.data_out_more
+                .iter()
+                .for_each(|s| joined.extend_from_slice(s));
+            return self.execute(&Command {
+                data_out: &joined,
+                data_out_more: &[],
+                ..*cmd
+            });
+        }
         let cdb = cmd.cdb;
         let Some(&opcode) = cdb.first() else {
             return Outcome::check(Sense::invalid_opcode());
@@ -518,7 +538,7 @@ impl LogicalUnit {
         let block = match opcode {
             op::READ_10 | op::READ_16 | op::READ_12 | op::READ_6 => rw::read(self, cdb),
             op::WRITE_10 | op::WRITE_16 | op::WRITE_12 | op::WRITE_6 => {
-                rw::write(self, cdb, cmd.data_out)
+                rw::write(self, cdb, cmd.data_out, cmd.data_out_more)
             }
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => rw::verify(self, cdb, cmd.data_out),
             op::WRITE_AND_VERIFY_10 | op::WRITE_AND_VERIFY_12 | op::WRITE_AND_VERIFY_16 => {

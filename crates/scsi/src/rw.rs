@@ -107,17 +107,25 @@ impl LogicalUnit {
     /// The data-out to use for `blocks` blocks; see the module docs.
     #[inline]
     pub(crate) fn received<'d>(&self, blocks: u32, data: &'d [u8]) -> Result<&'d [u8], Sense> {
+        Ok(&data[..self.received_len(blocks, data.len())?])
+    }
+
+    /// How many of `have` data-out bytes to use for `blocks` blocks: all
+    /// the blocks when enough came, else the whole blocks that did (a
+    /// partial block is INVALID FIELD IN COMMAND INFORMATION UNIT).
+    #[inline]
+    pub(crate) fn received_len(&self, blocks: u32, have: usize) -> Result<usize, Sense> {
         let want = (blocks as usize) << self.block_shift;
-        if data.len() >= want {
-            return Ok(&data[..want]);
+        if have >= want {
+            return Ok(want);
         }
-        if data.len() & (self.cfg.block_size as usize - 1) != 0 {
+        if have & (self.cfg.block_size as usize - 1) != 0 {
             return Err(Sense::new(
                 SenseKey::IllegalRequest,
                 Asc::INVALID_FIELD_IN_INFORMATION_UNIT,
             ));
         }
-        Ok(data)
+        Ok(have)
     }
 
     /// Reads `blocks` blocks from `lba` in chunks and hands each chunk and
@@ -194,23 +202,52 @@ pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     Ok(Outcome::with_chain(data))
 }
 
-/// WRITE(6/10/12/16) (SBC-3 §5.39–5.42).
-pub fn write(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, Sense> {
+/// WRITE(6/10/12/16) (SBC-3 §5.39–5.42). The data-out may come in
+/// segments (`data_out` then `more`), written with one vectored write.
+pub fn write(
+    lu: &LogicalUnit,
+    cdb: &[u8],
+    data_out: &[u8],
+    more: &[bytes::Bytes],
+) -> Result<Outcome, Sense> {
     let f = fields(cdb)?;
     no_protection(&f)?;
     lu.check_length(&f)?;
     lu.check_writable()?;
     lu.check_range(f.lba, f.len)?;
-    let data = lu.received(f.len, data_out)?;
-    if data.is_empty() {
+    let fua = f.flags & 0x08 != 0;
+    let offset = f.lba << lu.block_shift;
+    if more.is_empty() {
+        let data = lu.received(f.len, data_out)?;
+        if data.is_empty() {
+            return Ok(Outcome::good());
+        }
+        let _range = lu
+            .locks
+            .shared(f.lba, (data.len() >> lu.block_shift) as u64);
+        lu.backend
+            .write_at(data, offset, fua)
+            .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
         return Ok(Outcome::good());
     }
-    let fua = f.flags & 0x08 != 0;
-    let _range = lu
-        .locks
-        .shared(f.lba, (data.len() >> lu.block_shift) as u64);
+    let total = data_out.len() + more.iter().map(bytes::Bytes::len).sum::<usize>();
+    let want = lu.received_len(f.len, total)?;
+    if want == 0 {
+        return Ok(Outcome::good());
+    }
+    let mut bufs: Vec<&[u8]> = Vec::with_capacity(1 + more.len());
+    let mut left = want;
+    for seg in std::iter::once(data_out).chain(more.iter().map(|b| &b[..])) {
+        if left == 0 {
+            break;
+        }
+        let n = seg.len().min(left);
+        bufs.push(&seg[..n]);
+        left -= n;
+    }
+    let _range = lu.locks.shared(f.lba, (want >> lu.block_shift) as u64);
     lu.backend
-        .write_at(data, f.lba << lu.block_shift, fua)
+        .write_vectored(&bufs, offset, fua)
         .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     Ok(Outcome::good())
 }

@@ -34,6 +34,7 @@ fn run(lu: &LogicalUnit, cdb: &[u8], data: &[u8]) -> Outcome {
     lu.execute(&Command {
         cdb,
         data_out: data,
+        data_out_more: &[],
         nexus: NexusId(1),
         relative_port: 1,
         tpg: 1,

@@ -95,6 +95,20 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// whatever the cache policy.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
 
+    /// Writes `bufs` one after another from `offset`, as one write for the
+    /// ordering and durability rules (`fua` applies to all of them). The
+    /// default writes them one by one with [`Self::write_at`].
+    fn write_vectored(&self, bufs: &[&[u8]], offset: u64, fua: bool) -> io::Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        check_range(self.size(), offset, total)?;
+        let mut at = offset;
+        for b in bufs {
+            self.write_at(b, at, fua)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Makes every completed write stable.
     fn flush(&self) -> io::Result<()>;
 

@@ -178,7 +178,8 @@ fn main() {
                     if let Event::Execute(r) = e {
                         let cmd = scsi::Command {
                             cdb: r.cdb.as_slice(),
-                            data_out: &r.data_out,
+                            data_out: r.data_out.parts().0,
+                            data_out_more: r.data_out.parts().1,
                             nexus: NexusId(1),
                             relative_port: 1,
                             tpg: 1,

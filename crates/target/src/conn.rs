@@ -609,7 +609,9 @@ fn execute(
         stats.completed(lun, op, req.edtl, c.status, env.start);
         session.complete(req.itt, c, out);
         // A gathered write buffer goes back to this thread's pool.
-        bufpool::give(req.data_out);
+        let (first, rest) = req.data_out.into_parts();
+        bufpool::give(first);
+        rest.into_iter().for_each(bufpool::give);
         return;
     }
     let origin = env.origin.clone();

@@ -302,7 +302,8 @@ fn check(key: u8, asc: u8, ascq: u8) -> Completion {
 pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion {
     let cmd = scsi::Command {
         cdb: req.cdb.as_slice(),
-        data_out: &req.data_out,
+        data_out: req.data_out.parts().0,
+        data_out_more: req.data_out.parts().1,
         nexus: o.nexus,
         relative_port: o.relative_port,
         tpg: o.tpg,

@@ -221,7 +221,7 @@ fn write_solicited_by_r2t_with_datasn_checked() {
         panic!()
     };
     assert_eq!(req.data_out.len(), 1024);
-    assert_eq!(req.data_out[600], 2);
+    assert_eq!(req.data_out.to_vec()[600], 2);
 
     // A wrong DataSN fails the command: Reject, then CHECK CONDITION.
     assert!(run(&mut s, cmd(8, 11, 0x2a, 1, 512, &[]), &mut out).is_empty());
@@ -416,4 +416,22 @@ fn abort_lun_tasks_drops_them_silently() {
     assert_eq!(s.in_flight(), 0);
     s.complete(Itt(6), Completion::default(), &mut out);
     assert!(sent(&mut out).is_empty(), "no status for aborted tasks");
+}
+
+#[test]
+fn large_data_out_segments_are_held_small_ones_gathered() {
+    use super::{Gather, HOLD_MIN};
+    let mut g = Gather::new(HOLD_MIN + 300);
+    let big = Bytes::from(vec![1u8; HOLD_MIN]);
+    g.push(Bytes::from(vec![2u8; 100]));
+    g.push(Bytes::from(vec![3u8; 100]));
+    g.push(big.clone());
+    g.push(Bytes::from(vec![4u8; 100]));
+    assert_eq!(g.len(), HOLD_MIN + 300);
+    let c = g.finish();
+    assert_eq!(c.segment_count(), 3, "small, held, small");
+    let segs: Vec<_> = c.segments().collect();
+    assert_eq!(segs[1].as_ptr(), big.as_ptr(), "not copied");
+    let v = c.to_vec();
+    assert_eq!((v[0], v[150], v[200], v[HOLD_MIN + 250]), (2, 3, 1, 4));
 }

@@ -60,6 +60,7 @@ pub fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId) -> Command<'a> {
     Command {
         cdb,
         data_out: data,
+        data_out_more: &[],
         nexus: n,
         relative_port: 3,
         tpg: 2,

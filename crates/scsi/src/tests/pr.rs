@@ -71,6 +71,7 @@ fn exec(lu: &LogicalUnit, s: S, cdb: &[u8], data: &[u8]) -> Outcome {
     lu.execute(&Command {
         cdb,
         data_out: data,
+        data_out_more: &[],
         nexus: s.n,
         relative_port: s.rel,
         tpg: s.rel,
@@ -795,6 +796,7 @@ fn registration_resources_are_bounded() {
         let s = Command {
             cdb: &cdb,
             data_out: &data,
+            data_out_more: &[],
             nexus: NexusId(1000 + i as u64),
             relative_port: 1,
             tpg: 1,

@@ -398,3 +398,75 @@ fn four_kib_blocks() {
     lba_oob(&run(&lu, &read10(BLOCKS as u32, 1), &[]));
     assert_eq!(lu.plan(&read10(0, 3)).data_in, 3 * 4096);
 }
+
+#[test]
+fn segmented_data_out_writes_like_one_buffer() {
+    let lu = mem_lu();
+    let bs = BS as usize;
+    let data = pattern(6 * bs, 3);
+    // Cut inside blocks: 1.5 blocks, 3 blocks, 1.5 blocks.
+    let (a, rest) = data.split_at(bs + bs / 2);
+    let more = [
+        bytes::Bytes::copy_from_slice(&rest[..3 * bs]),
+        bytes::Bytes::copy_from_slice(&rest[3 * bs..]),
+    ];
+    let c = write10(20, 6);
+    good(&lu.execute(&Command {
+        data_out_more: &more,
+        ..cmd(&c, a, N1)
+    }));
+    let o = run(&lu, &read10(20, 6), &[]);
+    assert_eq!(&o.data[..], &data[..]);
+
+    // Fewer whole blocks than the CDB asks: those are written.
+    let c = write10(40, 8);
+    good(&lu.execute(&Command {
+        data_out_more: &more,
+        ..cmd(&c, a, N1)
+    }));
+    assert_eq!(&run(&lu, &read10(40, 6), &[]).data[..], &data[..]);
+    // A partial block is refused and nothing is written.
+    let c = write10(60, 8);
+    let o = lu.execute(&Command {
+        data_out_more: &more[..1],
+        ..cmd(&c, a, N1)
+    });
+    sense(
+        &o,
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_INFORMATION_UNIT,
+    );
+    assert!(run(&lu, &read10(60, 4), &[]).data.iter().all(|&b| b == 0));
+
+    // Other commands see the segments joined: COMPARE AND WRITE of one
+    // block (compare + write data) cut in two.
+    let caw = [
+        op::COMPARE_AND_WRITE,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        20,
+        0,
+        0,
+        0,
+        1,
+        0,
+        0,
+    ];
+    let mut both = data[..bs].to_vec();
+    both.extend_from_slice(&pattern(bs, 77));
+    let tail = [bytes::Bytes::copy_from_slice(&both[100..])];
+    good(&lu.execute(&Command {
+        data_out_more: &tail,
+        ..cmd(&caw, &both[..100], N1)
+    }));
+    assert_eq!(
+        &run(&lu, &read10(20, 1), &[]).data[..],
+        &pattern(bs, 77)[..]
+    );
+}
