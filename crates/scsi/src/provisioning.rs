@@ -14,10 +14,24 @@
 //! NUMBER OF LOGICAL BLOCKS of 0 means "to the last block" (WSNZ = 0); more
 //! than MAXIMUM WRITE SAME LENGTH blocks is INVALID FIELD IN CDB. The
 //! data-out must be exactly one block (none with NDOB, which means a block
-//! of zeros). With UNMAP = 1 and a block of zeros the range is deallocated;
-//! with a block of zeros otherwise it is zeroed and stays mapped; any other
-//! block is written to every LBA from a buffer of at most 1 MiB. Nothing
-//! allocates in proportion to the block count.
+//! of zeros), whatever the UNMAP bit says.
+//!
+//! With UNMAP = 1 the range is deallocated *whatever the data-out block
+//! holds*: SBC-4 §5.49/§5.50 (WRITE SAME(10)/(16)), table "ANCHOR bit,
+//! UNMAP bit and ANC_SUP bit relationships" (Seagate SCSI Commands
+//! Reference Rev. J, table 237, quotes it): UNMAP = 1, ANCHOR = 0 is the
+//! action "Unmap", and a thin provisioned logical unit *should deallocate
+//! each LBA* specified by the command; WRITE SAME's own text lets the
+//! device server, for each LBA, either write the block or perform an unmap
+//! operation. Deallocated blocks read as zeros (LBPRZ = 1), so an initiator
+//! that sends a non-zero block with UNMAP = 1 reads zeros back, as it does
+//! from LIO. The backend frees the whole allocation units the range covers
+//! and zero-fills the rest, which stays mapped (GET LBA STATUS reports
+//! it so) and reads as zeros like a deallocated block.
+//!
+//! With UNMAP = 0 a block of zeros is zeroed and stays mapped, and any
+//! other block is written to every LBA from a buffer of at most 1 MiB.
+//! Nothing allocates in proportion to the block count.
 //!
 //! UNMAP: the parameter list is checked whole before anything is
 //! deallocated: a PARAMETER LIST LENGTH of 1–7, a list shorter than its
@@ -117,7 +131,9 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
     let bytes = count << lu.block_shift;
     let _range = lu.locks.shared(lba, count);
     let result = match block {
-        _ if zeros && unmap => lu.backend.discard(offset, bytes),
+        // "Unmap" (SBC-4 WRITE SAME, ANCHOR/UNMAP/ANC_SUP table): the
+        // data-out block does not matter.
+        _ if unmap => lu.backend.discard(offset, bytes),
         _ if zeros => lu.backend.write_zeroes(offset, bytes),
         Some(b) => write_pattern(lu, b, offset, bytes),
         None => unreachable!("NDOB is all zeros"),
