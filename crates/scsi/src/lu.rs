@@ -37,13 +37,13 @@ pub struct NexusId(pub u64);
 pub struct LuConfig {
     /// Logical block size in bytes: 512 or 4096.
     pub block_size: u32,
-    /// Physical block size in bytes: the logical block size times a power
-    /// of two, at most [`MAX_LBPPB_EXPONENT`] (4096 with 512-byte logical
+    /// Physical block size in bytes: the logical block size times 2^n, n
+    /// at most [`MAX_LBPPB_EXPONENT`] (4096 with 512-byte logical
     /// blocks is a "512e" disk); `None`: the block size (one logical block
     /// per physical block). Told in READ CAPACITY(16) (LOGICAL BLOCKS PER
     /// PHYSICAL BLOCK EXPONENT) and VPD B0h (granularities); UNMAP and
     /// WRITE SAME with UNMAP deallocate whole physical blocks only (see
-    /// [`crate::provisioning`]).
+    /// the `provisioning` module).
     pub physical_block_size: Option<u32>,
     /// The NAA IEEE Registered Extended (type 6) designator, 16 bytes,
     /// stable across restarts (VPD page 83h).
