@@ -114,6 +114,27 @@ impl LogicalUnit {
             (last, end - last),
         ]
     }
+
+    /// Deallocates the whole physical blocks of `count` blocks from `lba`
+    /// and hands the LBAs of partial ones to `partial(offset, bytes)`.
+    fn deallocate_physical(
+        &self,
+        lba: u64,
+        count: u64,
+        partial: impl Fn(u64, u64) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let shift = self.block_shift;
+        let [head, whole, tail] = self.split_physical(lba, count);
+        for (l, n) in [head, tail] {
+            if n > 0 {
+                partial(l << shift, n << shift)?;
+            }
+        }
+        match whole {
+            (_, 0) => Ok(()),
+            (l, n) => self.backend.discard(l << shift, n << shift),
+        }
+    }
 }
 
 /// WRITE SAME(10) and WRITE SAME(16).
@@ -182,16 +203,7 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
         // "Unmap" (SBC-4 WRITE SAME, ANCHOR/UNMAP/ANC_SUP table): the whole
         // physical blocks are deallocated whatever the data-out block
         // holds; the LBAs of partial ones are written.
-        let [head, whole, tail] = lu.split_physical(lba, count);
-        let shift = lu.block_shift;
-        [head, tail]
-            .into_iter()
-            .filter(|&(_, n)| n > 0)
-            .try_for_each(|(l, n)| write(l << shift, n << shift))
-            .and_then(|()| match whole {
-                (_, 0) => Ok(()),
-                (l, n) => lu.backend.discard(l << shift, n << shift),
-            })
+        lu.deallocate_physical(lba, count, write)
     } else {
         write(offset, bytes)
     };
@@ -264,20 +276,11 @@ pub fn unmap(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, S
             return Err(Sense::invalid_param((8 + 16 * i + 8) as u16, None));
         }
     }
-    let shift = lu.block_shift;
     for (lba, blocks) in descriptors().filter(|&(_, b)| b > 0) {
         let _range = lu.locks.shared(lba, blocks);
         // Whole physical blocks are deallocated; the LBAs of partial ones
         // stay mapped and are zero-filled.
-        let [head, whole, tail] = lu.split_physical(lba, blocks);
-        [head, tail]
-            .into_iter()
-            .filter(|&(_, n)| n > 0)
-            .try_for_each(|(l, n)| lu.backend.write_zeroes(l << shift, n << shift))
-            .and_then(|()| match whole {
-                (_, 0) => Ok(()),
-                (l, n) => lu.backend.discard(l << shift, n << shift),
-            })
+        lu.deallocate_physical(lba, blocks, |o, n| lu.backend.write_zeroes(o, n))
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
     Ok(Outcome::good())
