@@ -18,3 +18,6 @@ for t in pdu text cdb login_session; do
 done
 scripts/conformance.sh --digest off
 scripts/conformance.sh --digest required
+# A 512e LUN (8 logical blocks per physical block): the tests that need
+# LBPPB >= 2 run, against their own expectations and known test defects.
+scripts/conformance.sh --digest off --physical-block-size 4096

@@ -90,6 +90,7 @@ const BLOCKS: u64 = 2048;
 fn lu_config() -> scsi::LuConfig {
     scsi::LuConfig {
         block_size: BS,
+        physical_block_size: None,
         naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
         serial: "FUZZ0001".into(),
         vendor: "IRONSAN".into(),

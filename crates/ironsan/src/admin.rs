@@ -228,6 +228,9 @@ pub fn run(a: AdminArgs) -> Result<()> {
             if let Some(n) = number {
                 body["number"] = json!(n);
             }
+            if let Some(p) = l.physical_block_size {
+                body["physical_block_size"] = json!(p);
+            }
             if write_back {
                 body["write_cache"] = json!("back");
             }

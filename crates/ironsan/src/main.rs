@@ -72,7 +72,9 @@ struct ServeArgs {
     /// The target's iSCSI name.
     #[arg(long = "target", value_name = "IQN")]
     target: Option<String>,
-    /// A LUN: mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE (repeatable; the first is LUN 0).
+    /// A LUN: mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE, optionally followed by
+    /// ,physical_block_size=BYTES (e.g. mem:64M,physical_block_size=4096 for 512e);
+    /// repeatable, the first is LUN 0.
     #[arg(long = "lun", value_name = "SPEC")]
     lun: Vec<String>,
     /// Logical block size of the --lun LUNs (512 or 4096).
@@ -308,8 +310,12 @@ fn serve(a: ServeArgs) -> Result<()> {
                         }
                     ),
                 };
+                let physical = match l.physical_block_size {
+                    Some(p) if p != l.block_size => format!(" ({p} byte physical blocks)"),
+                    _ => String::new(),
+                };
                 say!(
-                    "ironsan: {} LUN {i}: {what}, {} byte blocks",
+                    "ironsan: {} LUN {i}: {what}, {} byte blocks{physical}",
                     t.name,
                     l.block_size
                 );

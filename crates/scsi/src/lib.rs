@@ -57,8 +57,8 @@ mod xcopy;
 pub use alua::{AccessState, AluaError, GroupSpec, PortGroups};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,
-    MAX_COMPARE_AND_WRITE_BLOCKS, MAX_SERIAL_LEN, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS,
-    MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BYTES, OPTIMAL_TRANSFER_BYTES,
+    MAX_COMPARE_AND_WRITE_BLOCKS, MAX_LBPPB_EXPONENT, MAX_SERIAL_LEN, MAX_TRANSFER_BYTES,
+    MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BYTES, OPTIMAL_TRANSFER_BYTES,
 };
 pub use peers::TargetLus;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};

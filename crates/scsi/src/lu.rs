@@ -37,6 +37,14 @@ pub struct NexusId(pub u64);
 pub struct LuConfig {
     /// Logical block size in bytes: 512 or 4096.
     pub block_size: u32,
+    /// Physical block size in bytes: the logical block size times 2^n, n
+    /// at most [`MAX_LBPPB_EXPONENT`] (4096 with 512-byte logical
+    /// blocks is a "512e" disk); `None`: the block size (one logical block
+    /// per physical block). Told in READ CAPACITY(16) (LOGICAL BLOCKS PER
+    /// PHYSICAL BLOCK EXPONENT) and VPD B0h (granularities); UNMAP and
+    /// WRITE SAME with UNMAP deallocate whole physical blocks only (see
+    /// the `provisioning` module).
+    pub physical_block_size: Option<u32>,
     /// The NAA IEEE Registered Extended (type 6) designator, 16 bytes,
     /// stable across restarts (VPD page 83h).
     pub naa: [u8; 16],
@@ -65,6 +73,10 @@ pub struct LuConfig {
     pub pr_state: Option<PathBuf>,
 }
 
+/// Largest LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT (a 4-bit field in
+/// READ CAPACITY(16), SBC-3 §5.17).
+pub const MAX_LBPPB_EXPONENT: u32 = 15;
+
 /// Longest unit serial number accepted (it also goes into the T10 vendor
 /// ID designator, whose length is one byte).
 pub const MAX_SERIAL_LEN: usize = 200;
@@ -75,6 +87,18 @@ pub enum LuError {
     /// The block size is neither 512 nor 4096.
     #[error("block size {0} is not supported (512 or 4096)")]
     BlockSize(u32),
+    /// The physical block size is not the block size times a power of two
+    /// (at most 2^[`MAX_LBPPB_EXPONENT`]).
+    #[error(
+        "physical block size {physical} is not a power-of-two multiple of the block size \
+         {block_size} (at most 2^{MAX_LBPPB_EXPONENT} times it)"
+    )]
+    PhysicalBlockSize {
+        /// The configured physical block size.
+        physical: u32,
+        /// The configured (logical) block size.
+        block_size: u32,
+    },
     /// The backend size is not a whole number of blocks.
     #[error("backend size {size} is not a multiple of the block size {block_size}")]
     Unaligned {
@@ -270,6 +294,9 @@ pub struct LogicalUnit {
     pub(crate) backend: Arc<dyn BlockBackend>,
     pub(crate) cfg: LuConfig,
     pub(crate) block_shift: u32,
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: a physical block is
+    /// `1 << lbppb_shift` logical blocks.
+    pub(crate) lbppb_shift: u32,
     /// Capacity in blocks; changes only by [`LogicalUnit::resize`].
     pub(crate) num_blocks: AtomicU64,
     pub(crate) max_transfer_blocks: u32,
@@ -329,6 +356,18 @@ impl LogicalUnit {
         if bs != 512 && bs != 4096 {
             return Err(LuError::BlockSize(bs));
         }
+        let pbs = cfg.physical_block_size.unwrap_or(bs);
+        let ratio = pbs / bs;
+        if pbs < bs
+            || !pbs.is_multiple_of(bs)
+            || !ratio.is_power_of_two()
+            || ratio.trailing_zeros() > MAX_LBPPB_EXPONENT
+        {
+            return Err(LuError::PhysicalBlockSize {
+                physical: pbs,
+                block_size: bs,
+            });
+        }
         let size = backend.size();
         if size == 0 {
             return Err(LuError::Empty);
@@ -361,6 +400,7 @@ impl LogicalUnit {
         Ok(LogicalUnit {
             pr,
             block_shift: bs.trailing_zeros(),
+            lbppb_shift: ratio.trailing_zeros(),
             num_blocks: AtomicU64::new(size / u64::from(bs)),
             max_transfer_blocks,
             thin: cfg.thin && backend.can_deallocate(),
@@ -405,6 +445,11 @@ impl LogicalUnit {
     /// Logical block size in bytes.
     pub fn block_size(&self) -> u32 {
         self.cfg.block_size
+    }
+
+    /// Physical block size in bytes ([`LuConfig::physical_block_size`]).
+    pub fn physical_block_size(&self) -> u32 {
+        self.cfg.block_size << self.lbppb_shift
     }
 
     /// Capacity in logical blocks.
@@ -695,10 +740,11 @@ impl LogicalUnit {
         Outcome::with_data(d)
     }
 
-    /// READ CAPACITY(16) (SBC-3 §5.17): no protection information, one
-    /// logical block per physical block (LBPPBE 0, lowest aligned LBA 0);
-    /// LBPME and LBPRZ set when thin provisioned (every backend reads
-    /// deallocated blocks as zeros).
+    /// READ CAPACITY(16) (SBC-3 §5.17): no protection information, the
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT of the configured
+    /// physical block size, LOWEST ALIGNED LOGICAL BLOCK ADDRESS 0 (LBA 0
+    /// starts a physical block); LBPME and LBPRZ set when thin provisioned
+    /// (every backend reads deallocated blocks as zeros).
     fn read_capacity_16(&self, cdb: &[u8]) -> Outcome {
         let last = match self.capacity_check(be64(cdb, 2), cdb[14] & 1 != 0, 2) {
             Ok(l) => l,
@@ -707,6 +753,7 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&last.to_be_bytes());
         d[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
+        d[13] = self.lbppb_shift as u8; // P_I_EXPONENT 0, LBPPBE
         if self.thin {
             d[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }

@@ -14,10 +14,24 @@
 //! NUMBER OF LOGICAL BLOCKS of 0 means "to the last block" (WSNZ = 0); more
 //! than MAXIMUM WRITE SAME LENGTH blocks is INVALID FIELD IN CDB. The
 //! data-out must be exactly one block (none with NDOB, which means a block
-//! of zeros). With UNMAP = 1 and a block of zeros the range is deallocated;
-//! with a block of zeros otherwise it is zeroed and stays mapped; any other
-//! block is written to every LBA from a buffer of at most 1 MiB. Nothing
-//! allocates in proportion to the block count.
+//! of zeros), whatever the UNMAP bit says.
+//!
+//! With UNMAP = 1 the range is deallocated *whatever the data-out block
+//! holds*: SBC-4 §5.49/§5.50 (WRITE SAME(10)/(16)), table "ANCHOR bit,
+//! UNMAP bit and ANC_SUP bit relationships" (Seagate SCSI Commands
+//! Reference Rev. J, table 237, quotes it): UNMAP = 1, ANCHOR = 0 is the
+//! action "Unmap", and a thin provisioned logical unit *should deallocate
+//! each LBA* specified by the command; WRITE SAME's own text lets the
+//! device server, for each LBA, either write the block or perform an unmap
+//! operation. Deallocated blocks read as zeros (LBPRZ = 1), so an initiator
+//! that sends a non-zero block with UNMAP = 1 reads zeros back from them,
+//! as it does from LIO. Only LBAs that cannot be deallocated get the write operation
+//! with the data-out block: those of a physical block the range does not
+//! cover whole (below).
+//!
+//! With UNMAP = 0 a block of zeros is zeroed and stays mapped, and any
+//! other block is written to every LBA from a buffer of at most 1 MiB.
+//! Nothing allocates in proportion to the block count.
 //!
 //! UNMAP: the parameter list is checked whole before anything is
 //! deallocated: a PARAMETER LIST LENGTH of 1–7, a list shorter than its
@@ -28,8 +42,26 @@
 //! range runs past the last block is LOGICAL BLOCK ADDRESS OUT OF RANGE.
 //! An incomplete trailing descriptor is ignored (SBC-3 §5.28.2).
 //!
+//! Physical blocks ([`crate::LuConfig::physical_block_size`], told in READ
+//! CAPACITY(16) as LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT, lowest
+//! aligned LBA 0): a physical block is deallocated only whole. UNMAP and
+//! WRITE SAME with UNMAP = 1 split their range into the whole physical
+//! blocks it covers, which are deallocated, and the partial physical
+//! blocks at either end (the last physical block of the unit counts as
+//! covered when the range runs to the last LBA), whose LBAs stay mapped:
+//! WRITE SAME writes the data-out block to them (the "write" choice
+//! WRITE SAME allows for each LBA), UNMAP zero-fills them, so that every
+//! LBA an UNMAP names reads as zeros afterwards, as LBPRZ = 1 leads
+//! initiators to expect (libiscsi's Unmap.Simple reads them back). The
+//! backend in turn frees whole allocation units of what is deallocated
+//! and zero-fills the rest, which it keeps allocated (GET LBA STATUS
+//! reports it mapped; a status of 0h means "mapped or unknown"). OPTIMAL
+//! UNMAP GRANULARITY (VPD B0h) is the larger of the two units.
+//!
 //! GET LBA STATUS returns as many LBA status descriptors as the allocation
-//! length holds (at least one, at most 64), from the starting LBA, each
+//! length holds (at least one, at most 64), the first starting at the
+//! STARTING LOGICAL BLOCK ADDRESS (SBC-4 "LBA status descriptor
+//! relationships"; never rounded to a physical block), each
 //! mapped or deallocated as the backend's allocation query says; a block
 //! only partly deallocated in the backend counts as mapped. A fully
 //! provisioned unit reports everything mapped.
@@ -52,10 +84,56 @@ impl LogicalUnit {
         MAX_WRITE_SAME_BYTES >> self.block_shift
     }
 
-    /// OPTIMAL UNMAP GRANULARITY (VPD B0h) in blocks.
+    /// OPTIMAL UNMAP GRANULARITY (VPD B0h) in blocks: the backend's
+    /// allocation unit or the physical block, whichever is larger.
     pub(crate) fn unmap_granularity_blocks(&self) -> u32 {
-        let g = self.backend.discard_granularity() >> self.block_shift;
-        g.clamp(1, u64::from(u32::MAX)) as u32
+        let g = (self.backend.discard_granularity() >> self.block_shift).max(1 << self.lbppb_shift);
+        g.min(u64::from(u32::MAX)) as u32
+    }
+
+    /// `count` blocks from `lba` split by physical block: the LBAs before
+    /// the first physical block the range covers whole, the whole physical
+    /// blocks, and the LBAs after them, each as (lba, blocks). A range
+    /// that runs to the last LBA covers the last physical block. With no
+    /// whole physical block in the range, everything is in the first part.
+    fn split_physical(&self, lba: u64, count: u64) -> [(u64, u64); 3] {
+        let ppb = 1u64 << self.lbppb_shift;
+        let end = lba + count;
+        let first = lba.next_multiple_of(ppb);
+        let last = if end == self.num_blocks() {
+            end
+        } else {
+            end & !(ppb - 1)
+        };
+        if first >= last {
+            return [(lba, count), (end, 0), (end, 0)];
+        }
+        [
+            (lba, first - lba),
+            (first, last - first),
+            (last, end - last),
+        ]
+    }
+
+    /// Deallocates the whole physical blocks of `count` blocks from `lba`
+    /// and hands the LBAs of partial ones to `partial(offset, bytes)`.
+    fn deallocate_physical(
+        &self,
+        lba: u64,
+        count: u64,
+        partial: impl Fn(u64, u64) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let shift = self.block_shift;
+        let [head, whole, tail] = self.split_physical(lba, count);
+        for (l, n) in [head, tail] {
+            if n > 0 {
+                partial(l << shift, n << shift)?;
+            }
+        }
+        match whole {
+            (_, 0) => Ok(()),
+            (l, n) => self.backend.discard(l << shift, n << shift),
+        }
     }
 }
 
@@ -116,11 +194,18 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
     let offset = lba << lu.block_shift;
     let bytes = count << lu.block_shift;
     let _range = lu.locks.shared(lba, count);
-    let result = match block {
-        _ if zeros && unmap => lu.backend.discard(offset, bytes),
+    let write = |offset: u64, bytes: u64| match block {
         _ if zeros => lu.backend.write_zeroes(offset, bytes),
         Some(b) => write_pattern(lu, b, offset, bytes),
         None => unreachable!("NDOB is all zeros"),
+    };
+    let result = if unmap {
+        // "Unmap" (SBC-4 WRITE SAME, ANCHOR/UNMAP/ANC_SUP table): the whole
+        // physical blocks are deallocated whatever the data-out block
+        // holds; the LBAs of partial ones are written.
+        lu.deallocate_physical(lba, count, write)
+    } else {
+        write(offset, bytes)
     };
     result.map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     Ok(Outcome::good())
@@ -193,8 +278,9 @@ pub fn unmap(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, S
     }
     for (lba, blocks) in descriptors().filter(|&(_, b)| b > 0) {
         let _range = lu.locks.shared(lba, blocks);
-        lu.backend
-            .discard(lba << lu.block_shift, blocks << lu.block_shift)
+        // Whole physical blocks are deallocated; the LBAs of partial ones
+        // stay mapped and are zero-filled.
+        lu.deallocate_physical(lba, blocks, |o, n| lu.backend.write_zeroes(o, n))
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
     Ok(Outcome::good())

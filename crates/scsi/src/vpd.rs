@@ -162,15 +162,19 @@ fn device_identification(lu: &LogicalUnit, cmd: &Command<'_>) -> Vec<u8> {
 
 /// Block Limits (B0h), the SBC-4 length of 3Ch (`b[i]` is byte `i + 4`):
 /// WSNZ = 0 (WRITE SAME of 0 blocks means to the end), the COMPARE AND
-/// WRITE, transfer and WRITE SAME limits, the UNMAP limits and granularity
-/// (thin units only; zero otherwise, as UNMAP is then refused), and the
+/// WRITE, transfer and WRITE SAME limits; OPTIMAL TRANSFER LENGTH
+/// GRANULARITY of 4 KiB or the physical block, whichever is larger; the
+/// UNMAP limits and OPTIMAL UNMAP GRANULARITY, the larger of the backend's
+/// allocation unit and the physical block (thin units only; zero
+/// otherwise, as UNMAP is then refused), and the
 /// atomic write limits: maximum atomic transfer length, no alignment or
 /// granularity requirement, no atomic boundaries.
 fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     let bs = lu.cfg.block_size;
     let mut b = [0u8; 0x3C];
     b[1] = crate::MAX_COMPARE_AND_WRITE_BLOCKS;
-    let granularity = (4096 / bs).max(1) as u16; // OPTIMAL TRANSFER LENGTH GRANULARITY
+    // OPTIMAL TRANSFER LENGTH GRANULARITY (at most 2^15 blocks).
+    let granularity = (4096 / bs).max(1 << lu.lbppb_shift) as u16;
     b[2..4].copy_from_slice(&granularity.to_be_bytes());
     b[4..8].copy_from_slice(&lu.max_transfer_blocks.to_be_bytes());
     b[8..12].copy_from_slice(&(OPTIMAL_TRANSFER_BYTES / bs).to_be_bytes());

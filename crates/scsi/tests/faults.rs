@@ -15,6 +15,7 @@ fn lu() -> (LogicalUnit, Arc<FaultBackend>) {
     let b = Arc::new(FaultBackend::new(Arc::new(MemBackend::new(1 << 20))));
     let cfg = LuConfig {
         block_size: 512,
+        physical_block_size: None,
         naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
         serial: "FAULT1".into(),
         vendor: "IRONSAN".into(),

@@ -102,6 +102,7 @@ fn main() {
     let backend = Arc::new(MemBackend::new(64 << 20));
     let cfg = LuConfig {
         block_size: 512,
+        physical_block_size: None,
         naa: [0x60; 16],
         serial: "ALLOC".into(),
         vendor: "IRONSAN".into(),

@@ -37,6 +37,7 @@
 //! path = "/var/lib/ironsan/disk0.img"
 //! size = "10G"                 # creates the file when missing
 //! block_size = 512             # 512 or 4096
+//! physical_block_size = 4096   # optional: block_size × 2^n (4096 with 512: "512e")
 //! write_cache = "through"      # through (default) | back
 //! thin = true                  # default; false: fully provisioned
 //! ```
@@ -435,6 +436,12 @@ pub struct LunConfig {
     /// Logical block size: 512 or 4096.
     #[serde(default = "default_block_size")]
     pub block_size: u32,
+    /// Physical block size: `block_size` times a power of two, at most
+    /// 2^15 times it (4096 with 512-byte blocks is a "512e" disk). Told in
+    /// READ CAPACITY(16) and VPD B0h; UNMAP deallocates whole physical
+    /// blocks only. Absent: one logical block per physical block.
+    #[serde(default)]
+    pub physical_block_size: Option<u32>,
     /// Write cache policy (file backend).
     #[serde(default)]
     pub write_cache: CacheConfig,
@@ -469,19 +476,51 @@ fn default_thin() -> bool {
 
 impl LunConfig {
     /// Parses the quick-flag form: `mem:SIZE`, `null:SIZE`, `file:PATH` or
-    /// `file:PATH:SIZE`.
+    /// `file:PATH:SIZE`, each optionally followed by `,KEY=VALUE` options;
+    /// the one option is `physical_block_size=BYTES`. Values are checked
+    /// by [`Config::validate`].
     pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
         let bad = || {
             ConfigError::Invalid(format!(
-                "--lun {spec:?}: expected mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE"
+                "--lun {spec:?}: expected mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE, \
+                 optionally followed by ,physical_block_size=BYTES"
             ))
         };
-        let (kind, rest) = spec.split_once(':').ok_or_else(bad)?;
+        // Options are taken from the end, so that a path may hold commas.
+        let mut main = spec;
+        let mut physical_block_size = None;
+        while let Some((head, opt)) = main.rsplit_once(',') {
+            let Some((key, value)) = opt.split_once('=') else {
+                break;
+            };
+            match key {
+                "physical_block_size" if physical_block_size.is_none() => {
+                    physical_block_size = Some(value.parse::<u32>().map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "--lun {spec:?}: physical_block_size {value:?} is not a number of bytes"
+                        ))
+                    })?);
+                }
+                "physical_block_size" => {
+                    return Err(ConfigError::Invalid(format!(
+                        "--lun {spec:?}: physical_block_size is given twice"
+                    )))
+                }
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "--lun {spec:?}: unknown option {key:?} (the one option is physical_block_size)"
+                    )))
+                }
+            }
+            main = head;
+        }
+        let (kind, rest) = main.split_once(':').ok_or_else(bad)?;
         let mut l = LunConfig {
             backend: BackendKind::Mem,
             size: None,
             path: None,
             block_size: 512,
+            physical_block_size,
             write_cache: CacheConfig::Through,
             read_only: false,
             thin: true,
@@ -644,6 +683,7 @@ impl Config {
                         lun.block_size
                     ));
                 }
+                check_physical_block_size(&at, lun)?;
                 let size = lun
                     .size_bytes()
                     .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
@@ -671,6 +711,27 @@ impl Config {
         crate::access::AccessControl::from_config(self)?;
         Ok(())
     }
+}
+
+/// `physical_block_size` must be `block_size` times a power of two, at
+/// most 2^[`scsi::MAX_LBPPB_EXPONENT`] (the LOGICAL BLOCKS PER PHYSICAL
+/// BLOCK EXPONENT of READ CAPACITY(16) is 4 bits).
+fn check_physical_block_size(at: &str, lun: &LunConfig) -> Result<(), ConfigError> {
+    let bs = lun.block_size;
+    let Some(pbs) = lun.physical_block_size else {
+        return Ok(());
+    };
+    let max = u64::from(bs) << scsi::MAX_LBPPB_EXPONENT;
+    if pbs < bs || !pbs.is_multiple_of(bs) || !(pbs / bs).is_power_of_two() || u64::from(pbs) > max
+    {
+        return Err(ConfigError::Invalid(format!(
+            "{at}: physical_block_size {pbs} must be a power-of-two multiple of block_size {bs} \
+             ({bs}, {}, {} … {max}; 4096 with 512-byte blocks is 512e)",
+            2 * bs,
+            4 * bs
+        )));
+    }
+    Ok(())
 }
 
 fn check_lun_size(at: &str, size: u64, bs: u32) -> Result<(), ConfigError> {
@@ -752,6 +813,22 @@ mod tests {
             base("", "backend = \"mem\"\nsize = \"1000\""),
             base("", "backend = \"file\""),
             base("", "backend = \"mem\"\nsize = \"1M\"\nblock_size = 1024"),
+            base(
+                "",
+                "backend = \"mem\"\nsize = \"1M\"\nphysical_block_size = 256",
+            ),
+            base(
+                "",
+                "backend = \"mem\"\nsize = \"1M\"\nphysical_block_size = 1536",
+            ),
+            base(
+                "",
+                "backend = \"mem\"\nsize = \"1M\"\nblock_size = 4096\nphysical_block_size = 2048",
+            ),
+            base(
+                "",
+                "backend = \"mem\"\nsize = \"1M\"\nphysical_block_size = 33554432",
+            ),
             base("", "backend = \"mem\"\nsize = \"1M\"\nbogus = 1"),
             base(
                 "[limits]\nfirst_burst = 2000000\nmax_burst = 1000000",
@@ -826,5 +903,62 @@ mod tests {
         assert_eq!(LunConfig::from_spec("file:/dev/sdb").unwrap().size, None);
         assert!(LunConfig::from_spec("disk:1G").is_err());
         assert!(LunConfig::from_spec("file:").is_err());
+    }
+
+    #[test]
+    fn physical_block_size() {
+        // Spec options, also after a file path with commas in it.
+        let l = LunConfig::from_spec("mem:64M,physical_block_size=4096").unwrap();
+        assert_eq!(
+            (l.size.as_deref(), l.physical_block_size),
+            (Some("64M"), Some(4096))
+        );
+        let f = LunConfig::from_spec("file:/tmp/a,b.img:1G,physical_block_size=8192").unwrap();
+        assert_eq!(
+            f.path.as_deref(),
+            Some(std::path::Path::new("/tmp/a,b.img"))
+        );
+        assert_eq!(
+            (f.size.as_deref(), f.physical_block_size),
+            (Some("1G"), Some(8192))
+        );
+        assert_eq!(
+            LunConfig::from_spec("mem:1M").unwrap().physical_block_size,
+            None
+        );
+        for bad in [
+            "mem:1M,physical_block_size=4k",
+            "mem:1M,physical_block_size=",
+            "mem:1M,pbs=4096",
+            "mem:1M,physical_block_size=4096,physical_block_size=4096",
+        ] {
+            assert!(LunConfig::from_spec(bad).is_err(), "accepted {bad}");
+        }
+        // TOML, told by the LU; validation names the field.
+        let text = |pbs: u32, bs: u32| {
+            format!(
+                "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\n\
+                 size = \"1M\"\nblock_size = {bs}\nphysical_block_size = {pbs}\n"
+            )
+        };
+        let c = Config::from_toml(&text(4096, 512)).unwrap();
+        assert_eq!(c.target[0].lun[0].physical_block_size, Some(4096));
+        let rt =
+            crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None).unwrap();
+        assert_eq!(
+            rt.luns().luns[0].as_ref().unwrap().physical_block_size(),
+            4096
+        );
+        assert!(Config::from_toml(&text(16384, 4096)).is_ok());
+        assert!(Config::from_toml(&text(512 << 15, 512)).is_ok());
+        for (pbs, bs) in [(768, 512), (2048, 4096), (512 << 16, 512), (0, 512)] {
+            let e = Config::from_toml(&text(pbs, bs)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "physical_block_size {pbs} must be a power-of-two multiple of block_size {bs}"
+                )),
+                "{e}"
+            );
+        }
     }
 }

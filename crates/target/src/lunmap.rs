@@ -246,6 +246,7 @@ pub fn build_lu(
     let serial = l.serial.clone().unwrap_or_else(|| serial_for(target, n));
     let lu_cfg = LuConfig {
         block_size: l.block_size,
+        physical_block_size: l.physical_block_size,
         naa: naa_for(target, n, &serial),
         serial,
         vendor: "IRONSAN".into(),

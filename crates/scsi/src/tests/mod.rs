@@ -6,6 +6,7 @@ mod atomic;
 mod inquiry;
 mod misc;
 mod mode;
+mod physical;
 mod pr;
 mod props;
 mod provisioning;
@@ -30,6 +31,7 @@ pub const PORT_NAME: &str = "iqn.2026-11.io.ironsan:t0,t,0x0001";
 pub fn cfg() -> LuConfig {
     LuConfig {
         block_size: BS,
+        physical_block_size: None,
         naa: [
             0x60, 0x01, 0x40, 0x5A, 0xBC, 0xDE, 0xF0, 0x12, 0x34, 0x56, 0x78, 0x9A, 0xBC, 0xDE,
             0xF0, 0x01,

@@ -175,13 +175,46 @@ fn write_same_zeroes_and_unmaps() {
     assert_eq!(all(&lu), vec![(0, 2048, 0), (2048, 2048, 1)]);
     good(&run(&lu, &ws10(0, 0x800, 0x08), &vec![0; bs]));
     assert_eq!(all(&lu), vec![(0, 4096, 1)]);
-    // UNMAP with a non-zero block writes it: reads must return the data.
-    good(&run(&lu, &ws10(7, 2, 0x08), &vec![0xAB; bs]));
-    assert!(run(&lu, &read10(7, 2), &[]).data.iter().all(|&x| x == 0xAB));
     // Partial chunk: zeroed, stays mapped.
+    good(&run(&lu, &ws10(7, 2, 0), &vec![0xAB; bs]));
     good(&run(&lu, &ws10(7, 1, 0x08), &vec![0; bs]));
     let d = run(&lu, &read10(7, 2), &[]).data;
     assert!(d[..bs].iter().all(|&x| x == 0) && d[bs..].iter().all(|&x| x == 0xAB));
+}
+
+/// SBC-4 WRITE SAME, ANCHOR/UNMAP/ANC_SUP table: UNMAP = 1 is "Unmap"
+/// whatever the data-out block holds; with LBPRZ = 1 zeros read back
+/// (libiscsi WriteSame10.UnmapUntilEnd).
+#[test]
+fn write_same_unmap_ignores_the_data_out_block() {
+    let lu = mem_lu();
+    let bs = BS as usize;
+    let all = |lu: &LogicalUnit| descriptors(&run(lu, &gls(0, 8 + 16 * 8), &[]));
+    good(&run(
+        &lu,
+        &cdb16(op::WRITE_16, 0, 0, 4096),
+        &vec![0xFF; 4096 * bs],
+    ));
+    // A whole chunk with a block of 0xFF: deallocated.
+    good(&run(&lu, &ws16(0, 2048, 0x08), &vec![0xFF; bs]));
+    assert_eq!(all(&lu), vec![(0, 2048, 1), (2048, 2048, 0)]);
+    assert!(run(&lu, &read10(0, 2048), &[]).data.iter().all(|&x| x == 0));
+    // 1..=256 blocks at the end, NUMBER OF LOGICAL BLOCKS 0 (to the end),
+    // a block of 0xFF as the data-out: zeros read back every time.
+    let nb = BLOCKS as u32;
+    for i in 1..=256u32 {
+        good(&run(
+            &lu,
+            &cdb10(op::WRITE_10, 0, nb - i, i as u16),
+            &vec![0xFF; i as usize * bs],
+        ));
+        good(&run(&lu, &ws10(nb - i, 0, 0x08), &vec![0xFF; bs]));
+        let d = run(&lu, &read10(nb - i, i as u16), &[]).data;
+        assert!(d.iter().all(|&x| x == 0), "{i} blocks at the end");
+    }
+    // Without UNMAP the block is written.
+    good(&run(&lu, &ws10(7, 2, 0), &vec![0xAB; bs]));
+    assert!(run(&lu, &read10(7, 2), &[]).data.iter().all(|&x| x == 0xAB));
 }
 
 #[test]

@@ -74,6 +74,9 @@ pub fn add_lun(doc: &mut DocumentMut, name: &str, n: u16, c: &LunConfig) -> Resu
     if c.block_size != 512 {
         l.insert("block_size", value(i64::from(c.block_size)));
     }
+    if let Some(p) = c.physical_block_size {
+        l.insert("physical_block_size", value(i64::from(p)));
+    }
     if c.write_cache == CacheConfig::Back {
         l.insert("write_cache", value("back"));
     }
@@ -270,6 +273,22 @@ size = "2M"
         // Two LUNs with one number: the whole file is refused.
         add_lun(&mut d, "iqn.2026-11.x:a", 5, &lun("4M")).unwrap();
         assert!(validate(&d).is_err());
+    }
+
+    #[test]
+    fn physical_block_size_is_written() {
+        let mut d = parse(FILE).unwrap();
+        let mut l = lun("4M");
+        l.physical_block_size = Some(4096);
+        add_lun(&mut d, "iqn.2026-11.x:a", 7, &l).unwrap();
+        assert!(d.to_string().contains("physical_block_size = 4096"));
+        let c = validate(&d).unwrap();
+        let got = c.target[0]
+            .lun
+            .iter()
+            .find(|l| l.number == Some(7))
+            .unwrap();
+        assert_eq!(got.physical_block_size, Some(4096));
     }
 
     #[test]
