@@ -48,11 +48,11 @@
 //! WRITE SAME with UNMAP = 1 split their range into the whole physical
 //! blocks it covers, which are deallocated, and the partial physical
 //! blocks at either end (the last physical block of the unit counts as
-//! covered when the range runs to the last LBA), whose LBAs stay mapped:
-//! WRITE SAME writes the data-out block to them (the "write" choice
-//! WRITE SAME allows for each LBA), UNMAP zero-fills them, so that every
-//! LBA an UNMAP names reads as zeros afterwards, as LBPRZ = 1 leads
-//! initiators to expect (libiscsi's Unmap.Simple reads them back). The
+//! covered when the range runs to the last LBA), whose LBAs stay mapped
+//! and are zero-filled by both commands, so that every LBA they name
+//! reads as zeros afterwards, as LBPRZ = 1 leads initiators to expect
+//! (libiscsi's Unmap.Simple and WriteSame10.UnmapUntilEnd read them back;
+//! WRITE SAME performs the same unmap operation as UNMAP on each LBA). The
 //! backend in turn frees whole allocation units of what is deallocated
 //! and zero-fills the rest, which it keeps allocated (GET LBA STATUS
 //! reports it mapped; a status of 0h means "mapped or unknown"). OPTIMAL
@@ -200,10 +200,12 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
         None => unreachable!("NDOB is all zeros"),
     };
     let result = if unmap {
-        // "Unmap" (SBC-4 WRITE SAME, ANCHOR/UNMAP/ANC_SUP table): the whole
-        // physical blocks are deallocated whatever the data-out block
-        // holds; the LBAs of partial ones are written.
-        lu.deallocate_physical(lba, count, write)
+        // "Unmap" (SBC-4 WRITE SAME, ANCHOR/UNMAP/ANC_SUP table): every
+        // LBA gets the unmap operation UNMAP performs, whatever the
+        // data-out block holds: whole physical blocks are deallocated, the
+        // LBAs of partial ones zero-filled, so the whole range reads as
+        // zeros (LBPRZ = 1) however it is aligned.
+        lu.deallocate_physical(lba, count, |o, n| lu.backend.write_zeroes(o, n))
     } else {
         write(offset, bytes)
     };

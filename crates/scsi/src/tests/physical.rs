@@ -251,12 +251,13 @@ fn unmap_deallocates_whole_physical_blocks_only() {
 }
 
 #[test]
-fn write_same_unmap_writes_partial_physical_blocks() {
+fn write_same_unmap_zero_fills_partial_physical_blocks() {
     let (lu, _) = sector_lu(cfg_512e());
     let bs = BS as usize;
     fill(&lu, 0xFF);
     // WRITE SAME(16) with UNMAP, LBAs 3..29, a block of 0xAB: 8..24 are
-    // deallocated and read zeros, 3..8 and 24..29 are written.
+    // deallocated, 3..8 and 24..29 zero-filled and still mapped: the
+    // whole range reads zeros, as after UNMAP.
     good(&run(
         &lu,
         &cdb16(op::WRITE_SAME_16, 0x08, 3, 26),
@@ -268,12 +269,10 @@ fn write_same_unmap_writes_partial_physical_blocks() {
     );
     let d = read(&lu, 0, 32);
     assert!(d[..3 * bs].iter().all(|&x| x == 0xFF));
-    assert!(d[3 * bs..8 * bs].iter().all(|&x| x == 0xAB));
-    assert!(d[8 * bs..24 * bs].iter().all(|&x| x == 0));
-    assert!(d[24 * bs..29 * bs].iter().all(|&x| x == 0xAB));
+    assert!(d[3 * bs..29 * bs].iter().all(|&x| x == 0));
     assert!(d[29 * bs..].iter().all(|&x| x == 0xFF));
     // libiscsi WriteSame10/16.UnmapUnaligned: LBA i, 8 - i blocks, GOOD;
-    // nothing deallocated, the block (or zeros with NDOB) written.
+    // nothing deallocated, the LBAs zero-filled whatever the block holds.
     for i in 1..8u32 {
         let mut c = [0u8; 10];
         c[0] = op::WRITE_SAME_10;
@@ -281,9 +280,7 @@ fn write_same_unmap_writes_partial_physical_blocks() {
         c[2..6].copy_from_slice(&(64 + i).to_be_bytes());
         c[7..9].copy_from_slice(&(8 - i as u16).to_be_bytes());
         good(&run(&lu, &c, &vec![0xA6; bs]));
-        assert!(read(&lu, u64::from(64 + i), 8 - i)
-            .iter()
-            .all(|&x| x == 0xA6));
+        assert!(read(&lu, u64::from(64 + i), 8 - i).iter().all(|&x| x == 0));
         good(&run(
             &lu,
             &cdb16(op::WRITE_SAME_16, 0x09, u64::from(72 + i), 8 - i),
@@ -293,16 +290,16 @@ fn write_same_unmap_writes_partial_physical_blocks() {
     }
     assert_eq!(status(&lu)[2], (24, BLOCKS as u32 - 24, 0));
     // To the end of the unit (NUMBER OF LOGICAL BLOCKS 0): the last
-    // physical block is whole, the partial one before it written.
+    // physical block is whole, the partial one before it zero-filled.
     good(&run(
         &lu,
         &cdb16(op::WRITE_SAME_16, 0x08, BLOCKS - 12, 0),
         &vec![0xAB; bs],
     ));
     assert_eq!(*status(&lu).last().unwrap(), (BLOCKS - 8, 8, 1));
-    let d = read(&lu, BLOCKS - 12, 12);
-    assert!(d[..4 * bs].iter().all(|&x| x == 0xAB));
-    assert!(d[4 * bs..].iter().all(|&x| x == 0));
+    let d = read(&lu, BLOCKS - 13, 13);
+    assert!(d[..bs].iter().all(|&x| x == 0xFF), "before the range");
+    assert!(d[bs..].iter().all(|&x| x == 0));
 }
 
 #[test]
