@@ -8,29 +8,53 @@
 //! Thin provisioning: [`BlockBackend::discard`] frees every whole chunk it
 //! covers and zero-fills the partial ones; [`BlockBackend::allocation`]
 //! reports chunks held as allocated and the others as deallocated.
+//!
+//! Resizing ([`BlockBackend::resize`], the admin API) needs no lock on the
+//! I/O path: the chunk table is a list of segments of doubling length
+//! (1, 2, 4, … chunks), each allocated once and never moved, so growing
+//! only adds segments and publishes the new size. Shrinking publishes the
+//! smaller size first, then frees the chunks past it; growing again reads
+//! zeros there (chunks past the old end are cleared before the new size is
+//! published, which also covers a write that raced a shrink).
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
 
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
+/// Segments in the chunk table: segment k holds 2^k chunks, so 45 of them
+/// address 2^45 - 1 chunks, more than a `u64` of bytes.
+const SEGMENTS: usize = 45;
 
 /// One 1 MiB chunk, allocated on first write.
 type Chunk = RwLock<Option<Box<[u8]>>>;
 
 /// A volatile in-memory store.
 pub struct MemBackend {
-    size: u64,
-    chunks: Box<[Chunk]>,
+    size: AtomicU64,
+    /// Segment k: chunks 2^k - 1 ..= 2^(k+1) - 2.
+    segments: [OnceLock<Box<[Chunk]>>; SEGMENTS],
+    /// Serialises resizes.
+    resizing: Mutex<()>,
+}
+
+/// The segment and the index in it of chunk `i`.
+#[inline]
+fn locate(i: usize) -> (usize, usize) {
+    let j = i + 1;
+    let k = (usize::BITS - 1 - j.leading_zeros()) as usize;
+    (k, j - (1 << k))
 }
 
 impl std::fmt::Debug for MemBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemBackend")
-            .field("size", &self.size)
+            .field("size", &self.len())
             .finish()
     }
 }
@@ -38,16 +62,53 @@ impl std::fmt::Debug for MemBackend {
 impl MemBackend {
     /// A zero-filled store of `size` bytes; memory is taken as it is written.
     pub fn new(size: u64) -> Self {
-        let n = size.div_ceil(CHUNK) as usize;
-        MemBackend {
-            size,
-            chunks: (0..n).map(|_| RwLock::new(None)).collect(),
+        let m = MemBackend {
+            size: AtomicU64::new(size),
+            segments: std::array::from_fn(|_| OnceLock::new()),
+            resizing: Mutex::new(()),
+        };
+        m.make_room(size);
+        m
+    }
+
+    /// Allocates the segments that chunks below `size` bytes live in.
+    fn make_room(&self, size: u64) {
+        let chunks = size.div_ceil(CHUNK) as usize;
+        if chunks == 0 {
+            return;
         }
+        let (last, _) = locate(chunks - 1);
+        for (k, seg) in self.segments.iter().enumerate().take(last + 1) {
+            seg.get_or_init(|| (0..1usize << k).map(|_| RwLock::new(None)).collect());
+        }
+    }
+
+    /// Chunk `i`. Callers only ask for chunks below a size the table was
+    /// made room for ([`Self::make_room`] runs before a size is published).
+    #[inline]
+    fn chunk(&self, i: usize) -> &Chunk {
+        let (k, at) = locate(i);
+        // Invariant: segments are allocated before any size covering them
+        // is stored, and never freed.
+        &self.segments[k].get().expect("segment allocated")[at]
+    }
+
+    /// Every chunk allocated so far, whatever the current size.
+    fn all_chunks(&self) -> impl Iterator<Item = &Chunk> {
+        self.segments
+            .iter()
+            .map_while(OnceLock::get)
+            .flat_map(|s| s.iter())
     }
 
     /// Bytes of memory currently held for data.
     pub fn resident_bytes(&self) -> u64 {
-        self.chunks.iter().filter(|c| c.read().is_some()).count() as u64 * CHUNK
+        self.all_chunks().filter(|c| c.read().is_some()).count() as u64 * CHUNK
+    }
+
+    #[inline]
+    fn len(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
     }
 
     /// Calls `f(chunk_index, offset_in_chunk, range_in_buf)` for each chunk
@@ -74,13 +135,46 @@ impl BlockBackend for MemBackend {
         "mem"
     }
     fn size(&self) -> u64 {
-        self.size
+        self.len()
+    }
+    /// Grows or shrinks the store. Growing keeps every byte; shrinking
+    /// frees the memory past the new end (the data there is gone).
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let _g = self.resizing.lock();
+        let old = self.len();
+        if new_size >= old {
+            self.make_room(new_size);
+            // What lies past the old end must read as zeros: the tail of a
+            // partial last chunk, and any chunk a shrink left or a write
+            // racing it re-created.
+            let first_whole = old.div_ceil(CHUNK);
+            if !old.is_multiple_of(CHUNK) {
+                let idx = (old >> CHUNK_SHIFT) as usize;
+                if let Some(c) = self.chunk(idx).write().as_mut() {
+                    c[(old & (CHUNK - 1)) as usize..].fill(0);
+                }
+            }
+            for (i, c) in self.all_chunks().enumerate().skip(first_whole as usize) {
+                if (i as u64) << CHUNK_SHIFT >= new_size {
+                    break;
+                }
+                *c.write() = None;
+            }
+            self.size.store(new_size, Ordering::Release);
+        } else {
+            self.size.store(new_size, Ordering::Release);
+            let keep = new_size.div_ceil(CHUNK) as usize;
+            for c in self.all_chunks().skip(keep) {
+                *c.write() = None;
+            }
+        }
+        Ok(())
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())?;
+        check_range(self.len(), offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
-            match &*self.chunks[idx].read() {
+            match &*self.chunk(idx).read() {
                 Some(c) => buf[r].copy_from_slice(&c[within..within + n]),
                 None => buf[r].fill(0),
             }
@@ -88,13 +182,13 @@ impl BlockBackend for MemBackend {
         Ok(())
     }
     fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        check_range(self.size, offset, len)?;
+        check_range(self.len(), offset, len)?;
         // Filled by copying straight from the chunks into a pooled buffer:
         // no zeroing first, no allocation in steady state.
         let mut v = bufpool::take(len);
         Self::for_each_chunk(offset, len, |idx, within, r| {
             let n = r.len();
-            match &*self.chunks[idx].read() {
+            match &*self.chunk(idx).read() {
                 Some(c) => v.extend_from_slice(&c[within..within + n]),
                 None => v.resize(v.len() + n, 0),
             }
@@ -102,10 +196,10 @@ impl BlockBackend for MemBackend {
         Ok(v.freeze())
     }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())?;
+        check_range(self.len(), offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
-            let mut g = self.chunks[idx].write();
+            let mut g = self.chunk(idx).write();
             let c = g.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
             c[within..within + n].copy_from_slice(&buf[r]);
         });
@@ -127,20 +221,21 @@ impl BlockBackend for MemBackend {
         false
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(self.len(), offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
-            let mut g = self.chunks[idx].write();
+            let mut g = self.chunk(idx).write();
             let c = g.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
             c[within..within + n].fill(0);
         });
         Ok(())
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)?;
+        let size = self.len();
+        check_range_u64(size, offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
-            let mut g = self.chunks[idx].write();
+            let mut g = self.chunk(idx).write();
             // The last chunk may be short: whole means up to the end.
-            let chunk_len = (self.size - ((idx as u64) << CHUNK_SHIFT)).min(CHUNK) as usize;
+            let chunk_len = (size - ((idx as u64) << CHUNK_SHIFT)).min(CHUNK) as usize;
             if within == 0 && n == chunk_len {
                 *g = None;
             } else if let Some(c) = g.as_mut() {
@@ -156,11 +251,11 @@ impl BlockBackend for MemBackend {
         CHUNK
     }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(self.len(), offset, len)?;
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
         }
-        let state = |idx: usize| self.chunks[idx].read().is_some();
+        let state = |idx: usize| self.chunk(idx).read().is_some();
         let first = (offset >> CHUNK_SHIFT) as usize;
         let allocated = state(first);
         let mut end = ((first as u64) + 1) << CHUNK_SHIFT;
@@ -252,6 +347,49 @@ mod tests {
         let mut b = vec![1u8; 4096];
         m.read_at(&mut b, CHUNK).unwrap();
         assert!(b.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn chunk_table_segments() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(1), (1, 0));
+        assert_eq!(locate(2), (1, 1));
+        assert_eq!(locate(3), (2, 0));
+        assert_eq!(locate(6), (2, 3));
+        assert_eq!(locate(7), (3, 0));
+        let m = MemBackend::new(0);
+        assert_eq!(m.size(), 0);
+        m.resize(5 * CHUNK).unwrap();
+        m.write_at(&[1u8; 512], 5 * CHUNK - 512, false).unwrap();
+    }
+
+    #[test]
+    fn grows_keeping_data_and_shrinks_freeing_memory() {
+        let m = MemBackend::new(CHUNK + 4096);
+        m.write_at(&vec![7u8; (CHUNK + 4096) as usize], 0, false)
+            .unwrap();
+        assert!(m.write_at(&[1u8; 512], CHUNK + 4096, false).is_err());
+        m.resize(10 * CHUNK).unwrap();
+        assert_eq!(m.size(), 10 * CHUNK);
+        let mut b = vec![0u8; (CHUNK + 4096) as usize];
+        m.read_at(&mut b, 0).unwrap();
+        assert!(b.iter().all(|&x| x == 7), "data kept");
+        let mut z = vec![1u8; 8192];
+        m.read_at(&mut z, CHUNK + 4096).unwrap();
+        assert!(z.iter().all(|&x| x == 0), "new space reads zeros");
+        m.write_at(&vec![9u8; CHUNK as usize], 8 * CHUNK, false)
+            .unwrap();
+        assert_eq!(m.resident_bytes(), 3 * CHUNK);
+        // Shrink to the middle of chunk 0: chunks 1 and 8 are freed.
+        m.resize(4096).unwrap();
+        assert_eq!(m.resident_bytes(), CHUNK);
+        assert!(m.read_at(&mut z, 4096).is_err());
+        // Grow again: what was cut off reads as zeros, what stayed is kept.
+        m.resize(9 * CHUNK).unwrap();
+        let mut b = vec![1u8; (9 * CHUNK) as usize];
+        m.read_at(&mut b, 0).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 7));
+        assert!(b[4096..].iter().all(|&x| x == 0));
     }
 
     #[test]
