@@ -372,6 +372,7 @@ impl Conn {
                             SessionEntry {
                                 tsih,
                                 nexus,
+                                peer: self.peer.ip(),
                                 kill: Arc::new(tokio::sync::Notify::new()),
                                 aborts: Arc::default(),
                             },
@@ -533,7 +534,7 @@ impl Conn {
                         return "write failed";
                     }
                 }
-                _ = kill.notified() => return "session reinstated",
+                _ = kill.notified() => return "session ended by the target (reinstated or access revoked)",
                 _ = aborts.notify.notified() => {
                     let luns = std::mem::take(&mut *aborts.luns.lock());
                     for lun in luns {

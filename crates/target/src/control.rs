@@ -78,7 +78,7 @@ pub struct PortalView {
 /// The admin handle of a running server ([`crate::Server::control`]).
 #[derive(Clone)]
 pub struct Control {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Control {
@@ -238,8 +238,18 @@ impl Control {
         Ok(())
     }
 
-    /// Grows LUN `n` of `name` to `bytes`.
-    pub fn resize_lun(&self, name: &str, n: u16, bytes: u64) -> Result<LunView, ControlError> {
+    /// Resizes LUN `n` of `name` to `bytes`. Growing works on every
+    /// backend that can change size (file, mem, null); shrinking cuts off
+    /// data, so it needs `shrink` and is done only on RAM and null LUNs
+    /// (scratch space by definition; the memory past the new end is
+    /// freed), never on a file or device LUN.
+    pub fn resize_lun(
+        &self,
+        name: &str,
+        n: u16,
+        bytes: u64,
+        shrink: bool,
+    ) -> Result<LunView, ControlError> {
         let t = self.target(name)?;
         let lu = t
             .luns()
@@ -249,9 +259,17 @@ impl Control {
             .ok_or_else(|| ControlError::NotFound(format!("{name} has no LUN {n}")))?;
         let now = lu.num_blocks() * u64::from(lu.block_size());
         if bytes < now {
-            return Err(ControlError::Invalid(format!(
-                "LUN {n} has {now} bytes: shrinking would cut off data, only growing is allowed"
-            )));
+            let kind = lu.backend_kind();
+            if !matches!(kind, "mem" | "null") {
+                return Err(ControlError::Invalid(format!(
+                    "LUN {n} has {now} bytes: shrinking a {kind} LUN would cut off user data; only growing is allowed"
+                )));
+            }
+            if !shrink {
+                return Err(ControlError::Invalid(format!(
+                    "LUN {n} has {now} bytes: shrinking loses the data past {bytes} bytes; say \"shrink\": true (--shrink) to mean it"
+                )));
+            }
         }
         if bytes != now {
             lu.resize(bytes).map_err(ControlError::Invalid)?;

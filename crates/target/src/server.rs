@@ -53,7 +53,11 @@ pub(crate) struct SessionKey {
 pub(crate) struct SessionEntry {
     pub tsih: u16,
     pub nexus: NexusId,
-    /// Notified to make the session's connection close (reinstatement).
+    /// Where the session's connection comes from (for access rules
+    /// changed at run time).
+    pub peer: std::net::IpAddr,
+    /// Notified to make the session's connection close (reinstatement,
+    /// access revoked by the admin API).
     pub kill: Arc<Notify>,
     /// LUNs whose tasks this session must abort (PREEMPT AND ABORT).
     pub aborts: Arc<AbortRequests>,

@@ -8,7 +8,13 @@
 //! | GET | `/api/targets` | targets, LUNs (NAA, size), ALUA states |
 //! | POST | `/api/targets/{iqn}/luns` | add a LUN: a `[[target.lun]]` table as JSON (`number` optional) |
 //! | DELETE | `/api/targets/{iqn}/luns/{n}` | remove a LUN |
-//! | POST | `/api/targets/{iqn}/luns/{n}/resize` | `{"size": "2G"}`: grow a LUN |
+//! | POST | `/api/targets/{iqn}/luns/{n}/resize` | `{"size": "2G", "shrink": false}`: grow a LUN (shrink RAM/null LUNs with `"shrink": true`) |
+//! | GET | `/api/targets/{iqn}/acl` | initiator names and networks allowed, CHAP `set`/`unset` (never a secret) |
+//! | POST | `/api/targets/{iqn}/acl` | `{"initiator": "iqn…"}` or `{"network": "10.0.0.0/8"}`: allow it |
+//! | DELETE | `/api/targets/{iqn}/acl/{entry}` | remove an initiator name or a network (`/` as `%2F`); the last one needs `?allow_any=true` |
+//! | PUT | `/api/targets/{iqn}/chap` | `{"user": u, "secret": s}` (or `"secret_file"`): initiators must log in with CHAP |
+//! | DELETE | `/api/targets/{iqn}/chap` | no CHAP (clears `mutual_chap` too) |
+//! | PUT/DELETE | `/api/targets/{iqn}/mutual_chap` | the target's credentials for mutual CHAP |
 //! | GET | `/api/portals` | portals |
 //! | POST | `/api/portals` | `{"addr": "ip:port", "alua_group": n?}`: add a portal |
 //! | PUT | `/api/alua/{group}` | `{"state": "standby"}`: set an ALUA group's state |
@@ -16,12 +22,18 @@
 //! | GET | `/api/stats` | per LUN and per session: totals and the last second's rates |
 //! | GET | `/api/history` | per LUN: the last 300 seconds of rates |
 //!
+//! ACL and CHAP changes apply to the next login; sessions already logged
+//! in keep running unless the request says `?drop_sessions=true`, which
+//! ends those the new rules no longer allow (after a CHAP change: every
+//! session of the target).
+//!
 //! With a token, every request must carry `Authorization: Bearer TOKEN`
 //! (or `?token=TOKEN`, which the console uses). A non-loopback address
 //! requires a token. Changes are serialised; when the server was started
 //! with `--config`, each change is written to the file first
 //! ([`persist`]) and applied only if that succeeded.
 
+mod acl;
 mod persist;
 mod prom;
 mod rates;
@@ -56,7 +68,7 @@ pub struct AdminOptions {
     pub config_path: Option<PathBuf>,
 }
 
-struct AdminState {
+pub(crate) struct AdminState {
     ctl: Control,
     token: Option<String>,
     config_path: Option<PathBuf>,
@@ -65,7 +77,7 @@ struct AdminState {
     rates: parking_lot::Mutex<rates::Rates>,
 }
 
-type St = State<Arc<AdminState>>;
+pub(crate) type St = State<Arc<AdminState>>;
 
 /// A bound admin endpoint.
 pub struct Admin {
@@ -143,6 +155,22 @@ fn router(state: Arc<AdminState>) -> Router {
             axum::routing::delete(remove_lun),
         )
         .route("/api/targets/{target}/luns/{lun}/resize", post(resize_lun))
+        .route(
+            "/api/targets/{target}/acl",
+            get(acl::get_acl).post(acl::add_acl),
+        )
+        .route(
+            "/api/targets/{target}/acl/{entry}",
+            axum::routing::delete(acl::remove_acl),
+        )
+        .route(
+            "/api/targets/{target}/chap",
+            put(acl::put_chap).delete(acl::delete_chap),
+        )
+        .route(
+            "/api/targets/{target}/mutual_chap",
+            put(acl::put_mutual_chap).delete(acl::delete_mutual_chap),
+        )
         .route("/api/portals", get(portals).post(add_portal))
         .route("/api/alua/{group}", put(set_alua))
         .route("/api/sessions", get(sessions))
@@ -180,8 +208,42 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
     }
 }
 
-fn err(code: StatusCode, msg: impl std::fmt::Display) -> Response {
+pub(crate) fn err(code: StatusCode, msg: impl std::fmt::Display) -> Response {
     (code, Json(json!({ "error": msg.to_string() }))).into_response()
+}
+
+/// A JSON request body; a body that is not valid JSON for `T` gets a
+/// 400 with a JSON error, like every other refusal.
+pub(crate) struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(e) => Err(err(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
+}
+
+/// Query parameters; bad ones get a 400 with a JSON error.
+pub(crate) struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S>
+    for Params<T>
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(Params(v)),
+            Err(e) => Err(err(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
 }
 
 impl IntoResponse for ControlError {
@@ -197,7 +259,7 @@ impl IntoResponse for ControlError {
 
 /// Applies `edit` to the configuration file, validates it and writes it;
 /// `Ok(false)` when there is no file to keep in step.
-fn persist(
+pub(crate) fn persist(
     st: &AdminState,
     edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
 ) -> Result<bool, Box<Response>> {
@@ -252,7 +314,7 @@ async fn portals(State(st): St) -> impl IntoResponse {
 async fn add_lun(
     State(st): St,
     Path(target): Path<String>,
-    Json(mut c): Json<LunConfig>,
+    Body(mut c): Body<LunConfig>,
 ) -> Response {
     let _g = st.change.lock().await;
     let n = match c.number {
@@ -297,34 +359,32 @@ async fn remove_lun(State(st): St, Path((target, lun)): Path<(String, u16)>) -> 
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ResizeReq {
     size: String,
+    /// Allow making a RAM or null LUN smaller (its data past the new end
+    /// is lost).
+    #[serde(default)]
+    shrink: bool,
 }
 
 async fn resize_lun(
     State(st): St,
     Path((target, lun)): Path<(String, u16)>,
-    Json(r): Json<ResizeReq>,
+    Body(r): Body<ResizeReq>,
 ) -> Response {
     let _g = st.change.lock().await;
     let bytes = match parse_size(&r.size) {
         Ok(b) => b,
         Err(e) => return err(StatusCode::BAD_REQUEST, e),
     };
-    let before = match st.ctl.lun(&target, lun) {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    if bytes < before.size_bytes {
-        return ControlError::Invalid(format!(
-            "LUN {lun} has {} bytes: shrinking would cut off data, only growing is allowed",
-            before.size_bytes
-        ))
-        .into_response();
+    if let Err(e) = st.ctl.lun(&target, lun) {
+        return e.into_response();
     }
-    // Grow first (the backend may refuse: a RAM LUN cannot change size),
-    // then write the file; growing is never undone.
-    let v = match st.ctl.resize_lun(&target, lun, bytes) {
+    // Resize first (the backend may refuse), then write the file. If the
+    // file cannot be written the new size stays in effect (it is not
+    // undone: sessions were told already) and the answer is an error.
+    let v = match st.ctl.resize_lun(&target, lun, bytes, r.shrink) {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
@@ -341,7 +401,7 @@ struct PortalReq {
     alua_group: Option<u16>,
 }
 
-async fn add_portal(State(st): St, Json(r): Json<PortalReq>) -> Response {
+async fn add_portal(State(st): St, Body(r): Body<PortalReq>) -> Response {
     let _g = st.change.lock().await;
     let position = st.ctl.portals().len() as u16 + 1;
     let group = r.alua_group.unwrap_or(position);
@@ -369,7 +429,7 @@ struct AluaReq {
     state: String,
 }
 
-async fn set_alua(State(st): St, Path(group): Path<u16>, Json(r): Json<AluaReq>) -> Response {
+async fn set_alua(State(st): St, Path(group): Path<u16>, Body(r): Body<AluaReq>) -> Response {
     let _g = st.change.lock().await;
     let Some(state) = scsi::AccessState::parse(&r.state) else {
         return err(

@@ -8,9 +8,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use toml_edit::{value, Array, ArrayOfTables, DocumentMut, Item, Table};
+use toml_edit::{value, Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table};
 
-use crate::config::{BackendKind, CacheConfig, Config, LunConfig};
+use crate::config::{BackendKind, CacheConfig, Config, CredConfig, LunConfig};
 
 /// An edit that cannot be made to the file.
 pub type EditError = String;
@@ -112,6 +112,59 @@ pub fn resize_lun(doc: &mut DocumentMut, name: &str, n: u16, size: &str) -> Resu
         .find(|l| number_of(l) == Some(i64::from(n)))
         .ok_or_else(|| format!("target {name} has no LUN {n} in the file"))?;
     l.insert("size", value(size));
+    Ok(())
+}
+
+/// Sets target `name`'s `allow` (initiator names) and `allow_net`
+/// (networks); an empty list is removed from the file (empty means any).
+pub fn set_acl(
+    doc: &mut DocumentMut,
+    name: &str,
+    initiators: &[String],
+    networks: &[String],
+) -> Result<(), EditError> {
+    let t = target(doc, name)?;
+    for (key, list) in [("allow", initiators), ("allow_net", networks)] {
+        if list.is_empty() {
+            t.remove(key);
+        } else {
+            let mut a = Array::new();
+            list.iter().for_each(|v| a.push(v.as_str()));
+            t.insert(key, value(a));
+        }
+    }
+    Ok(())
+}
+
+/// Sets (or with `None` removes) target `name`'s `chap` or `mutual_chap`
+/// (`key`) credential, as an inline table with the secret or the secret
+/// file as given. Removing `chap` removes `mutual_chap` too.
+pub fn set_chap(
+    doc: &mut DocumentMut,
+    name: &str,
+    key: &str,
+    cred: Option<&CredConfig>,
+) -> Result<(), EditError> {
+    let t = target(doc, name)?;
+    match cred {
+        None => {
+            t.remove(key);
+            if key == "chap" {
+                t.remove("mutual_chap");
+            }
+        }
+        Some(c) => {
+            let mut it = InlineTable::new();
+            it.insert("user", c.user.as_str().into());
+            if let Some(s) = &c.secret {
+                it.insert("secret", s.0.as_str().into());
+            }
+            if let Some(f) = &c.secret_file {
+                it.insert("secret_file", f.display().to_string().into());
+            }
+            t.insert(key, value(it));
+        }
+    }
     Ok(())
 }
 
@@ -297,6 +350,43 @@ size = "2M"
             validate(&d).unwrap().alua.group[1].state,
             crate::config::AluaStateConfig::Unavailable
         );
+    }
+
+    #[test]
+    fn acl_and_chap() {
+        let mut d = parse(FILE).unwrap();
+        let a = "iqn.2026-11.x:host1".to_string();
+        set_acl(
+            &mut d,
+            "iqn.2026-11.x:a",
+            std::slice::from_ref(&a),
+            &["10.0.0.0/8".into()],
+        )
+        .unwrap();
+        let chap = CredConfig::from_spec("host1:host1-secret-1").unwrap();
+        set_chap(&mut d, "iqn.2026-11.x:a", "chap", Some(&chap)).unwrap();
+        let mutual = CredConfig::from_spec("disk:target-secret-2").unwrap();
+        set_chap(&mut d, "iqn.2026-11.x:a", "mutual_chap", Some(&mutual)).unwrap();
+        let c = validate(&d).unwrap();
+        let t = &c.target[0];
+        assert_eq!(t.allow, vec![a]);
+        assert_eq!(t.allow_net, vec!["10.0.0.0/8".to_string()]);
+        assert_eq!(t.chap.as_ref(), Some(&chap));
+        assert_eq!(t.mutual_chap.as_ref(), Some(&mutual));
+        assert!(d.to_string().contains("# the main one"));
+        // Equal secrets both ways: the file as a whole is refused.
+        let same = CredConfig::from_spec("disk:host1-secret-1").unwrap();
+        let mut bad = d.clone();
+        set_chap(&mut bad, "iqn.2026-11.x:a", "mutual_chap", Some(&same)).unwrap();
+        assert!(validate(&bad).is_err());
+        // Clearing chap clears mutual_chap; empty lists leave the file.
+        set_chap(&mut d, "iqn.2026-11.x:a", "chap", None).unwrap();
+        set_acl(&mut d, "iqn.2026-11.x:a", &[], &[]).unwrap();
+        let c = validate(&d).unwrap();
+        let t = &c.target[0];
+        assert!(t.chap.is_none() && t.mutual_chap.is_none());
+        assert!(t.allow.is_empty() && t.allow_net.is_empty());
+        assert!(!d.to_string().contains("allow"));
     }
 
     #[test]
