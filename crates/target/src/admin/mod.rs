@@ -17,6 +17,7 @@
 //! | PUT/DELETE | `/api/targets/{iqn}/mutual_chap` | the target's credentials for mutual CHAP |
 //! | GET | `/api/portals` | portals |
 //! | POST | `/api/portals` | `{"addr": "ip:port", "alua_group": n?}`: add a portal |
+//! | DELETE | `/api/portals/{tpgt or ip:port}` | remove a portal: no longer listened on or listed by SendTargets; its connections finish their commands and close; not the last one |
 //! | PUT | `/api/alua/{group}` | `{"state": "standby"}`: set an ALUA group's state |
 //! | GET | `/api/sessions` | sessions: initiator, ISID, portal, negotiated parameters, counters |
 //! | GET | `/api/stats` | per LUN and per session: totals and the last second's rates |
@@ -172,6 +173,10 @@ fn router(state: Arc<AdminState>) -> Router {
             put(acl::put_mutual_chap).delete(acl::delete_mutual_chap),
         )
         .route("/api/portals", get(portals).post(add_portal))
+        .route(
+            "/api/portals/{portal}",
+            axum::routing::delete(remove_portal),
+        )
         .route("/api/alua/{group}", put(set_alua))
         .route("/api/sessions", get(sessions))
         .route("/api/stats", get(stats))
@@ -403,8 +408,13 @@ struct PortalReq {
 
 async fn add_portal(State(st): St, Body(r): Body<PortalReq>) -> Response {
     let _g = st.change.lock().await;
+    // Its position in the file's `listen` (the runtime list is in the same
+    // order); at the next start its tag is that position.
     let position = st.ctl.portals().len() as u16 + 1;
-    let group = r.alua_group.unwrap_or(position);
+    // Without a group named, the portal is a group of its own, with the
+    // portal's tag as id (changes are serialised: the tag peeked here is
+    // the one it gets).
+    let group = r.alua_group.unwrap_or_else(|| st.ctl.next_portal_tag());
     if r.addr.port() == 0 {
         return err(StatusCode::BAD_REQUEST, "give the portal a port");
     }
@@ -420,6 +430,32 @@ async fn add_portal(State(st): St, Body(r): Body<PortalReq>) -> Response {
             Json(json!({ "portal": p, "persisted": persisted })),
         )
             .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn remove_portal(State(st): St, Path(key): Path<String>) -> Response {
+    let _g = st.change.lock().await;
+    let (index, p) = match st.ctl.find_portal(&key) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    if st.ctl.portals().len() == 1 {
+        return ControlError::Conflict(
+            "the last portal cannot be removed: add another first".into(),
+        )
+        .into_response();
+    }
+    let addr: SocketAddr = match p.addr.parse() {
+        Ok(a) => a,
+        Err(_) => return err(StatusCode::INTERNAL_SERVER_ERROR, "bad portal address"),
+    };
+    let persisted = match persist(&st, |d| persist::remove_portal(d, index, addr)) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.remove_portal(p.tpgt) {
+        Ok(v) => Json(json!({ "removed": v, "persisted": persisted })).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -447,7 +483,9 @@ async fn set_alua(State(st): St, Path(group): Path<u16>, Body(r): Body<AluaReq>)
         return ControlError::NotFound(format!("no ALUA target port group {group}"))
             .into_response();
     }
-    let after: Vec<(u16, String)> = before
+    // Members by position in `listen` (the runtime list is in file order).
+    let portals = st.ctl.portals();
+    let after: Vec<persist::GroupState> = before
         .iter()
         .map(|(g, s)| {
             let s = if *g == group {
@@ -455,7 +493,13 @@ async fn set_alua(State(st): St, Path(group): Path<u16>, Body(r): Body<AluaReq>)
             } else {
                 s.as_str()
             };
-            (*g, config_state_name(s))
+            let positions = portals
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.alua_group == *g)
+                .map(|(i, _)| i as u16 + 1)
+                .collect();
+            (*g, config_state_name(s), positions)
         })
         .collect();
     let persisted = match persist(&st, |d| persist::set_alua(d, &after)) {

@@ -169,7 +169,8 @@ pub fn set_chap(
 }
 
 /// Appends portal `addr` to `listen` (writing the default portal first when
-/// the file relied on it), in ALUA group `group` when groups are listed.
+/// the file relied on it), in ALUA group `group` when groups are listed
+/// (a new group when there is none with that id).
 pub fn add_portal(
     doc: &mut DocumentMut,
     addr: &str,
@@ -194,22 +195,98 @@ pub fn add_portal(
         if groups.is_empty() {
             return Ok(());
         }
-        let g = groups
-            .iter_mut()
-            .find(|g| g.get("id").and_then(Item::as_integer) == Some(i64::from(group)))
-            .ok_or_else(|| format!("ALUA group {group} is not in the configuration file"))?;
-        g.get_mut("portals")
-            .and_then(Item::as_array_mut)
-            .ok_or("alua.group.portals is not an array")?
-            .push(i64::from(position));
+        let found = groups
+            .iter()
+            .position(|g| g.get("id").and_then(Item::as_integer) == Some(i64::from(group)));
+        match found.and_then(|i| groups.get_mut(i)) {
+            Some(g) => g
+                .get_mut("portals")
+                .and_then(Item::as_array_mut)
+                .ok_or("alua.group.portals is not an array")?
+                .push(i64::from(position)),
+            None => {
+                // A group of its own, active/optimized.
+                let mut g = Table::new();
+                g.insert("id", value(i64::from(group)));
+                let mut p = Array::new();
+                p.push(i64::from(position));
+                g.insert("portals", value(p));
+                groups.push(g);
+            }
+        }
     }
     Ok(())
 }
 
-/// Sets the state of every ALUA group to `states` (group, state name);
-/// when the file lists no groups, writes the default one-group-per-portal
-/// layout with those states.
-pub fn set_alua(doc: &mut DocumentMut, states: &[(u16, String)]) -> Result<(), EditError> {
+/// Removes the portal at `index` (from 0) of `listen`, whose address is
+/// `addr` (an entry with port 0 matches any port: it was bound to one the
+/// OS chose). The positions of ALUA group members after it move down by
+/// one; a group left without portals is removed.
+pub fn remove_portal(
+    doc: &mut DocumentMut,
+    index: usize,
+    addr: std::net::SocketAddr,
+) -> Result<(), EditError> {
+    if doc.get("listen").is_none() {
+        let mut a = Array::new();
+        a.push(crate::config::DEFAULT_LISTEN);
+        doc.insert("listen", value(a));
+    }
+    let listen = doc
+        .get_mut("listen")
+        .and_then(Item::as_array_mut)
+        .ok_or("listen is not an array")?;
+    let entry: Option<std::net::SocketAddr> = listen
+        .get(index)
+        .and_then(|v| v.as_str())
+        .and_then(|v| v.parse().ok());
+    match entry {
+        Some(e) if e == addr || (e.port() == 0 && e.ip() == addr.ip()) => {}
+        _ => {
+            return Err(format!(
+                "the configuration file's listen[{index}] is not {addr}: the file is out of step"
+            ))
+        }
+    }
+    listen.remove(index);
+    let position = i64::try_from(index + 1).map_err(|e| e.to_string())?;
+    if let Some(groups) = doc
+        .get_mut("alua")
+        .and_then(|a| a.get_mut("group"))
+        .and_then(Item::as_array_of_tables_mut)
+    {
+        for g in groups.iter_mut() {
+            let ports = g
+                .get_mut("portals")
+                .and_then(Item::as_array_mut)
+                .ok_or("alua.group.portals is not an array")?;
+            let kept: Vec<i64> = ports
+                .iter()
+                .filter_map(|v| v.as_integer())
+                .filter(|&p| p != position)
+                .map(|p| if p > position { p - 1 } else { p })
+                .collect();
+            let mut a = Array::new();
+            kept.into_iter().for_each(|p| a.push(p));
+            *ports = a;
+        }
+        groups.retain(|g| {
+            g.get("portals")
+                .and_then(Item::as_array)
+                .is_some_and(|a| !a.is_empty())
+        });
+    }
+    Ok(())
+}
+
+/// An ALUA group as the file should have it: id, state name, and the
+/// positions (in `listen`, from 1) of its portals.
+pub type GroupState = (u16, String, Vec<u16>);
+
+/// Sets the state of every ALUA group to `states`; when the file lists no
+/// groups, writes them all out (the default layout is one group per
+/// portal, with the portals' positions as members).
+pub fn set_alua(doc: &mut DocumentMut, states: &[GroupState]) -> Result<(), EditError> {
     if doc.get("alua").is_none() {
         doc.insert("alua", Item::Table(Table::new()));
     }
@@ -223,11 +300,11 @@ pub fn set_alua(doc: &mut DocumentMut, states: &[(u16, String)]) -> Result<(), E
         .is_none_or(ArrayOfTables::is_empty);
     if empty {
         let mut groups = ArrayOfTables::new();
-        for (id, state) in states {
+        for (id, state, positions) in states {
             let mut g = Table::new();
             g.insert("id", value(i64::from(*id)));
             let mut p = Array::new();
-            p.push(i64::from(*id));
+            positions.iter().for_each(|&x| p.push(i64::from(x)));
             g.insert("portals", value(p));
             g.insert("state", value(state.as_str()));
             groups.push(g);
@@ -241,7 +318,7 @@ pub fn set_alua(doc: &mut DocumentMut, states: &[(u16, String)]) -> Result<(), E
         .ok_or("alua.group is not an array of tables")?;
     for g in groups.iter_mut() {
         let id = g.get("id").and_then(Item::as_integer);
-        if let Some((_, s)) = states.iter().find(|(i, _)| Some(i64::from(*i)) == id) {
+        if let Some((_, s, _)) = states.iter().find(|(i, _, _)| Some(i64::from(*i)) == id) {
             g.insert("state", value(s.as_str()));
         }
     }
@@ -331,7 +408,10 @@ size = "2M"
         add_portal(&mut d, "127.0.0.1:3261", 2, 2).unwrap();
         set_alua(
             &mut d,
-            &[(1, "active-optimized".into()), (2, "standby".into())],
+            &[
+                (1, "active-optimized".into(), vec![1]),
+                (2, "standby".into(), vec![2]),
+            ],
         )
         .unwrap();
         let c = validate(&d).unwrap();
@@ -345,10 +425,17 @@ size = "2M"
         add_portal(&mut d, "127.0.0.1:3262", 3, 1).unwrap();
         let c = validate(&d).unwrap();
         assert_eq!(c.alua.group[0].portals, vec![1, 3]);
-        set_alua(&mut d, &[(2, "unavailable".into())]).unwrap();
+        set_alua(&mut d, &[(2, "unavailable".into(), vec![])]).unwrap();
         assert_eq!(
             validate(&d).unwrap().alua.group[1].state,
             crate::config::AluaStateConfig::Unavailable
+        );
+        // ... or a group of its own.
+        add_portal(&mut d, "127.0.0.1:3263", 4, 9).unwrap();
+        let c = validate(&d).unwrap();
+        assert_eq!(
+            (c.alua.group[2].id, c.alua.group[2].portals.clone()),
+            (9, vec![4])
         );
     }
 
@@ -387,6 +474,38 @@ size = "2M"
         assert!(t.chap.is_none() && t.mutual_chap.is_none());
         assert!(t.allow.is_empty() && t.allow_net.is_empty());
         assert!(!d.to_string().contains("allow"));
+    }
+
+    #[test]
+    fn portal_removal_renumbers_group_members() {
+        let mut d = parse(FILE).unwrap();
+        add_portal(&mut d, "127.0.0.1:3261", 2, 2).unwrap();
+        add_portal(&mut d, "127.0.0.1:3262", 3, 3).unwrap();
+        set_alua(
+            &mut d,
+            &[
+                (1, "active-optimized".into(), vec![1]),
+                (2, "standby".into(), vec![2]),
+                (3, "active-optimized".into(), vec![3]),
+            ],
+        )
+        .unwrap();
+        let a = |s: &str| s.parse().unwrap();
+        assert!(remove_portal(&mut d, 1, a("127.0.0.1:9999")).is_err());
+        remove_portal(&mut d, 1, a("127.0.0.1:3261")).unwrap();
+        let c = validate(&d).unwrap();
+        assert_eq!(c.listen, vec![a("127.0.0.1:3260"), a("127.0.0.1:3262")]);
+        let g: Vec<_> = c
+            .alua
+            .group
+            .iter()
+            .map(|g| (g.id, g.portals.clone()))
+            .collect();
+        assert_eq!(g, vec![(1, vec![1]), (3, vec![2])], "group 2 is gone");
+        // Port 0 in the file matches the port the OS chose.
+        let mut d = parse("listen = [\"127.0.0.1:0\", \"127.0.0.1:0\"]\n[[target]]\nname = \"iqn.2026-11.x:a\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n").unwrap();
+        remove_portal(&mut d, 0, a("127.0.0.1:40000")).unwrap();
+        assert_eq!(validate(&d).unwrap().listen.len(), 1);
     }
 
     #[test]
