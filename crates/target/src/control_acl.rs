@@ -69,9 +69,11 @@ impl AclEntry {
         match self {
             AclEntry::Initiator(n) => check_iscsi_name(n)
                 .map_err(|m| ControlError::Invalid(format!("initiator name {n:?}: {m}"))),
-            AclEntry::Network(n) => Cidr::parse(n)
-                .map(|_| ())
-                .map_err(|m| ControlError::Invalid(format!("network: {m}"))),
+            AclEntry::Network(n) => Cidr::parse(n).map(|_| ()).map_err(|m| {
+                ControlError::Invalid(format!(
+                    "network: {m} (ADDR[/PREFIX]; an initiator name starts with iqn., eui. or naa.)"
+                ))
+            }),
         }
     }
 }
