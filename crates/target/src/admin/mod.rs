@@ -32,7 +32,7 @@
 //! (or `?token=TOKEN`, which the console uses). A non-loopback address
 //! requires a token. Changes are serialised; when the server was started
 //! with `--config`, each change is written to the file first
-//! ([`persist`]) and applied only if that succeeded.
+//! (the `persist` module) and applied only if that succeeded.
 
 mod acl;
 mod persist;
@@ -69,7 +69,7 @@ pub struct AdminOptions {
     pub config_path: Option<PathBuf>,
 }
 
-pub(crate) struct AdminState {
+struct AdminState {
     ctl: Control,
     token: Option<String>,
     config_path: Option<PathBuf>,
@@ -78,7 +78,7 @@ pub(crate) struct AdminState {
     rates: parking_lot::Mutex<rates::Rates>,
 }
 
-pub(crate) type St = State<Arc<AdminState>>;
+type St = State<Arc<AdminState>>;
 
 /// A bound admin endpoint.
 pub struct Admin {
@@ -213,13 +213,13 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
     }
 }
 
-pub(crate) fn err(code: StatusCode, msg: impl std::fmt::Display) -> Response {
+fn err(code: StatusCode, msg: impl std::fmt::Display) -> Response {
     (code, Json(json!({ "error": msg.to_string() }))).into_response()
 }
 
 /// A JSON request body; a body that is not valid JSON for `T` gets a
 /// 400 with a JSON error, like every other refusal.
-pub(crate) struct Body<T>(pub T);
+struct Body<T>(pub T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
     type Rejection = Response;
@@ -233,7 +233,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
 }
 
 /// Query parameters; bad ones get a 400 with a JSON error.
-pub(crate) struct Params<T>(pub T);
+struct Params<T>(pub T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S>
     for Params<T>
@@ -264,7 +264,7 @@ impl IntoResponse for ControlError {
 
 /// Applies `edit` to the configuration file, validates it and writes it;
 /// `Ok(false)` when there is no file to keep in step.
-pub(crate) fn persist(
+fn persist(
     st: &AdminState,
     edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
 ) -> Result<bool, Box<Response>> {
