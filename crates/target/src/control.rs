@@ -366,11 +366,6 @@ impl Control {
         })
     }
 
-    /// The tag the next portal added will get.
-    pub fn next_portal_tag(&self) -> u16 {
-        self.shared.next_tpgt.load(Ordering::Relaxed)
-    }
-
     /// The position (from 0, as in the configuration's `listen`) and
     /// description of the portal `key` names: its group tag or its address.
     pub fn find_portal(&self, key: &str) -> Result<(usize, PortalView), ControlError> {

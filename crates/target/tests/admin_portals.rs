@@ -137,6 +137,19 @@ fn removed_portal_stops_listening_and_leaves_send_targets() {
     assert_eq!(code, 409, "{text}");
     assert!(text.starts_with("{\"error\":"), "{text}");
 
+    // An address that cannot be bound is refused and not written.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (code, text) = http(
+        run.admin,
+        "POST",
+        "/api/portals",
+        &format!("{{\"addr\":\"{}\"}}", taken.local_addr().unwrap()),
+        None,
+    );
+    assert_eq!(code, 400, "{text}");
+    assert_eq!(Config::from_file(&path).unwrap().listen.len(), 1);
+    drop(taken);
+
     // A portal added now gets a fresh tag and a group of its own.
     let (code, text) = http(
         run.admin,

@@ -408,30 +408,34 @@ struct PortalReq {
 
 async fn add_portal(State(st): St, Body(r): Body<PortalReq>) -> Response {
     let _g = st.change.lock().await;
-    // Its position in the file's `listen` (the runtime list is in the same
-    // order); at the next start its tag is that position.
-    let position = st.ctl.portals().len() as u16 + 1;
-    // Without a group named, the portal is a group of its own, with the
-    // portal's tag as id (changes are serialised: the tag peeked here is
-    // the one it gets).
-    let group = r.alua_group.unwrap_or_else(|| st.ctl.next_portal_tag());
     if r.addr.port() == 0 {
         return err(StatusCode::BAD_REQUEST, "give the portal a port");
     }
-    let persisted = match persist(&st, |d| {
-        persist::add_portal(d, &r.addr.to_string(), position, group)
-    }) {
+    // Bind first (the address may be taken), then write the file; if the
+    // file cannot be written the portal is removed again.
+    let p = match st.ctl.add_portal(r.addr, r.alua_group).await {
         Ok(p) => p,
-        Err(r) => return *r,
+        Err(e) => return e.into_response(),
     };
-    match st.ctl.add_portal(r.addr, Some(group)).await {
-        Ok(p) => (
-            StatusCode::CREATED,
-            Json(json!({ "portal": p, "persisted": persisted })),
-        )
-            .into_response(),
-        Err(e) => e.into_response(),
-    }
+    // Its position in the file's `listen` (the runtime list is in the same
+    // order); at the next start its tag is that position.
+    let position = st.ctl.portals().len() as u16;
+    let persisted = match persist(&st, |d| {
+        persist::add_portal(d, &p.addr, position, p.alua_group)
+    }) {
+        Ok(x) => x,
+        Err(resp) => {
+            if let Err(e) = st.ctl.remove_portal(p.tpgt) {
+                tracing::error!(error = %e, addr = %p.addr, "cannot take back a portal the file does not have");
+            }
+            return *resp;
+        }
+    };
+    (
+        StatusCode::CREATED,
+        Json(json!({ "portal": p, "persisted": persisted })),
+    )
+        .into_response()
 }
 
 async fn remove_portal(State(st): St, Path(key): Path<String>) -> Response {
