@@ -11,11 +11,13 @@
 //!
 //! Resizing ([`BlockBackend::resize`], the admin API) needs no lock on the
 //! I/O path: the chunk table is a list of segments of doubling length
-//! (1, 2, 4, … chunks), each allocated once and never moved, so growing
-//! only adds segments and publishes the new size. Shrinking publishes the
-//! smaller size first, then frees the chunks past it; growing again reads
-//! zeros there (chunks past the old end are cleared before the new size is
-//! published, which also covers a write that raced a shrink).
+//! (1, 2, 4, … chunks), each allocated on the first write into it and never
+//! moved, so growing only publishes the new size (a never-written segment
+//! reads as zeros and costs nothing). Shrinking publishes the smaller size
+//! first, then frees the chunks past it; growing again reads zeros there
+//! (chunks past the old end are cleared before the new size is published,
+//! which also covers a write that raced a shrink). A store is at most
+//! [`MemBackend::MAX_SIZE`] bytes.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,9 +29,10 @@ use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
 
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
-/// Segments in the chunk table: segment k holds 2^k chunks, so 45 of them
-/// address 2^45 - 1 chunks, more than a `u64` of bytes.
-const SEGMENTS: usize = 45;
+/// Segments in the chunk table: segment k holds 2^k chunks, so 25 of them
+/// address 2^25 - 1 chunks, more than [`MemBackend::MAX_SIZE`] needs.
+const SEGMENTS: usize = 25;
+const _: () = assert!((1u64 << SEGMENTS) > MemBackend::MAX_SIZE >> CHUNK_SHIFT);
 
 /// One 1 MiB chunk, allocated on first write.
 type Chunk = RwLock<Option<Box<[u8]>>>;
@@ -60,50 +63,56 @@ impl std::fmt::Debug for MemBackend {
 }
 
 impl MemBackend {
-    /// A zero-filled store of `size` bytes; memory is taken as it is written.
+    /// The largest store, 16 TiB: its chunk table alone may take a few
+    /// hundred MiB once written all over.
+    pub const MAX_SIZE: u64 = 1 << 44;
+
+    /// A zero-filled store of `size` bytes (at most [`Self::MAX_SIZE`]:
+    /// larger sizes are cut to it); memory is taken as it is written.
     pub fn new(size: u64) -> Self {
-        let m = MemBackend {
-            size: AtomicU64::new(size),
+        MemBackend {
+            size: AtomicU64::new(size.min(Self::MAX_SIZE)),
             segments: std::array::from_fn(|_| OnceLock::new()),
             resizing: Mutex::new(()),
-        };
-        m.make_room(size);
-        m
-    }
-
-    /// Allocates the segments that chunks below `size` bytes live in.
-    fn make_room(&self, size: u64) {
-        let chunks = size.div_ceil(CHUNK) as usize;
-        if chunks == 0 {
-            return;
-        }
-        let (last, _) = locate(chunks - 1);
-        for (k, seg) in self.segments.iter().enumerate().take(last + 1) {
-            seg.get_or_init(|| (0..1usize << k).map(|_| RwLock::new(None)).collect());
         }
     }
 
-    /// Chunk `i`. Callers only ask for chunks below a size the table was
-    /// made room for ([`Self::make_room`] runs before a size is published).
+    /// Chunk `i`, if its segment was ever written to (else it reads as
+    /// zeros).
     #[inline]
-    fn chunk(&self, i: usize) -> &Chunk {
+    fn chunk(&self, i: usize) -> Option<&Chunk> {
         let (k, at) = locate(i);
-        // Invariant: segments are allocated before any size covering them
-        // is stored, and never freed.
-        &self.segments[k].get().expect("segment allocated")[at]
+        self.segments[k].get().map(|s| &s[at])
     }
 
-    /// Every chunk allocated so far, whatever the current size.
-    fn all_chunks(&self) -> impl Iterator<Item = &Chunk> {
+    /// Chunk `i`, allocating its segment (once) for a write.
+    #[inline]
+    fn chunk_for_write(&self, i: usize) -> &Chunk {
+        let (k, at) = locate(i);
+        &self.segments[k].get_or_init(|| (0..1usize << k).map(|_| RwLock::new(None)).collect())[at]
+    }
+
+    /// Every chunk from index `first` on whose segment exists, with its
+    /// index, whatever the current size.
+    fn chunks_from(&self, first: usize) -> impl Iterator<Item = (usize, &Chunk)> {
         self.segments
             .iter()
-            .map_while(OnceLock::get)
-            .flat_map(|s| s.iter())
+            .enumerate()
+            .filter_map(|(k, s)| s.get().map(|s| (k, s)))
+            .flat_map(|(k, s)| {
+                s.iter()
+                    .enumerate()
+                    .map(move |(j, c)| ((1 << k) - 1 + j, c))
+            })
+            .filter(move |(i, _)| *i >= first)
     }
 
     /// Bytes of memory currently held for data.
     pub fn resident_bytes(&self) -> u64 {
-        self.all_chunks().filter(|c| c.read().is_some()).count() as u64 * CHUNK
+        self.chunks_from(0)
+            .filter(|(_, c)| c.read().is_some())
+            .count() as u64
+            * CHUNK
     }
 
     #[inline]
@@ -140,31 +149,33 @@ impl BlockBackend for MemBackend {
     /// Grows or shrinks the store. Growing keeps every byte; shrinking
     /// frees the memory past the new end (the data there is gone).
     fn resize(&self, new_size: u64) -> io::Result<()> {
+        if new_size > Self::MAX_SIZE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a RAM LUN holds at most {} bytes", Self::MAX_SIZE),
+            ));
+        }
         let _g = self.resizing.lock();
         let old = self.len();
         if new_size >= old {
-            self.make_room(new_size);
             // What lies past the old end must read as zeros: the tail of a
             // partial last chunk, and any chunk a shrink left or a write
             // racing it re-created.
-            let first_whole = old.div_ceil(CHUNK);
             if !old.is_multiple_of(CHUNK) {
                 let idx = (old >> CHUNK_SHIFT) as usize;
-                if let Some(c) = self.chunk(idx).write().as_mut() {
-                    c[(old & (CHUNK - 1)) as usize..].fill(0);
+                if let Some(c) = self.chunk(idx) {
+                    if let Some(data) = c.write().as_mut() {
+                        data[(old & (CHUNK - 1)) as usize..].fill(0);
+                    }
                 }
             }
-            for (i, c) in self.all_chunks().enumerate().skip(first_whole as usize) {
-                if (i as u64) << CHUNK_SHIFT >= new_size {
-                    break;
-                }
+            for (_, c) in self.chunks_from(old.div_ceil(CHUNK) as usize) {
                 *c.write() = None;
             }
             self.size.store(new_size, Ordering::Release);
         } else {
             self.size.store(new_size, Ordering::Release);
-            let keep = new_size.div_ceil(CHUNK) as usize;
-            for c in self.all_chunks().skip(keep) {
+            for (_, c) in self.chunks_from(new_size.div_ceil(CHUNK) as usize) {
                 *c.write() = None;
             }
         }
@@ -174,8 +185,11 @@ impl BlockBackend for MemBackend {
         check_range(self.len(), offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
-            match &*self.chunk(idx).read() {
-                Some(c) => buf[r].copy_from_slice(&c[within..within + n]),
+            match self.chunk(idx) {
+                Some(c) => match &*c.read() {
+                    Some(c) => buf[r].copy_from_slice(&c[within..within + n]),
+                    None => buf[r].fill(0),
+                },
                 None => buf[r].fill(0),
             }
         });
@@ -188,8 +202,11 @@ impl BlockBackend for MemBackend {
         let mut v = bufpool::take(len);
         Self::for_each_chunk(offset, len, |idx, within, r| {
             let n = r.len();
-            match &*self.chunk(idx).read() {
-                Some(c) => v.extend_from_slice(&c[within..within + n]),
+            match self.chunk(idx) {
+                Some(c) => match &*c.read() {
+                    Some(c) => v.extend_from_slice(&c[within..within + n]),
+                    None => v.resize(v.len() + n, 0),
+                },
                 None => v.resize(v.len() + n, 0),
             }
         });
@@ -199,7 +216,7 @@ impl BlockBackend for MemBackend {
         check_range(self.len(), offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
-            let mut g = self.chunk(idx).write();
+            let mut g = self.chunk_for_write(idx).write();
             let c = g.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
             c[within..within + n].copy_from_slice(&buf[r]);
         });
@@ -223,7 +240,7 @@ impl BlockBackend for MemBackend {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range_u64(self.len(), offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
-            let mut g = self.chunk(idx).write();
+            let mut g = self.chunk_for_write(idx).write();
             let c = g.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
             c[within..within + n].fill(0);
         });
@@ -233,7 +250,9 @@ impl BlockBackend for MemBackend {
         let size = self.len();
         check_range_u64(size, offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
-            let mut g = self.chunk(idx).write();
+            // A segment never written to holds nothing to free.
+            let Some(c) = self.chunk(idx) else { return };
+            let mut g = c.write();
             // The last chunk may be short: whole means up to the end.
             let chunk_len = (size - ((idx as u64) << CHUNK_SHIFT)).min(CHUNK) as usize;
             if within == 0 && n == chunk_len {
@@ -255,7 +274,7 @@ impl BlockBackend for MemBackend {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
         }
-        let state = |idx: usize| self.chunk(idx).read().is_some();
+        let state = |idx: usize| self.chunk(idx).is_some_and(|c| c.read().is_some());
         let first = (offset >> CHUNK_SHIFT) as usize;
         let allocated = state(first);
         let mut end = ((first as u64) + 1) << CHUNK_SHIFT;
@@ -361,6 +380,21 @@ mod tests {
         assert_eq!(m.size(), 0);
         m.resize(5 * CHUNK).unwrap();
         m.write_at(&[1u8; 512], 5 * CHUNK - 512, false).unwrap();
+        // Segments are made on the first write into them: a 16 TiB store
+        // costs nothing until written, and a write at its end takes only
+        // the last segment.
+        m.resize(MemBackend::MAX_SIZE).unwrap();
+        assert!(m.resize(MemBackend::MAX_SIZE + CHUNK).is_err());
+        let mut b = [1u8; 512];
+        m.read_at(&mut b, MemBackend::MAX_SIZE - 512).unwrap();
+        assert_eq!(b, [0u8; 512]);
+        assert_eq!(m.segments.iter().filter(|s| s.get().is_some()).count(), 1);
+        m.discard(MemBackend::MAX_SIZE - CHUNK, CHUNK).unwrap();
+        let e = m
+            .allocation(MemBackend::MAX_SIZE - 2 * CHUNK, 2 * CHUNK)
+            .unwrap();
+        assert!(!e.allocated);
+        assert_eq!(m.segments.iter().filter(|s| s.get().is_some()).count(), 1);
     }
 
     #[test]
