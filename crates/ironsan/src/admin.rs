@@ -93,6 +93,8 @@ enum AdminCmd {
     /// over to other portals). The last portal cannot be removed.
     RemovePortal { portal: String },
     /// Show a target's ACL and whether CHAP is set (never a secret).
+    ///
+    /// TARGET `discovery` shows the CHAP state of discovery sessions.
     Acl { target: String },
     /// Allow an initiator name or a source network (CIDR) to log in.
     ///
@@ -122,6 +124,7 @@ enum AdminCmd {
     },
     /// Require CHAP for new logins (--mutual: the target's own credentials).
     ///
+    /// TARGET is a target name, or `discovery` for discovery sessions.
     /// The secret (12..=255 bytes, RFC 7143 §12.1.3) comes from
     /// --secret-file (a file on the target host, read by the server),
     /// IRONSAN_CHAP_SECRET, or the first line of standard input; never from
@@ -142,6 +145,8 @@ enum AdminCmd {
         drop_sessions: bool,
     },
     /// Stop requiring CHAP (clears mutual CHAP too; --mutual: only that).
+    ///
+    /// TARGET is a target name, or `discovery` for discovery sessions.
     ClearChap {
         target: String,
         #[arg(long)]
@@ -183,6 +188,16 @@ fn persisted_note(v: &Value) {
 /// Whether an ACL entry is an initiator name (else a network).
 fn is_name(e: &str) -> bool {
     e.starts_with("iqn.") || e.starts_with("eui.") || e.starts_with("naa.")
+}
+
+/// The API path of a target's CHAP credentials, or of discovery's when
+/// TARGET is the word `discovery`.
+fn chap_path(target: &str, mutual: bool) -> String {
+    if target == "discovery" {
+        format!("/api/discovery/{}", chap_key(mutual))
+    } else {
+        format!("/api/targets/{}/{}", seg(target), chap_key(mutual))
+    }
 }
 
 fn chap_key(mutual: bool) -> &'static str {
@@ -466,7 +481,11 @@ pub fn run(a: AdminArgs) -> Result<()> {
             });
         }
         AdminCmd::Acl { target } => {
-            let v = ep.get_json(&format!("/api/targets/{}/acl", seg(&target)))?;
+            let v = if target == "discovery" {
+                ep.get_json("/api/discovery")?
+            } else {
+                ep.get_json(&format!("/api/targets/{}/acl", seg(&target)))?
+            };
             show(a.json, &v, print_acl);
         }
         AdminCmd::Allow {
@@ -529,9 +548,8 @@ pub fn run(a: AdminArgs) -> Result<()> {
                 &ep,
                 "PUT",
                 &format!(
-                    "/api/targets/{}/{}?drop_sessions={drop_sessions}",
-                    seg(&target),
-                    chap_key(mutual)
+                    "{}?drop_sessions={drop_sessions}",
+                    chap_path(&target, mutual)
                 ),
                 Some(body),
             )?;
@@ -549,9 +567,8 @@ pub fn run(a: AdminArgs) -> Result<()> {
                 &ep,
                 "DELETE",
                 &format!(
-                    "/api/targets/{}/{}?drop_sessions={drop_sessions}",
-                    seg(&target),
-                    chap_key(mutual)
+                    "{}?drop_sessions={drop_sessions}",
+                    chap_path(&target, mutual)
                 ),
                 None,
             )?;

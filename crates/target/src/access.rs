@@ -209,7 +209,8 @@ impl TargetAccess {
 #[derive(Debug)]
 pub(crate) struct AccessControl {
     targets: RwLock<HashMap<String, TargetAccess>>,
-    pub discovery: ChapPolicy,
+    /// CHAP of discovery sessions (changes at run time too).
+    discovery: RwLock<ChapPolicy>,
     /// Connections at once, logging in or logged in (0: no limit).
     pub max_connections: usize,
     /// Normal sessions at once over all targets (0: no limit).
@@ -256,7 +257,7 @@ impl AccessControl {
         }
         Ok(AccessControl {
             targets: RwLock::new(targets),
-            discovery: cfg.discovery.policy("discovery")?,
+            discovery: RwLock::new(cfg.discovery.policy("discovery")?),
             max_connections: cfg.limits.max_connections,
             max_sessions: cfg.limits.max_sessions,
             connections: Arc::default(),
@@ -304,6 +305,16 @@ impl AccessControl {
     /// login. `None` when the target has no rules (does not exist).
     pub fn update<R>(&self, name: &str, f: impl FnOnce(&mut TargetAccess) -> R) -> Option<R> {
         self.targets.write().get_mut(name).map(f)
+    }
+
+    /// The CHAP policy of discovery sessions.
+    pub fn discovery_chap(&self) -> ChapPolicy {
+        self.discovery.read().clone()
+    }
+
+    /// Changes the CHAP policy of discovery sessions with `f`.
+    pub fn update_discovery<R>(&self, f: impl FnOnce(&mut ChapPolicy) -> R) -> R {
+        f(&mut self.discovery.write())
     }
 
     /// The CHAP policy of target `name` (none for an unknown target).
@@ -383,7 +394,7 @@ impl iscsi_proto::TargetDirectory for Directory<'_> {
 
     fn chap(&self, target: Option<&str>) -> ChapPolicy {
         match target {
-            None => self.shared.access.discovery.clone(),
+            None => self.shared.access.discovery_chap(),
             Some(t) => self.shared.access.chap_of(t),
         }
     }

@@ -8,7 +8,7 @@
 //! allows (the admin API's `drop_sessions`); their initiators then log in
 //! again under the new rules, or are refused.
 
-use iscsi_proto::chap::{self, Credential};
+use iscsi_proto::chap::{self, ChapPolicy, Credential};
 use serde::Serialize;
 
 use crate::access::{Cidr, CredConfig, TargetAccess};
@@ -40,6 +40,44 @@ pub enum ChapRole {
     Initiator,
     /// The target authenticates to the initiator (`mutual_chap`).
     Target,
+}
+
+/// Whose CHAP credentials: a target's, or those of discovery sessions
+/// (`[discovery]` in the configuration).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChapScope<'a> {
+    Target(&'a str),
+    Discovery,
+}
+
+impl<'a> ChapScope<'a> {
+    /// `discovery`, or a target name.
+    pub fn parse(s: &'a str) -> ChapScope<'a> {
+        if s == "discovery" {
+            ChapScope::Discovery
+        } else {
+            ChapScope::Target(s)
+        }
+    }
+}
+
+impl std::fmt::Display for ChapScope<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChapScope::Target(n) => write!(f, "target {n}"),
+            ChapScope::Discovery => f.write_str("discovery"),
+        }
+    }
+}
+
+impl ChapRole {
+    /// The configuration key: `chap` or `mutual_chap`.
+    pub fn key(self) -> &'static str {
+        match self {
+            ChapRole::Initiator => "chap",
+            ChapRole::Target => "mutual_chap",
+        }
+    }
 }
 
 /// One initiator ACL entry: an initiator name or a source network.
@@ -95,6 +133,20 @@ fn acl_view(name: &str, a: &TargetAccess) -> AclView {
         chap_user: a.chap.initiator.as_ref().map(|c| c.user.clone()),
         mutual_chap: set(a.chap.target.is_some()),
         mutual_chap_user: a.chap.target.as_ref().map(|c| c.user.clone()),
+    }
+}
+
+/// Discovery sessions as the API shows them: no ACL (SendTargets lists
+/// only what each initiator may log in to), CHAP state.
+fn discovery_view(p: &ChapPolicy) -> AclView {
+    AclView {
+        target: "discovery".into(),
+        initiators: Vec::new(),
+        networks: Vec::new(),
+        chap: set(p.initiator.is_some()),
+        chap_user: p.initiator.as_ref().map(|c| c.user.clone()),
+        mutual_chap: set(p.target.is_some()),
+        mutual_chap_user: p.target.as_ref().map(|c| c.user.clone()),
     }
 }
 
@@ -198,33 +250,46 @@ impl Control {
         Ok(view)
     }
 
-    /// Checks `cred` for `role` of target `name` against the other
-    /// credential (RFC 7143 §12.1.3: 12..=255-byte secrets, different in
-    /// each direction; mutual CHAP needs CHAP) and returns it resolved.
+    /// The CHAP policy of `scope` (a target, or discovery sessions).
+    fn chap_policy(&self, scope: ChapScope<'_>) -> Result<ChapPolicy, ControlError> {
+        match scope {
+            ChapScope::Discovery => Ok(self.shared.access.discovery_chap()),
+            ChapScope::Target(name) => Ok(self.rules(name)?.chap),
+        }
+    }
+
+    /// The CHAP state of `scope` as the API shows it.
+    pub fn chap_view(&self, scope: ChapScope<'_>) -> Result<AclView, ControlError> {
+        match scope {
+            ChapScope::Target(name) => self.acl(name),
+            ChapScope::Discovery => Ok(discovery_view(&self.shared.access.discovery_chap())),
+        }
+    }
+
+    /// Checks `cred` for `role` of `scope` against the other credential
+    /// (RFC 7143 §12.1.3: 12..=255-byte secrets, different in each
+    /// direction; mutual CHAP needs CHAP) and returns it resolved.
     pub fn check_chap(
         &self,
-        name: &str,
+        scope: ChapScope<'_>,
         role: ChapRole,
         cred: &CredConfig,
     ) -> Result<Credential, ControlError> {
-        let a = self.rules(name)?;
-        let at = match role {
-            ChapRole::Initiator => format!("target {name} chap"),
-            ChapRole::Target => format!("target {name} mutual_chap"),
-        };
+        let policy = self.chap_policy(scope)?;
+        let at = format!("{scope} {}", role.key());
         let c = cred.resolve(&at).map_err(|e| match e {
             crate::config::ConfigError::Invalid(m) => ControlError::Invalid(m),
             e => ControlError::Invalid(e.to_string()),
         })?;
         let other = match role {
-            ChapRole::Initiator => a.chap.target.as_ref(),
+            ChapRole::Initiator => policy.target.as_ref(),
             ChapRole::Target => {
-                if a.chap.initiator.is_none() {
+                if policy.initiator.is_none() {
                     return Err(ControlError::Conflict(format!(
-                        "{name} has no CHAP credentials: set chap before mutual_chap"
+                        "{scope} has no CHAP credentials: set chap before mutual_chap"
                     )));
                 }
-                a.chap.initiator.as_ref()
+                policy.initiator.as_ref()
             }
         };
         if other.is_some_and(|o| chap::ct_eq(o.secret.expose(), c.secret.expose())) {
@@ -235,33 +300,40 @@ impl Control {
         Ok(c)
     }
 
-    /// Sets (or with `None` clears) target `name`'s CHAP credential for
-    /// `role`. Clearing `chap` clears `mutual_chap` too (it means nothing
+    /// Sets (or with `None` clears) the CHAP credential for `role` of
+    /// `scope`. Clearing `chap` clears `mutual_chap` too (it means nothing
     /// alone).
     pub fn set_chap(
         &self,
-        name: &str,
+        scope: ChapScope<'_>,
         role: ChapRole,
         cred: Option<Credential>,
     ) -> Result<AclView, ControlError> {
-        let view = self
-            .shared
-            .access
-            .update(name, |a| {
-                match role {
-                    ChapRole::Initiator => {
-                        if cred.is_none() {
-                            a.chap.target = None;
-                        }
-                        a.chap.initiator = cred;
-                    }
-                    ChapRole::Target => a.chap.target = cred,
+        let apply = |p: &mut ChapPolicy| match role {
+            ChapRole::Initiator => {
+                if cred.is_none() {
+                    p.target = None;
                 }
-                acl_view(name, a)
-            })
-            .ok_or_else(|| ControlError::NotFound(format!("no target {name}")))?;
+                p.initiator = cred;
+            }
+            ChapRole::Target => p.target = cred,
+        };
+        let view = match scope {
+            ChapScope::Target(name) => self
+                .shared
+                .access
+                .update(name, |a| {
+                    apply(&mut a.chap);
+                    acl_view(name, a)
+                })
+                .ok_or_else(|| ControlError::NotFound(format!("no target {name}")))?,
+            ChapScope::Discovery => self.shared.access.update_discovery(|p| {
+                apply(p);
+                discovery_view(p)
+            }),
+        };
         tracing::info!(
-            target = name,
+            scope = %scope,
             chap = view.chap,
             mutual_chap = view.mutual_chap,
             "CHAP changed"

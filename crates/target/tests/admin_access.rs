@@ -52,6 +52,18 @@ fn tur(c: &mut Connection) -> Result<Option<u8>, Error> {
         .map(|r| r.status)
 }
 
+/// Whether the session ends soon (a dropped session's connection closes
+/// once its task sees the request).
+fn closes(c: &mut Connection) -> bool {
+    (0..50).any(|_| {
+        let gone = tur(c).is_err();
+        if !gone {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        gone
+    })
+}
+
 fn visible_to(addr: SocketAddr, initiator: &str) -> bool {
     initiator::discover(&addr.to_string(), initiator)
         .unwrap()
@@ -153,7 +165,7 @@ fn acl_changes_apply_to_new_logins() {
     );
     assert_eq!(code, 200, "{text}");
     assert!(text.contains("\"dropped_sessions\":1"), "{text}");
-    assert!(tur(&mut b).is_err(), "B's session was dropped");
+    assert!(closes(&mut b), "B's session was dropped");
     assert_eq!(tur(&mut a).unwrap(), Some(0), "A's session is allowed");
     assert!(refused(login(run.iscsi, HOST_B)));
     drop(login(run.iscsi, HOST_A).unwrap());
@@ -251,7 +263,7 @@ fn chap_set_at_run_time_is_required_at_the_next_login() {
     assert_eq!(code, 200, "{text}");
     assert!(text.contains("\"mutual_chap\":\"set\""), "{text}");
     assert!(text.contains("\"dropped_sessions\":2"), "{text}");
-    assert!(tur(&mut open).is_err(), "dropped on request");
+    assert!(closes(&mut open), "dropped on request");
     let q = "?target_user=disk&target_password=target-secret-2";
     drop(login_url(run.iscsi, "host%host-secret-12@", q).unwrap());
     let bad = "?target_user=disk&target_password=not-the-target-1";
@@ -345,4 +357,48 @@ fn ram_lun_grows_and_shrinks() {
     drop(run);
     let c = Config::from_file(&path).unwrap();
     assert_eq!(c.target[0].lun[0].size.as_deref(), Some("2M"));
+}
+
+#[test]
+fn discovery_chap_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ironsan.toml");
+    write_config(&path, "");
+    let run = start(&path, None);
+    let addr = run.iscsi.to_string();
+    let with_chap = |secret: &str| {
+        let u: Url = format!("iscsi://disc%{secret}@{addr}").parse().unwrap();
+        initiator::discover_with(&addr, u.login_config(HOST_A, None))
+    };
+    assert!(initiator::discover(&addr, HOST_A).is_ok());
+    let (code, text) = http(
+        run.admin,
+        "PUT",
+        "/api/discovery/chap",
+        "{\"user\":\"disc\",\"secret\":\"discovery-secret-1\"}",
+        None,
+    );
+    assert_eq!(code, 200, "{text}");
+    assert!(!text.contains("discovery-secret-1"), "{text}");
+    let (_, text) = http(run.admin, "GET", "/api/discovery", "", None);
+    assert!(text.contains("\"chap\":\"set\""), "{text}");
+    assert!(initiator::discover(&addr, HOST_A).is_err());
+    assert!(with_chap("wrong-secret-99").is_err());
+    let found = with_chap("discovery-secret-1").unwrap();
+    assert!(found.iter().any(|(t, _)| t == IQN));
+    // Normal logins are not affected.
+    drop(login(run.iscsi, HOST_A).unwrap());
+    let (code, _) = http(
+        run.admin,
+        "PUT",
+        "/api/discovery/other",
+        "{\"user\":\"disc\",\"secret\":\"discovery-secret-1\"}",
+        None,
+    );
+    assert_eq!(code, 404);
+    let (code, text) = http(run.admin, "DELETE", "/api/discovery/chap", "", None);
+    assert_eq!(code, 200, "{text}");
+    assert!(initiator::discover(&addr, HOST_A).is_ok());
+    drop(run);
+    assert!(Config::from_file(&path).unwrap().discovery.chap.is_none());
 }

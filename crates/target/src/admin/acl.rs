@@ -1,5 +1,5 @@
 //! The ACL and CHAP endpoints: `/api/targets/{iqn}/acl`, `…/chap` and
-//! `…/mutual_chap`. Every change is checked, written to the configuration
+//! `…/mutual_chap`, and `/api/discovery/{chap,mutual_chap}`. Every change is checked, written to the configuration
 //! file (when there is one) and then applied to the next login; with
 //! `?drop_sessions=true` the sessions it no longer allows are ended.
 
@@ -13,7 +13,7 @@ use serde_json::json;
 use super::{persist, Body, Params, St};
 use crate::config::CredConfig;
 use crate::control::ControlError;
-use crate::control_acl::{AclEntry, AclView, ChapRole};
+use crate::control_acl::{AclEntry, AclView, ChapRole, ChapScope};
 
 /// Query flags of the changing requests (others, such as the console's
 /// `token`, are ignored).
@@ -113,52 +113,51 @@ pub(super) async fn remove_acl(
 
 async fn put(
     st: &super::AdminState,
-    target: &str,
+    scope: ChapScope<'_>,
     role: ChapRole,
     c: CredConfig,
     flags: &ChangeFlags,
 ) -> Response {
     let _g = st.change.lock().await;
-    let cred = match st.ctl.check_chap(target, role, &c) {
+    let cred = match st.ctl.check_chap(scope, role, &c) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let key = key(role);
-    let persisted = match super::persist(st, |d| persist::set_chap(d, target, key, Some(&c))) {
+    let persisted = match super::persist(st, |d| persist::set_chap(d, scope, role.key(), Some(&c)))
+    {
         Ok(p) => p,
         Err(r) => return *r,
     };
-    match st.ctl.set_chap(target, role, Some(cred)) {
-        Ok(v) => answer(st, v, persisted, flags.drop_sessions.then_some(true)),
+    match st.ctl.set_chap(scope, role, Some(cred)) {
+        Ok(v) => answer(st, v, persisted, drop_all(scope, flags)),
         Err(e) => e.into_response(),
     }
 }
 
 async fn delete(
     st: &super::AdminState,
-    target: &str,
+    scope: ChapScope<'_>,
     role: ChapRole,
     flags: &ChangeFlags,
 ) -> Response {
     let _g = st.change.lock().await;
-    if let Err(e) = st.ctl.acl(target) {
+    if let Err(e) = st.ctl.chap_view(scope) {
         return e.into_response();
     }
-    let persisted = match super::persist(st, |d| persist::set_chap(d, target, key(role), None)) {
+    let persisted = match super::persist(st, |d| persist::set_chap(d, scope, role.key(), None)) {
         Ok(p) => p,
         Err(r) => return *r,
     };
-    match st.ctl.set_chap(target, role, None) {
-        Ok(v) => answer(st, v, persisted, flags.drop_sessions.then_some(true)),
+    match st.ctl.set_chap(scope, role, None) {
+        Ok(v) => answer(st, v, persisted, drop_all(scope, flags)),
         Err(e) => e.into_response(),
     }
 }
 
-fn key(role: ChapRole) -> &'static str {
-    match role {
-        ChapRole::Initiator => "chap",
-        ChapRole::Target => "mutual_chap",
-    }
+/// After a CHAP change with `drop_sessions`: every session of the target
+/// (discovery sessions are short and not kept in the session registry).
+fn drop_all(scope: ChapScope<'_>, flags: &ChangeFlags) -> Option<bool> {
+    (flags.drop_sessions && matches!(scope, ChapScope::Target(_))).then_some(true)
 }
 
 pub(super) async fn put_chap(
@@ -167,7 +166,14 @@ pub(super) async fn put_chap(
     Params(flags): Params<ChangeFlags>,
     Body(c): Body<CredConfig>,
 ) -> Response {
-    put(&st, &target, ChapRole::Initiator, c, &flags).await
+    put(
+        &st,
+        ChapScope::Target(&target),
+        ChapRole::Initiator,
+        c,
+        &flags,
+    )
+    .await
 }
 
 pub(super) async fn put_mutual_chap(
@@ -176,7 +182,7 @@ pub(super) async fn put_mutual_chap(
     Params(flags): Params<ChangeFlags>,
     Body(c): Body<CredConfig>,
 ) -> Response {
-    put(&st, &target, ChapRole::Target, c, &flags).await
+    put(&st, ChapScope::Target(&target), ChapRole::Target, c, &flags).await
 }
 
 pub(super) async fn delete_chap(
@@ -184,7 +190,7 @@ pub(super) async fn delete_chap(
     Path(target): Path<String>,
     Params(flags): Params<ChangeFlags>,
 ) -> Response {
-    delete(&st, &target, ChapRole::Initiator, &flags).await
+    delete(&st, ChapScope::Target(&target), ChapRole::Initiator, &flags).await
 }
 
 pub(super) async fn delete_mutual_chap(
@@ -192,5 +198,51 @@ pub(super) async fn delete_mutual_chap(
     Path(target): Path<String>,
     Params(flags): Params<ChangeFlags>,
 ) -> Response {
-    delete(&st, &target, ChapRole::Target, &flags).await
+    delete(&st, ChapScope::Target(&target), ChapRole::Target, &flags).await
+}
+
+/// `chap` or `mutual_chap` in a discovery path.
+fn role_of(s: &str) -> Option<ChapRole> {
+    match s {
+        "chap" => Some(ChapRole::Initiator),
+        "mutual_chap" => Some(ChapRole::Target),
+        _ => None,
+    }
+}
+
+fn no_such_role() -> Response {
+    super::err(
+        StatusCode::NOT_FOUND,
+        "/api/discovery/chap or /api/discovery/mutual_chap",
+    )
+}
+
+pub(super) async fn get_discovery(State(st): St) -> Response {
+    match st.ctl.chap_view(ChapScope::Discovery) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(super) async fn put_discovery(
+    State(st): St,
+    Path(role): Path<String>,
+    Params(flags): Params<ChangeFlags>,
+    Body(c): Body<CredConfig>,
+) -> Response {
+    match role_of(&role) {
+        Some(r) => put(&st, ChapScope::Discovery, r, c, &flags).await,
+        None => no_such_role(),
+    }
+}
+
+pub(super) async fn delete_discovery(
+    State(st): St,
+    Path(role): Path<String>,
+    Params(flags): Params<ChangeFlags>,
+) -> Response {
+    match role_of(&role) {
+        Some(r) => delete(&st, ChapScope::Discovery, r, &flags).await,
+        None => no_such_role(),
+    }
 }

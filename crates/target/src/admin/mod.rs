@@ -15,6 +15,8 @@
 //! | PUT | `/api/targets/{iqn}/chap` | `{"user": u, "secret": s}` (or `"secret_file"`): initiators must log in with CHAP |
 //! | DELETE | `/api/targets/{iqn}/chap` | no CHAP (clears `mutual_chap` too) |
 //! | PUT/DELETE | `/api/targets/{iqn}/mutual_chap` | the target's credentials for mutual CHAP |
+//! | GET | `/api/discovery` | discovery sessions' CHAP `set`/`unset` |
+//! | PUT/DELETE | `/api/discovery/chap`, `/api/discovery/mutual_chap` | CHAP of discovery sessions (`[discovery]`) |
 //! | GET | `/api/portals` | portals |
 //! | POST | `/api/portals` | `{"addr": "ip:port", "alua_group": n?}`: add a portal |
 //! | DELETE | `/api/portals/{tpgt or ip:port}` | remove a portal: no longer listened on or listed by SendTargets; its connections finish their commands and close; not the last one |
@@ -171,6 +173,11 @@ fn router(state: Arc<AdminState>) -> Router {
         .route(
             "/api/targets/{target}/mutual_chap",
             put(acl::put_mutual_chap).delete(acl::delete_mutual_chap),
+        )
+        .route("/api/discovery", get(acl::get_discovery))
+        .route(
+            "/api/discovery/{role}",
+            put(acl::put_discovery).delete(acl::delete_discovery),
         )
         .route("/api/portals", get(portals).post(add_portal))
         .route(

@@ -11,6 +11,7 @@ use std::path::Path;
 use toml_edit::{value, Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table};
 
 use crate::config::{BackendKind, CacheConfig, Config, CredConfig, LunConfig};
+use crate::control_acl::ChapScope;
 
 /// An edit that cannot be made to the file.
 pub type EditError = String;
@@ -136,16 +137,27 @@ pub fn set_acl(
     Ok(())
 }
 
-/// Sets (or with `None` removes) target `name`'s `chap` or `mutual_chap`
-/// (`key`) credential, as an inline table with the secret or the secret
-/// file as given. Removing `chap` removes `mutual_chap` too.
+/// Sets (or with `None` removes) the `chap` or `mutual_chap` (`key`)
+/// credential of a target or of `[discovery]`, as an inline table with the
+/// secret or the secret file as given. Removing `chap` removes
+/// `mutual_chap` too.
 pub fn set_chap(
     doc: &mut DocumentMut,
-    name: &str,
+    scope: ChapScope<'_>,
     key: &str,
     cred: Option<&CredConfig>,
 ) -> Result<(), EditError> {
-    let t = target(doc, name)?;
+    let t = match scope {
+        ChapScope::Target(name) => target(doc, name)?,
+        ChapScope::Discovery => {
+            if doc.get("discovery").is_none() {
+                doc.insert("discovery", Item::Table(Table::new()));
+            }
+            doc.get_mut("discovery")
+                .and_then(Item::as_table_mut)
+                .ok_or("discovery is not a table")?
+        }
+    };
     match cred {
         None => {
             t.remove(key);
@@ -451,9 +463,21 @@ size = "2M"
         )
         .unwrap();
         let chap = CredConfig::from_spec("host1:host1-secret-1").unwrap();
-        set_chap(&mut d, "iqn.2026-11.x:a", "chap", Some(&chap)).unwrap();
+        set_chap(
+            &mut d,
+            ChapScope::Target("iqn.2026-11.x:a"),
+            "chap",
+            Some(&chap),
+        )
+        .unwrap();
         let mutual = CredConfig::from_spec("disk:target-secret-2").unwrap();
-        set_chap(&mut d, "iqn.2026-11.x:a", "mutual_chap", Some(&mutual)).unwrap();
+        set_chap(
+            &mut d,
+            ChapScope::Target("iqn.2026-11.x:a"),
+            "mutual_chap",
+            Some(&mutual),
+        )
+        .unwrap();
         let c = validate(&d).unwrap();
         let t = &c.target[0];
         assert_eq!(t.allow, vec![a]);
@@ -464,16 +488,27 @@ size = "2M"
         // Equal secrets both ways: the file as a whole is refused.
         let same = CredConfig::from_spec("disk:host1-secret-1").unwrap();
         let mut bad = d.clone();
-        set_chap(&mut bad, "iqn.2026-11.x:a", "mutual_chap", Some(&same)).unwrap();
+        set_chap(
+            &mut bad,
+            ChapScope::Target("iqn.2026-11.x:a"),
+            "mutual_chap",
+            Some(&same),
+        )
+        .unwrap();
         assert!(validate(&bad).is_err());
         // Clearing chap clears mutual_chap; empty lists leave the file.
-        set_chap(&mut d, "iqn.2026-11.x:a", "chap", None).unwrap();
+        set_chap(&mut d, ChapScope::Target("iqn.2026-11.x:a"), "chap", None).unwrap();
         set_acl(&mut d, "iqn.2026-11.x:a", &[], &[]).unwrap();
         let c = validate(&d).unwrap();
         let t = &c.target[0];
         assert!(t.chap.is_none() && t.mutual_chap.is_none());
         assert!(t.allow.is_empty() && t.allow_net.is_empty());
         assert!(!d.to_string().contains("allow"));
+        // Discovery: a [discovery] table appears.
+        set_chap(&mut d, ChapScope::Discovery, "chap", Some(&chap)).unwrap();
+        assert_eq!(validate(&d).unwrap().discovery.chap.as_ref(), Some(&chap));
+        set_chap(&mut d, ChapScope::Discovery, "chap", None).unwrap();
+        assert!(validate(&d).unwrap().discovery.chap.is_none());
     }
 
     #[test]
