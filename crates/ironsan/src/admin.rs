@@ -250,9 +250,14 @@ fn print_acl(v: &Value) {
         (Some("set"), Some(user)) => format!("set (user {user})"),
         (s, _) => s.unwrap_or("unset").to_string(),
     };
-    println!("target {}", v["target"].as_str().unwrap_or(""));
-    println!("  initiators:  {}", list("initiators"));
-    println!("  networks:    {}", list("networks"));
+    match v["target"].as_str() {
+        Some("discovery") => println!("discovery sessions"),
+        t => {
+            println!("target {}", t.unwrap_or(""));
+            println!("  initiators:  {}", list("initiators"));
+            println!("  networks:    {}", list("networks"));
+        }
+    }
     println!("  CHAP:        {}", chap("chap", "chap_user"));
     println!("  mutual CHAP: {}", chap("mutual_chap", "mutual_chap_user"));
 }

@@ -164,6 +164,9 @@ pub fn set_chap(
             if key == "chap" {
                 t.remove("mutual_chap");
             }
+            if scope == ChapScope::Discovery && t.is_empty() {
+                doc.remove("discovery");
+            }
         }
         Some(c) => {
             let mut it = InlineTable::new();
@@ -509,6 +512,10 @@ size = "2M"
         assert_eq!(validate(&d).unwrap().discovery.chap.as_ref(), Some(&chap));
         set_chap(&mut d, ChapScope::Discovery, "chap", None).unwrap();
         assert!(validate(&d).unwrap().discovery.chap.is_none());
+        assert!(
+            !d.to_string().contains("[discovery]"),
+            "an empty table goes"
+        );
     }
 
     #[test]
