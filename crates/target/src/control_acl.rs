@@ -50,17 +50,6 @@ pub enum ChapScope<'a> {
     Discovery,
 }
 
-impl<'a> ChapScope<'a> {
-    /// `discovery`, or a target name.
-    pub fn parse(s: &'a str) -> ChapScope<'a> {
-        if s == "discovery" {
-            ChapScope::Discovery
-        } else {
-            ChapScope::Target(s)
-        }
-    }
-}
-
 impl std::fmt::Display for ChapScope<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
