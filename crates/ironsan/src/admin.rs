@@ -68,17 +68,92 @@ enum AdminCmd {
     },
     /// Remove a LUN (sessions get REPORTED LUNS DATA HAS CHANGED).
     RemoveLun { target: String, lun: u16 },
-    /// Grow a LUN to SIZE (sessions get CAPACITY DATA HAS CHANGED).
+    /// Resize a LUN to SIZE (sessions get CAPACITY DATA HAS CHANGED).
+    ///
+    /// Every LUN can grow; RAM and null LUNs can shrink with --shrink.
     ResizeLun {
         target: String,
         lun: u16,
         size: String,
+        /// Allow making a RAM or null LUN smaller (the data past SIZE is
+        /// lost; file LUNs are never shrunk).
+        #[arg(long)]
+        shrink: bool,
     },
     /// Add a portal (listen address), optionally in an ALUA group.
     AddPortal {
         addr: String,
         #[arg(long)]
         alua_group: Option<u16>,
+    },
+    /// Remove a portal, named by its group tag or its address.
+    ///
+    /// It stops listening and leaves SendTargets and its ALUA group; its
+    /// connections close once their commands are done (initiators fail
+    /// over to other portals). The last portal cannot be removed.
+    RemovePortal { portal: String },
+    /// Show a target's ACL and whether CHAP is set (never a secret).
+    ///
+    /// TARGET `discovery` shows the CHAP state of discovery sessions.
+    Acl { target: String },
+    /// Allow an initiator name or a source network (CIDR) to log in.
+    ///
+    /// ENTRY is an iqn./eui./naa. name or a network such as 10.0.0.0/8.
+    /// An empty list allows any, so the first entry restricts the target
+    /// to the list. New logins are checked at once; sessions already
+    /// logged in keep running unless --drop-sessions.
+    Allow {
+        target: String,
+        entry: String,
+        /// End the sessions the new ACL no longer allows (they keep
+        /// running otherwise).
+        #[arg(long)]
+        drop_sessions: bool,
+    },
+    /// Remove an initiator name or a network from a target's ACL.
+    Disallow {
+        target: String,
+        entry: String,
+        /// Removing the last entry lets any initiator (or address) in:
+        /// say so.
+        #[arg(long)]
+        allow_any: bool,
+        /// End the sessions the new ACL no longer allows.
+        #[arg(long)]
+        drop_sessions: bool,
+    },
+    /// Require CHAP for new logins (--mutual: the target's own credentials).
+    ///
+    /// TARGET is a target name, or `discovery` for discovery sessions.
+    /// The secret (12..=255 bytes, RFC 7143 §12.1.3) comes from
+    /// --secret-file (a file on the target host, read by the server),
+    /// IRONSAN_CHAP_SECRET, or the first line of standard input; never from
+    /// an argument. Sessions already logged in keep running unless
+    /// --drop-sessions.
+    SetChap {
+        target: String,
+        user: String,
+        /// The target's own credentials, for mutual CHAP.
+        #[arg(long)]
+        mutual: bool,
+        /// A file on the target host whose first line is the secret.
+        #[arg(long)]
+        secret_file: Option<String>,
+        /// End the target's sessions: they log in again with the new
+        /// credentials.
+        #[arg(long)]
+        drop_sessions: bool,
+    },
+    /// Stop requiring CHAP (clears mutual CHAP too; --mutual: only that).
+    ///
+    /// TARGET is a target name, or `discovery` for discovery sessions.
+    ClearChap {
+        target: String,
+        #[arg(long)]
+        mutual: bool,
+        /// End the target's sessions.
+        #[arg(long)]
+        drop_sessions: bool,
     },
     /// Set an ALUA target port group's state: active-optimized,
     /// active-non-optimized, standby or unavailable.
@@ -110,6 +185,95 @@ fn persisted_note(v: &Value) {
     }
 }
 
+/// Whether an ACL entry is an initiator name (else a network).
+fn is_name(e: &str) -> bool {
+    e.starts_with("iqn.") || e.starts_with("eui.") || e.starts_with("naa.")
+}
+
+/// The API path of a target's CHAP credentials, or of discovery's when
+/// TARGET is the word `discovery`.
+fn chap_path(target: &str, mutual: bool) -> String {
+    if target == "discovery" {
+        format!("/api/discovery/{}", chap_key(mutual))
+    } else {
+        format!("/api/targets/{}/{}", seg(target), chap_key(mutual))
+    }
+}
+
+fn chap_key(mutual: bool) -> &'static str {
+    if mutual {
+        "mutual_chap"
+    } else {
+        "chap"
+    }
+}
+
+/// The CHAP secret from IRONSAN_CHAP_SECRET or the first line of standard
+/// input (so it never shows in the process list or shell history).
+fn read_secret() -> Result<String> {
+    if let Ok(s) = std::env::var("IRONSAN_CHAP_SECRET") {
+        return Ok(s);
+    }
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        eprint!("CHAP secret (12..=255 bytes; the input is shown): ");
+    }
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the CHAP secret from standard input")?;
+    let s = line.trim_end_matches(['\r', '\n']).to_string();
+    if s.is_empty() {
+        anyhow::bail!(
+            "no CHAP secret: give --secret-file, IRONSAN_CHAP_SECRET or a line on standard input"
+        );
+    }
+    Ok(s)
+}
+
+/// Prints an ACL as `admin acl` shows it.
+fn print_acl(v: &Value) {
+    let list = |k: &str| {
+        let l: Vec<&str> = v[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if l.is_empty() {
+            "any".to_string()
+        } else {
+            l.join(", ")
+        }
+    };
+    let chap = |k: &str, u: &str| match (v[k].as_str(), v[u].as_str()) {
+        (Some("set"), Some(user)) => format!("set (user {user})"),
+        (s, _) => s.unwrap_or("unset").to_string(),
+    };
+    match v["target"].as_str() {
+        Some("discovery") => println!("discovery sessions"),
+        t => {
+            println!("target {}", t.unwrap_or(""));
+            println!("  initiators:  {}", list("initiators"));
+            println!("  networks:    {}", list("networks"));
+        }
+    }
+    println!("  CHAP:        {}", chap("chap", "chap_user"));
+    println!("  mutual CHAP: {}", chap("mutual_chap", "mutual_chap_user"));
+}
+
+/// After an ACL or CHAP change: the new state and what became of sessions.
+fn changed(v: &Value) {
+    print_acl(&v["acl"]);
+    match v["dropped_sessions"].as_u64() {
+        Some(0) | None => {
+            println!("(applies to new logins; sessions already logged in keep running)")
+        }
+        Some(n) => println!("(applies to new logins; {n} session(s) dropped)"),
+    }
+    persisted_note(v);
+}
+
 /// URL path segment escaping for target names.
 fn seg(s: &str) -> String {
     s.bytes()
@@ -127,12 +291,25 @@ pub fn run(a: AdminArgs) -> Result<()> {
     let ep = a.ep.endpoint()?;
     match a.cmd {
         AdminCmd::List => {
-            let t = ep.get_json("/api/targets")?;
+            let mut t = ep.get_json("/api/targets")?;
+            for t in t.as_array_mut().into_iter().flatten() {
+                let name = t["name"].as_str().unwrap_or("").to_string();
+                t["acl"] = ep.get_json(&format!("/api/targets/{}/acl", seg(&name)))?;
+            }
             let p = ep.get_json("/api/portals")?;
             let v = json!({ "targets": t, "portals": p });
             show(a.json, &v, |v| {
                 for t in v["targets"].as_array().into_iter().flatten() {
                     println!("target {}", t["name"].as_str().unwrap_or(""));
+                    let acl = &t["acl"];
+                    let n = |k: &str| acl[k].as_array().map_or(0, Vec::len);
+                    println!(
+                        "  access: {} initiator name(s), {} network(s) allowed (0: any); CHAP {}, mutual CHAP {}",
+                        n("initiators"),
+                        n("networks"),
+                        acl["chap"].as_str().unwrap_or("?"),
+                        acl["mutual_chap"].as_str().unwrap_or("?")
+                    );
                     for l in t["luns"].as_array().into_iter().flatten() {
                         println!(
                             "  LUN {:<3} {}  {:>12} bytes  {:>4}-byte blocks  {}{}",
@@ -262,12 +439,17 @@ pub fn run(a: AdminArgs) -> Result<()> {
                 persisted_note(v);
             });
         }
-        AdminCmd::ResizeLun { target, lun, size } => {
+        AdminCmd::ResizeLun {
+            target,
+            lun,
+            size,
+            shrink,
+        } => {
             let v = send(
                 &ep,
                 "POST",
                 &format!("/api/targets/{}/luns/{lun}/resize", seg(&target)),
-                Some(json!({ "size": size })),
+                Some(json!({ "size": size, "shrink": shrink })),
             )?;
             show(a.json, &v, |v| {
                 println!("LUN {lun} now has {} bytes", v["lun"]["size_bytes"]);
@@ -288,6 +470,119 @@ pub fn run(a: AdminArgs) -> Result<()> {
                     v["portal"]["tpgt"]
                 );
                 persisted_note(v);
+            });
+        }
+        AdminCmd::RemovePortal { portal } => {
+            let v = send(
+                &ep,
+                "DELETE",
+                &format!("/api/portals/{}", seg(&portal)),
+                None,
+            )?;
+            show(a.json, &v, |v| {
+                println!(
+                    "removed portal {} (TPGT {})",
+                    v["removed"]["addr"].as_str().unwrap_or(""),
+                    v["removed"]["tpgt"]
+                );
+                persisted_note(v);
+            });
+        }
+        AdminCmd::Acl { target } => {
+            let v = if target == "discovery" {
+                ep.get_json("/api/discovery")?
+            } else {
+                ep.get_json(&format!("/api/targets/{}/acl", seg(&target)))?
+            };
+            show(a.json, &v, print_acl);
+        }
+        AdminCmd::Allow {
+            target,
+            entry,
+            drop_sessions,
+        } => {
+            let key = if is_name(&entry) {
+                "initiator"
+            } else {
+                "network"
+            };
+            let v = send(
+                &ep,
+                "POST",
+                &format!(
+                    "/api/targets/{}/acl?drop_sessions={drop_sessions}",
+                    seg(&target)
+                ),
+                Some(json!({ key: entry })),
+            )?;
+            show(a.json, &v, |v| {
+                println!("allowed {entry}");
+                changed(v);
+            });
+        }
+        AdminCmd::Disallow {
+            target,
+            entry,
+            allow_any,
+            drop_sessions,
+        } => {
+            let v = send(
+                &ep,
+                "DELETE",
+                &format!(
+                    "/api/targets/{}/acl/{}?allow_any={allow_any}&drop_sessions={drop_sessions}",
+                    seg(&target),
+                    seg(&entry)
+                ),
+                None,
+            )?;
+            show(a.json, &v, |v| {
+                println!("removed {entry}");
+                changed(v);
+            });
+        }
+        AdminCmd::SetChap {
+            target,
+            user,
+            mutual,
+            secret_file,
+            drop_sessions,
+        } => {
+            let body = match secret_file {
+                Some(f) => json!({ "user": user, "secret_file": f }),
+                None => json!({ "user": user, "secret": read_secret()? }),
+            };
+            let v = send(
+                &ep,
+                "PUT",
+                &format!(
+                    "{}?drop_sessions={drop_sessions}",
+                    chap_path(&target, mutual)
+                ),
+                Some(body),
+            )?;
+            show(a.json, &v, |v| {
+                println!("{} set for {target} (user {user})", chap_key(mutual));
+                changed(v);
+            });
+        }
+        AdminCmd::ClearChap {
+            target,
+            mutual,
+            drop_sessions,
+        } => {
+            let v = send(
+                &ep,
+                "DELETE",
+                &format!(
+                    "{}?drop_sessions={drop_sessions}",
+                    chap_path(&target, mutual)
+                ),
+                None,
+            )?;
+            show(a.json, &v, |v| {
+                println!("{} cleared for {target}", chap_key(mutual));
+                changed(v);
             });
         }
         AdminCmd::SetAlua { group, state } => {

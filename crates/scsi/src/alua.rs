@@ -39,7 +39,9 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use parking_lot::Mutex;
+use std::sync::OnceLock;
+
+use parking_lot::{Mutex, RwLock};
 
 use crate::cdb::{be32, op, SA_REPORT_TARGET_PORT_GROUPS, SA_SET_TARGET_PORT_GROUPS};
 use crate::lu::{data_in, Command, LogicalUnit, Outcome};
@@ -166,7 +168,10 @@ pub enum AluaError {
 #[derive(Debug)]
 struct Group {
     id: u16,
-    ports: Box<[u16]>,
+    /// Member relative target ports; changes when the target driver adds
+    /// or removes a port at run time (read only by REPORT TARGET PORT
+    /// GROUPS and [`PortGroups::group_of`], never on the I/O path).
+    ports: RwLock<Vec<u16>>,
     preferred: bool,
     state: AtomicU8,
     status: AtomicU8,
@@ -188,8 +193,12 @@ impl Group {
 #[derive(Debug, Default)]
 pub struct PortGroups {
     explicit: bool,
-    groups: Box<[Group]>,
-    /// Serialises SET TARGET PORT GROUPS so a list applies atomically.
+    /// The groups, in configuration order, then those added at run time
+    /// ([`PortGroups::add_group`]): [`MAX_GROUPS`] slots, filled from the
+    /// front and never emptied, so readers need no lock.
+    groups: Box<[OnceLock<Group>]>,
+    /// Serialises SET TARGET PORT GROUPS so a list applies atomically
+    /// (and membership changes).
     change: Mutex<()>,
 }
 
@@ -222,21 +231,58 @@ impl PortGroups {
                 }
             }
         }
-        let groups = specs
-            .into_iter()
-            .map(|g| Group {
+        let groups: Box<[OnceLock<Group>]> = (0..MAX_GROUPS).map(|_| OnceLock::new()).collect();
+        for (slot, g) in groups.iter().zip(specs) {
+            let _ = slot.set(Group {
                 id: g.id,
-                ports: g.ports.into_boxed_slice(),
+                ports: RwLock::new(g.ports),
                 preferred: g.preferred,
                 state: AtomicU8::new(g.state.code()),
                 status: AtomicU8::new(0),
-            })
-            .collect();
+            });
+        }
         Ok(PortGroups {
             explicit,
             groups,
             change: Mutex::new(()),
         })
+    }
+
+    /// Every group, in order.
+    #[inline]
+    fn iter(&self) -> impl Iterator<Item = &Group> {
+        self.groups.iter().map_while(OnceLock::get)
+    }
+
+    /// Adds group `id` with the one port `port` in `state` (a portal added
+    /// at run time in a group of its own); false when the id or the port
+    /// is in use, or every slot is.
+    pub fn add_group(&self, id: u16, port: u16, state: AccessState) -> bool {
+        let _guard = self.change.lock();
+        if id == 0 || port == 0 || self.iter().any(|g| g.id == id) || self.group_of(port).is_some()
+        {
+            return false;
+        }
+        let Some(slot) = self.groups.iter().find(|s| s.get().is_none()) else {
+            return false;
+        };
+        slot.set(Group {
+            id,
+            ports: RwLock::new(vec![port]),
+            preferred: false,
+            state: AtomicU8::new(state.code()),
+            status: AtomicU8::new(0),
+        })
+        .is_ok()
+    }
+
+    /// The member ports of group `id` (empty when it has none left, or
+    /// there is no such group).
+    pub fn ports_of(&self, id: u16) -> Vec<u16> {
+        self.iter()
+            .find(|g| g.id == id)
+            .map(|g| g.ports.read().clone())
+            .unwrap_or_default()
     }
 
     /// Whether SET TARGET PORT GROUPS is supported (TPGS = 11b).
@@ -258,7 +304,7 @@ impl PortGroups {
     /// configured is active/optimized. Lock-free.
     #[inline]
     pub fn state(&self, tpg: u16) -> AccessState {
-        for g in self.groups.iter() {
+        for g in self.iter() {
             if g.id == tpg {
                 return g.state();
             }
@@ -268,15 +314,46 @@ impl PortGroups {
 
     /// The group relative target port `port` belongs to.
     pub fn group_of(&self, port: u16) -> Option<u16> {
-        self.groups
-            .iter()
-            .find(|g| g.ports.contains(&port))
+        self.iter()
+            .find(|g| g.ports.read().contains(&port))
             .map(|g| g.id)
+    }
+
+    /// Adds relative target port `port` to group `id` (a port added at run
+    /// time); false when there is no such group, the group is full or the
+    /// port is in a group already.
+    pub fn add_port(&self, id: u16, port: u16) -> bool {
+        let _guard = self.change.lock();
+        if port == 0 || self.group_of(port).is_some() {
+            return false;
+        }
+        let Some(g) = self.iter().find(|g| g.id == id) else {
+            return false;
+        };
+        let mut ports = g.ports.write();
+        if ports.len() >= MAX_PORTS_PER_GROUP {
+            return false;
+        }
+        ports.push(port);
+        true
+    }
+
+    /// Removes relative target port `port` from its group (the port was
+    /// removed at run time); returns the group it left. A group left
+    /// without ports keeps its state but is no longer reported.
+    pub fn remove_port(&self, port: u16) -> Option<u16> {
+        let _guard = self.change.lock();
+        self.iter().find_map(|g| {
+            let mut ports = g.ports.write();
+            let i = ports.iter().position(|&p| p == port)?;
+            ports.remove(i);
+            Some(g.id)
+        })
     }
 
     /// Every group id with its current state, in configuration order.
     pub fn states(&self) -> Vec<(u16, AccessState)> {
-        self.groups.iter().map(|g| (g.id, g.state())).collect()
+        self.iter().map(|g| (g.id, g.state())).collect()
     }
 
     /// Moves group `id` to `state` by management action (the admin API,
@@ -284,7 +361,7 @@ impl PortGroups {
     /// `None` when no such group exists, else whether the state changed;
     /// the caller establishes 2A/06 on the units that use these groups.
     pub fn set_state(&self, id: u16, state: AccessState) -> Option<bool> {
-        let g = self.groups.iter().find(|g| g.id == id)?;
+        let g = self.iter().find(|g| g.id == id)?;
         let _guard = self.change.lock();
         let changed = g.state.swap(state.code(), Ordering::Relaxed) != state.code();
         g.status.store(STATUS_ALTERED_IMPLICITLY, Ordering::Relaxed);
@@ -296,7 +373,9 @@ impl PortGroups {
         let _guard = self.change.lock();
         let mut changed = false;
         for &(i, st) in changes {
-            let g = &self.groups[i];
+            let Some(g) = self.groups[i].get() else {
+                continue;
+            };
             changed |= g.state.swap(st.code(), Ordering::Relaxed) != st.code();
             g.status.store(STATUS_ALTERED_BY_STPG, Ordering::Relaxed);
         }
@@ -402,7 +481,7 @@ pub(crate) fn report(pg: &PortGroups, cmd: &Command<'_>, cdb: &[u8]) -> Outcome 
         }
         d[at + 7] = n; // TARGET PORT COUNT (at most MAX_PORTS_PER_GROUP)
     };
-    if pg.groups.is_empty() {
+    if pg.iter().next().is_none() {
         descriptor(
             AccessState::ActiveOptimized,
             false,
@@ -411,13 +490,18 @@ pub(crate) fn report(pg: &PortGroups, cmd: &Command<'_>, cdb: &[u8]) -> Outcome 
             &mut std::iter::once(cmd.relative_port),
         );
     } else {
-        for g in pg.groups.iter() {
+        for g in pg.iter() {
+            let ports = g.ports.read();
+            if ports.is_empty() {
+                // Every port of the group was removed at run time.
+                continue;
+            }
             descriptor(
                 g.state(),
                 g.preferred,
                 g.id,
                 g.status.load(Ordering::Relaxed),
-                &mut g.ports.iter().copied(),
+                &mut ports.iter().copied(),
             );
         }
     }
@@ -461,7 +545,7 @@ pub(crate) fn set(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
             return Outcome::check(Sense::invalid_param(at, Some(3)));
         };
         let id = u16::from_be_bytes([d[2], d[3]]);
-        let Some(i) = pg.groups.iter().position(|g| g.id == id) else {
+        let Some(i) = pg.iter().position(|g| g.id == id) else {
             return Outcome::check(Sense::invalid_param(at + 2, None));
         };
         if changes.iter().any(|&(j, _)| j == i) {
@@ -558,6 +642,19 @@ mod tests {
         assert_eq!(pg.group_of(3), Some(10));
         assert_eq!(pg.group_of(2), Some(20));
         assert_eq!(pg.group_of(4), None);
+        // Ports added and removed at run time.
+        assert!(pg.add_port(20, 4));
+        assert!(!pg.add_port(20, 4), "already a member");
+        assert!(!pg.add_port(30, 5), "no such group");
+        assert_eq!(pg.group_of(4), Some(20));
+        assert!(pg.add_group(30, 5, AccessState::Standby));
+        assert!(!pg.add_group(30, 6, AccessState::Standby), "id in use");
+        assert!(!pg.add_group(31, 5, AccessState::Standby), "port in use");
+        assert_eq!(pg.state(30), AccessState::Standby);
+        assert_eq!(pg.ports_of(30), vec![5]);
+        assert_eq!(pg.remove_port(2), Some(20));
+        assert_eq!(pg.remove_port(2), None);
+        assert_eq!(pg.group_of(2), None);
         assert_eq!(pg.state(20), AccessState::Standby);
         assert_eq!(pg.state(99), AccessState::ActiveOptimized);
         assert_eq!(pg.tpgs(), 0b11);

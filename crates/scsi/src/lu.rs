@@ -460,6 +460,8 @@ impl LogicalUnit {
 
     /// Changes the capacity to `bytes` (a multiple of the block size) and
     /// tells every I_T nexus with CAPACITY DATA HAS CHANGED (2A/09).
+    /// Whether shrinking is acceptable is the caller's decision (it cuts
+    /// off data).
     pub fn resize(&self, bytes: u64) -> Result<(), String> {
         let bs = u64::from(self.cfg.block_size);
         if bytes == 0 || !bytes.is_multiple_of(bs) {
@@ -467,10 +469,28 @@ impl LogicalUnit {
                 "{bytes} bytes is not a positive multiple of the block size {bs}"
             ));
         }
-        self.backend.resize(bytes).map_err(|e| e.to_string())?;
-        self.num_blocks.store(bytes / bs, Ordering::Relaxed);
+        let blocks = bytes / bs;
+        if blocks >= self.num_blocks() {
+            // Growing: the backend has the room before commands may use it.
+            self.backend.resize(bytes).map_err(|e| e.to_string())?;
+            self.num_blocks.store(blocks, Ordering::Relaxed);
+        } else {
+            // Shrinking: new commands past the end are refused (LBA OUT OF
+            // RANGE) before the backend lets the space go; one already
+            // running there fails with an error, never with stale data.
+            let before = self.num_blocks.swap(blocks, Ordering::Relaxed);
+            if let Err(e) = self.backend.resize(bytes) {
+                self.num_blocks.store(before, Ordering::Relaxed);
+                return Err(e.to_string());
+            }
+        }
         self.ua.broadcast(Asc::CAPACITY_DATA_CHANGED, None);
         Ok(())
+    }
+
+    /// The backend's kind (`mem`, `null`, `file`).
+    pub fn backend_kind(&self) -> &'static str {
+        self.backend.kind()
     }
 
     /// Establishes the unit attention `code` for every I_T nexus that

@@ -112,10 +112,10 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// Makes every completed write stable.
     fn flush(&self) -> io::Result<()>;
 
-    /// The cache policy in force.
     /// Changes the size to `new_size` bytes (the admin API's resize).
-    /// Data below both sizes is kept. Backends that cannot change size
-    /// return `Unsupported` (the default).
+    /// Data below both sizes is kept; after growing, the new space reads
+    /// as zeros. Calls racing a resize see the old or the new size. Backends
+    /// that cannot change size return `Unsupported` (the default).
     fn resize(&self, new_size: u64) -> io::Result<()> {
         let _ = new_size;
         Err(io::Error::new(
@@ -123,6 +123,8 @@ pub trait BlockBackend: Send + Sync + 'static {
             "this backend cannot be resized",
         ))
     }
+
+    /// The cache policy in force.
     fn write_cache(&self) -> WriteCache;
 
     /// Switches the cache policy (MODE SELECT of the WCE bit). Backends

@@ -17,17 +17,33 @@
 //! Thin provisioning: [`BlockBackend::discard`] frees every whole chunk it
 //! covers and zero-fills the partial ones; [`BlockBackend::allocation`]
 //! reports chunks held as allocated and the others as deallocated.
+//!
+//! Resizing ([`BlockBackend::resize`], the admin API) needs no lock on the
+//! I/O path: the chunk table is a list of segments of doubling length
+//! (1, 2, 4, … chunks), each allocated on the first write into it and never
+//! moved, so growing only publishes the new size (a never-written segment
+//! reads as zeros and costs nothing). Shrinking publishes the smaller size
+//! first, then frees the chunks past it; growing again reads zeros there
+//! (chunks past the old end are cleared before the new size is published,
+//! which also covers a write that raced a shrink). A store is at most
+//! [`MemBackend::MAX_SIZE`] bytes.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use bufpool::Chain;
 use bytes::{Bytes, BytesMut};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
 
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
+/// Segments in the chunk table: segment k holds 2^k chunks, so 25 of them
+/// address 2^25 - 1 chunks, more than [`MemBackend::MAX_SIZE`] needs.
+const SEGMENTS: usize = 25;
+const _: () = assert!((1u64 << SEGMENTS) > MemBackend::MAX_SIZE >> CHUNK_SHIFT);
 
 /// Reads of at least this many bytes share the chunks instead of copying.
 pub const SHARE_MIN: usize = 64 * 1024;
@@ -41,31 +57,85 @@ type Chunk = RwLock<Option<Bytes>>;
 
 /// A volatile in-memory store.
 pub struct MemBackend {
-    size: u64,
-    chunks: Box<[Chunk]>,
+    size: AtomicU64,
+    /// Segment k: chunks 2^k - 1 ..= 2^(k+1) - 2.
+    segments: [OnceLock<Box<[Chunk]>>; SEGMENTS],
+    /// Serialises resizes.
+    resizing: Mutex<()>,
+}
+
+/// The segment and the index in it of chunk `i`.
+#[inline]
+fn locate(i: usize) -> (usize, usize) {
+    let j = i + 1;
+    let k = (usize::BITS - 1 - j.leading_zeros()) as usize;
+    (k, j - (1 << k))
 }
 
 impl std::fmt::Debug for MemBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemBackend")
-            .field("size", &self.size)
+            .field("size", &self.len())
             .finish()
     }
 }
 
 impl MemBackend {
-    /// A zero-filled store of `size` bytes; memory is taken as it is written.
+    /// The largest store, 16 TiB: its chunk table alone may take a few
+    /// hundred MiB once written all over.
+    pub const MAX_SIZE: u64 = 1 << 44;
+
+    /// A zero-filled store of `size` bytes (at most [`Self::MAX_SIZE`]:
+    /// larger sizes are cut to it); memory is taken as it is written.
     pub fn new(size: u64) -> Self {
-        let n = size.div_ceil(CHUNK) as usize;
         MemBackend {
-            size,
-            chunks: (0..n).map(|_| RwLock::new(None)).collect(),
+            size: AtomicU64::new(size.min(Self::MAX_SIZE)),
+            segments: std::array::from_fn(|_| OnceLock::new()),
+            resizing: Mutex::new(()),
         }
+    }
+
+    /// Chunk `i`, if its segment was ever written to (else it reads as
+    /// zeros).
+    #[inline]
+    fn chunk(&self, i: usize) -> Option<&Chunk> {
+        let (k, at) = locate(i);
+        self.segments[k].get().map(|s| &s[at])
+    }
+
+    /// Chunk `i`, allocating its segment (once) for a write.
+    #[inline]
+    fn chunk_for_write(&self, i: usize) -> &Chunk {
+        let (k, at) = locate(i);
+        &self.segments[k].get_or_init(|| (0..1usize << k).map(|_| RwLock::new(None)).collect())[at]
+    }
+
+    /// Every chunk from index `first` on whose segment exists, with its
+    /// index, whatever the current size.
+    fn chunks_from(&self, first: usize) -> impl Iterator<Item = (usize, &Chunk)> {
+        self.segments
+            .iter()
+            .enumerate()
+            .filter_map(|(k, s)| s.get().map(|s| (k, s)))
+            .flat_map(|(k, s)| {
+                s.iter()
+                    .enumerate()
+                    .map(move |(j, c)| ((1 << k) - 1 + j, c))
+            })
+            .filter(move |(i, _)| *i >= first)
     }
 
     /// Bytes of memory currently held for data.
     pub fn resident_bytes(&self) -> u64 {
-        self.chunks.iter().filter(|c| c.read().is_some()).count() as u64 * CHUNK
+        self.chunks_from(0)
+            .filter(|(_, c)| c.read().is_some())
+            .count() as u64
+            * CHUNK
+    }
+
+    #[inline]
+    fn len(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
     }
 
     /// Calls `f(chunk_index, offset_in_chunk, range_in_buf)` for each chunk
@@ -85,20 +155,6 @@ impl MemBackend {
             done += n;
         }
     }
-
-    /// Runs `f` on chunk `idx`'s bytes for writing: allocated (zeroed) when
-    /// never written, copied first when a read still shares it.
-    fn modify(&self, idx: usize, f: impl FnOnce(&mut [u8])) {
-        let mut g = self.chunks[idx].write();
-        let mut m = match g.take() {
-            None => BytesMut::zeroed(CHUNK as usize),
-            Some(b) => b
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..])),
-        };
-        f(&mut m);
-        *g = Some(m.freeze());
-    }
 }
 
 impl BlockBackend for MemBackend {
@@ -106,14 +162,50 @@ impl BlockBackend for MemBackend {
         "mem"
     }
     fn size(&self) -> u64 {
-        self.size
+        self.len()
+    }
+    /// Grows or shrinks the store. Growing keeps every byte; shrinking
+    /// frees the memory past the new end (the data there is gone).
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        if new_size > Self::MAX_SIZE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a RAM LUN holds at most {} bytes", Self::MAX_SIZE),
+            ));
+        }
+        let _g = self.resizing.lock();
+        let old = self.len();
+        if new_size >= old {
+            // What lies past the old end must read as zeros: the tail of a
+            // partial last chunk, and any chunk a shrink left or a write
+            // racing it re-created.
+            if !old.is_multiple_of(CHUNK) {
+                let idx = (old >> CHUNK_SHIFT) as usize;
+                if self.chunk(idx).is_some_and(|c| c.read().is_some()) {
+                    self.modify(idx, |data| data[(old & (CHUNK - 1)) as usize..].fill(0));
+                }
+            }
+            for (_, c) in self.chunks_from(old.div_ceil(CHUNK) as usize) {
+                *c.write() = None;
+            }
+            self.size.store(new_size, Ordering::Release);
+        } else {
+            self.size.store(new_size, Ordering::Release);
+            for (_, c) in self.chunks_from(new_size.div_ceil(CHUNK) as usize) {
+                *c.write() = None;
+            }
+        }
+        Ok(())
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())?;
+        check_range(self.len(), offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
-            match &*self.chunks[idx].read() {
-                Some(c) => buf[r].copy_from_slice(&c[within..within + n]),
+            match self.chunk(idx) {
+                Some(c) => match &*c.read() {
+                    Some(c) => buf[r].copy_from_slice(&c[within..within + n]),
+                    None => buf[r].fill(0),
+                },
                 None => buf[r].fill(0),
             }
         });
@@ -123,33 +215,36 @@ impl BlockBackend for MemBackend {
         if len < SHARE_MIN {
             return self.read_bytes(offset, len).map(Chain::from);
         }
-        check_range(self.size, offset, len)?;
+        check_range(self.len(), offset, len)?;
         let mut out = Chain::new();
         Self::for_each_chunk(offset, len, |idx, within, r| {
             let n = r.len();
-            out.push(match &*self.chunks[idx].read() {
-                Some(c) => c.slice(within..within + n),
-                None => Bytes::from_static(&ZEROS[..n]),
-            });
+            let held = self
+                .chunk(idx)
+                .and_then(|c| c.read().as_ref().map(|c| c.slice(within..within + n)));
+            out.push(held.unwrap_or_else(|| Bytes::from_static(&ZEROS[..n])));
         });
         Ok(out)
     }
     fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        check_range(self.size, offset, len)?;
+        check_range(self.len(), offset, len)?;
         // Filled by copying straight from the chunks into a pooled buffer:
         // no zeroing first, no allocation in steady state.
         let mut v = bufpool::take(len);
         Self::for_each_chunk(offset, len, |idx, within, r| {
             let n = r.len();
-            match &*self.chunks[idx].read() {
-                Some(c) => v.extend_from_slice(&c[within..within + n]),
+            match self.chunk(idx) {
+                Some(c) => match &*c.read() {
+                    Some(c) => v.extend_from_slice(&c[within..within + n]),
+                    None => v.resize(v.len() + n, 0),
+                },
                 None => v.resize(v.len() + n, 0),
             }
         });
         Ok(v.freeze())
     }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
-        check_range(self.size, offset, buf.len())?;
+        check_range(self.len(), offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
             self.modify(idx, |c| c[within..within + n].copy_from_slice(&buf[r]));
@@ -172,18 +267,21 @@ impl BlockBackend for MemBackend {
         false
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(self.len(), offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
             self.modify(idx, |c| c[within..within + n].fill(0));
         });
         Ok(())
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range_u64(self.size, offset, len)?;
+        let size = self.len();
+        check_range_u64(size, offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
-            let mut g = self.chunks[idx].write();
+            // A segment never written to holds nothing to free.
+            let Some(c) = self.chunk(idx) else { return };
+            let mut g = c.write();
             // The last chunk may be short: whole means up to the end.
-            let chunk_len = (self.size - ((idx as u64) << CHUNK_SHIFT)).min(CHUNK) as usize;
+            let chunk_len = (size - ((idx as u64) << CHUNK_SHIFT)).min(CHUNK) as usize;
             if within == 0 && n == chunk_len {
                 *g = None;
             } else if g.is_some() {
@@ -200,11 +298,11 @@ impl BlockBackend for MemBackend {
         CHUNK
     }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
-        check_range_u64(self.size, offset, len)?;
+        check_range_u64(self.len(), offset, len)?;
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
         }
-        let state = |idx: usize| self.chunks[idx].read().is_some();
+        let state = |idx: usize| self.chunk(idx).is_some_and(|c| c.read().is_some());
         let first = (offset >> CHUNK_SHIFT) as usize;
         let allocated = state(first);
         let mut end = ((first as u64) + 1) << CHUNK_SHIFT;
@@ -222,6 +320,20 @@ impl BlockBackend for MemBackend {
 }
 
 impl MemBackend {
+    /// Runs `f` on chunk `idx`'s bytes for writing: allocated (zeroed) when
+    /// never written, copied first when a read still shares it.
+    fn modify(&self, idx: usize, f: impl FnOnce(&mut [u8])) {
+        let mut g = self.chunk_for_write(idx).write();
+        let mut m = match g.take() {
+            None => BytesMut::zeroed(CHUNK as usize),
+            Some(b) => b
+                .try_into_mut()
+                .unwrap_or_else(|shared| BytesMut::from(&shared[..])),
+        };
+        f(&mut m);
+        *g = Some(m.freeze());
+    }
+
     /// [`Self::for_each_chunk`] for a `u64` length, without a buffer:
     /// calls `f(chunk_index, offset_in_chunk, bytes)`.
     fn for_each_range(&self, offset: u64, len: u64, mut f: impl FnMut(usize, usize, usize)) {
@@ -293,7 +405,7 @@ mod tests {
         assert!(v[..4096].iter().all(|&b| b == 1));
         assert!(v[4096..].iter().all(|&b| b == 0));
         let first = held.segments().next().unwrap().clone();
-        let chunk_ptr = m.chunks[0].read().as_ref().unwrap().as_ptr();
+        let chunk_ptr = m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr();
         assert_eq!(first.as_ptr(), chunk_ptr.wrapping_add(at as usize));
         // A write while the read is held copies the chunk: the held data
         // stays as it was, later reads see the write.
@@ -302,13 +414,16 @@ mod tests {
         let mut now = vec![0u8; 4096];
         m.read_at(&mut now, at).unwrap();
         assert!(now.iter().all(|&b| b == 9));
-        assert_ne!(m.chunks[0].read().as_ref().unwrap().as_ptr(), chunk_ptr);
+        assert_ne!(
+            m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(),
+            chunk_ptr
+        );
         // Small reads are copied: writes after them keep the chunk in place.
         drop((held, first));
         let small = m.read_chain(at, 4096).unwrap();
-        let ptr = m.chunks[0].read().as_ref().unwrap().as_ptr();
+        let ptr = m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr();
         m.write_at(&[3u8; 512], 0, false).unwrap();
-        assert_eq!(m.chunks[0].read().as_ref().unwrap().as_ptr(), ptr);
+        assert_eq!(m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(), ptr);
         assert!(small.to_vec().iter().all(|&b| b == 9));
         assert!(m.read_chain(3 * CHUNK - 100, SHARE_MIN).is_err());
     }
@@ -329,6 +444,64 @@ mod tests {
         let mut b = vec![1u8; 4096];
         m.read_at(&mut b, CHUNK).unwrap();
         assert!(b.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn chunk_table_segments() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(1), (1, 0));
+        assert_eq!(locate(2), (1, 1));
+        assert_eq!(locate(3), (2, 0));
+        assert_eq!(locate(6), (2, 3));
+        assert_eq!(locate(7), (3, 0));
+        let m = MemBackend::new(0);
+        assert_eq!(m.size(), 0);
+        m.resize(5 * CHUNK).unwrap();
+        m.write_at(&[1u8; 512], 5 * CHUNK - 512, false).unwrap();
+        // Segments are made on the first write into them: a 16 TiB store
+        // costs nothing until written, and a write at its end takes only
+        // the last segment.
+        m.resize(MemBackend::MAX_SIZE).unwrap();
+        assert!(m.resize(MemBackend::MAX_SIZE + CHUNK).is_err());
+        let mut b = [1u8; 512];
+        m.read_at(&mut b, MemBackend::MAX_SIZE - 512).unwrap();
+        assert_eq!(b, [0u8; 512]);
+        assert_eq!(m.segments.iter().filter(|s| s.get().is_some()).count(), 1);
+        m.discard(MemBackend::MAX_SIZE - CHUNK, CHUNK).unwrap();
+        let e = m
+            .allocation(MemBackend::MAX_SIZE - 2 * CHUNK, 2 * CHUNK)
+            .unwrap();
+        assert!(!e.allocated);
+        assert_eq!(m.segments.iter().filter(|s| s.get().is_some()).count(), 1);
+    }
+
+    #[test]
+    fn grows_keeping_data_and_shrinks_freeing_memory() {
+        let m = MemBackend::new(CHUNK + 4096);
+        m.write_at(&vec![7u8; (CHUNK + 4096) as usize], 0, false)
+            .unwrap();
+        assert!(m.write_at(&[1u8; 512], CHUNK + 4096, false).is_err());
+        m.resize(10 * CHUNK).unwrap();
+        assert_eq!(m.size(), 10 * CHUNK);
+        let mut b = vec![0u8; (CHUNK + 4096) as usize];
+        m.read_at(&mut b, 0).unwrap();
+        assert!(b.iter().all(|&x| x == 7), "data kept");
+        let mut z = vec![1u8; 8192];
+        m.read_at(&mut z, CHUNK + 4096).unwrap();
+        assert!(z.iter().all(|&x| x == 0), "new space reads zeros");
+        m.write_at(&vec![9u8; CHUNK as usize], 8 * CHUNK, false)
+            .unwrap();
+        assert_eq!(m.resident_bytes(), 3 * CHUNK);
+        // Shrink to the middle of chunk 0: chunks 1 and 8 are freed.
+        m.resize(4096).unwrap();
+        assert_eq!(m.resident_bytes(), CHUNK);
+        assert!(m.read_at(&mut z, 4096).is_err());
+        // Grow again: what was cut off reads as zeros, what stayed is kept.
+        m.resize(9 * CHUNK).unwrap();
+        let mut b = vec![1u8; (9 * CHUNK) as usize];
+        m.read_at(&mut b, 0).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 7));
+        assert!(b[4096..].iter().all(|&x| x == 0));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iscsi_proto::chap::{self, ChapPolicy, Credential};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde::Deserialize;
 
 use crate::config::ConfigError;
@@ -180,14 +180,17 @@ impl Cidr {
     }
 }
 
-/// One target's access rules at run time.
-#[derive(Debug)]
+/// One target's access rules at run time. The admin API replaces them
+/// whole ([`AccessControl::update`]); a login reads them once per step.
+#[derive(Clone, Debug)]
 pub(crate) struct TargetAccess {
     pub chap: ChapPolicy,
     /// Initiator names allowed; empty: any.
     pub allow: Vec<String>,
     /// Source networks allowed; empty: any.
     pub nets: Vec<Cidr>,
+    /// `nets` as written (shown by the admin API, written to the file).
+    pub net_specs: Vec<String>,
     /// At most this many sessions (0: no limit beyond the global one).
     pub max_sessions: usize,
 }
@@ -200,11 +203,14 @@ impl TargetAccess {
 }
 
 /// Access rules, limits and the failed-login log, shared by every
-/// connection.
+/// connection. The per-target rules change at run time (the admin API):
+/// logins read them under a lock that is never held across I/O; sessions
+/// already logged in are not affected unless the admin asks to drop them.
 #[derive(Debug)]
 pub(crate) struct AccessControl {
-    pub targets: HashMap<String, TargetAccess>,
-    pub discovery: ChapPolicy,
+    targets: RwLock<HashMap<String, TargetAccess>>,
+    /// CHAP of discovery sessions (changes at run time too).
+    discovery: RwLock<ChapPolicy>,
     /// Connections at once, logging in or logged in (0: no limit).
     pub max_connections: usize,
     /// Normal sessions at once over all targets (0: no limit).
@@ -244,13 +250,14 @@ impl AccessControl {
                     chap: t.auth().policy(&at)?,
                     allow: t.allow.clone(),
                     nets,
+                    net_specs: t.allow_net.clone(),
                     max_sessions: t.max_sessions,
                 },
             );
         }
         Ok(AccessControl {
-            targets,
-            discovery: cfg.discovery.policy("discovery")?,
+            targets: RwLock::new(targets),
+            discovery: RwLock::new(cfg.discovery.policy("discovery")?),
             max_connections: cfg.limits.max_connections,
             max_sessions: cfg.limits.max_sessions,
             connections: Arc::default(),
@@ -273,15 +280,50 @@ impl AccessControl {
             all += 1;
             this += usize::from(t == target);
         }
-        let per = self.targets.get(target).map_or(0, |t| t.max_sessions);
+        let per = self
+            .targets
+            .read()
+            .get(target)
+            .map_or(0, |t| t.max_sessions);
         (self.max_sessions == 0 || all < self.max_sessions) && (per == 0 || this < per)
     }
 
     /// The targets `initiator` from `peer` may log in to.
     pub fn visible(&self, name: &str, initiator: &str, peer: IpAddr) -> bool {
         self.targets
+            .read()
             .get(name)
             .is_some_and(|t| t.permits(initiator, peer))
+    }
+
+    /// A copy of target `name`'s rules.
+    pub fn rules(&self, name: &str) -> Option<TargetAccess> {
+        self.targets.read().get(name).cloned()
+    }
+
+    /// Changes target `name`'s rules with `f`; they apply to the next
+    /// login. `None` when the target has no rules (does not exist).
+    pub fn update<R>(&self, name: &str, f: impl FnOnce(&mut TargetAccess) -> R) -> Option<R> {
+        self.targets.write().get_mut(name).map(f)
+    }
+
+    /// The CHAP policy of discovery sessions.
+    pub fn discovery_chap(&self) -> ChapPolicy {
+        self.discovery.read().clone()
+    }
+
+    /// Changes the CHAP policy of discovery sessions with `f`.
+    pub fn update_discovery<R>(&self, f: impl FnOnce(&mut ChapPolicy) -> R) -> R {
+        f(&mut self.discovery.write())
+    }
+
+    /// The CHAP policy of target `name` (none for an unknown target).
+    pub fn chap_of(&self, name: &str) -> ChapPolicy {
+        self.targets
+            .read()
+            .get(name)
+            .map(|a| a.chap.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -352,14 +394,8 @@ impl iscsi_proto::TargetDirectory for Directory<'_> {
 
     fn chap(&self, target: Option<&str>) -> ChapPolicy {
         match target {
-            None => self.shared.access.discovery.clone(),
-            Some(t) => self
-                .shared
-                .access
-                .targets
-                .get(t)
-                .map(|a| a.chap.clone())
-                .unwrap_or_default(),
+            None => self.shared.access.discovery_chap(),
+            Some(t) => self.shared.access.chap_of(t),
         }
     }
 }

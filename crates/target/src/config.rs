@@ -696,6 +696,12 @@ impl Config {
                             return inv(format!("{at}: size is required"));
                         };
                         check_lun_size(&at, size, lun.block_size)?;
+                        if lun.backend == BackendKind::Mem && size > storage::MemBackend::MAX_SIZE {
+                            return inv(format!(
+                                "{at}: a RAM LUN holds at most {} bytes (16T)",
+                                storage::MemBackend::MAX_SIZE
+                            ));
+                        }
                     }
                     BackendKind::File => {
                         if lun.path.is_none() {
@@ -811,6 +817,7 @@ mod tests {
             ),
             base("", "backend = \"mem\""),
             base("", "backend = \"mem\"\nsize = \"1000\""),
+            base("", "backend = \"mem\"\nsize = \"17T\""),
             base("", "backend = \"file\""),
             base("", "backend = \"mem\"\nsize = \"1M\"\nblock_size = 1024"),
             base(

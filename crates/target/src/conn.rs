@@ -184,7 +184,7 @@ pub(crate) async fn serve(
     if let Some(s) = &stats {
         shared.stats.retire(s);
     }
-    if !matches!(why, "logout" | "target shutting down") {
+    if !matches!(why, "logout" | "target shutting down or portal removed") {
         shared.stats.portal_event(portal.tpgt, |e| e.dropped += 1);
     }
     if let Some(k) = key {
@@ -372,6 +372,7 @@ impl Conn {
                             SessionEntry {
                                 tsih,
                                 nexus,
+                                peer: self.peer.ip(),
                                 kill: Arc::new(tokio::sync::Notify::new()),
                                 aborts: Arc::default(),
                             },
@@ -502,7 +503,7 @@ impl Conn {
             }
             if stopping && session.in_flight() == 0 {
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.flush()).await;
-                return "target shutting down";
+                return "target shutting down or portal removed";
             }
             let want_read = !stopping && self.out.len() < OUTPUT_HIGH_WATER;
             let want_write = !self.out.is_empty();
@@ -533,7 +534,7 @@ impl Conn {
                         return "write failed";
                     }
                 }
-                _ = kill.notified() => return "session reinstated",
+                _ = kill.notified() => return "session ended by the target (reinstated or access revoked)",
                 _ = aborts.notify.notified() => {
                     let luns = std::mem::take(&mut *aborts.luns.lock());
                     for lun in luns {

@@ -1,5 +1,6 @@
 //! Changing a running server: LUNs, portals and ALUA states (what the admin
-//! API calls), and reading its statistics.
+//! API calls), and reading its statistics. Access rules (ACLs, CHAP) are
+//! in [`crate::control_acl`].
 //!
 //! Every change is safe with sessions connected: a LUN table change is a
 //! new immutable table (connections pick it up at their next batch of
@@ -10,6 +11,7 @@
 //! resize, ASYMMETRIC ACCESS STATE CHANGED (2A/06) after an ALUA change.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use scsi::{AccessState, Asc, LogicalUnit};
@@ -78,7 +80,7 @@ pub struct PortalView {
 /// The admin handle of a running server ([`crate::Server::control`]).
 #[derive(Clone)]
 pub struct Control {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Control {
@@ -129,6 +131,8 @@ impl Control {
                     .port_groups
                     .states()
                     .into_iter()
+                    // A group whose portals were all removed is gone.
+                    .filter(|(g, _)| !t.port_groups.ports_of(*g).is_empty())
                     .map(|(g, s)| AluaView {
                         group: g,
                         state: s.name().to_string(),
@@ -238,8 +242,18 @@ impl Control {
         Ok(())
     }
 
-    /// Grows LUN `n` of `name` to `bytes`.
-    pub fn resize_lun(&self, name: &str, n: u16, bytes: u64) -> Result<LunView, ControlError> {
+    /// Resizes LUN `n` of `name` to `bytes`. Growing works on every
+    /// backend that can change size (file, mem, null); shrinking cuts off
+    /// data, so it needs `shrink` and is done only on RAM and null LUNs
+    /// (scratch space by definition; the memory past the new end is
+    /// freed), never on a file or device LUN.
+    pub fn resize_lun(
+        &self,
+        name: &str,
+        n: u16,
+        bytes: u64,
+        shrink: bool,
+    ) -> Result<LunView, ControlError> {
         let t = self.target(name)?;
         let lu = t
             .luns()
@@ -249,9 +263,17 @@ impl Control {
             .ok_or_else(|| ControlError::NotFound(format!("{name} has no LUN {n}")))?;
         let now = lu.num_blocks() * u64::from(lu.block_size());
         if bytes < now {
-            return Err(ControlError::Invalid(format!(
-                "LUN {n} has {now} bytes: shrinking would cut off data, only growing is allowed"
-            )));
+            let kind = lu.backend_kind();
+            if !matches!(kind, "mem" | "null") {
+                return Err(ControlError::Invalid(format!(
+                    "LUN {n} has {now} bytes: shrinking a {kind} LUN would cut off user data; only growing is allowed"
+                )));
+            }
+            if !shrink {
+                return Err(ControlError::Invalid(format!(
+                    "LUN {n} has {now} bytes: shrinking loses the data past {bytes} bytes; say \"shrink\": true (--shrink) to mean it"
+                )));
+            }
         }
         if bytes != now {
             lu.resize(bytes).map_err(ControlError::Invalid)?;
@@ -286,7 +308,9 @@ impl Control {
     }
 
     /// Binds a new portal on `addr` in ALUA group `alua_group` (default:
-    /// its own, id = its group tag) and starts accepting on it.
+    /// its own, id = its group tag) and starts accepting on it. Joining a
+    /// configured group adds the port to it (REPORT TARGET PORT GROUPS
+    /// lists it, and it takes the group's state).
     pub async fn add_portal(
         &self,
         addr: SocketAddr,
@@ -305,7 +329,13 @@ impl Control {
             .map_err(|e| ControlError::Invalid(e.to_string()))?;
         let portal = {
             let mut ps = self.shared.portals.write();
-            let tpgt = ps.iter().map(|p| p.tpgt).max().unwrap_or(0) + 1;
+            let tpgt = self
+                .shared
+                .next_tpgt
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| t.checked_add(1))
+                .map_err(|_| {
+                    ControlError::Conflict("no portal group tags left: restart the target".into())
+                })?;
             let p = Portal {
                 addr: bound,
                 tpgt,
@@ -314,6 +344,17 @@ impl Control {
             ps.push(p);
             p
         };
+        for t in &self.shared.targets {
+            // Into the group named, or a new one of its own.
+            if !t.port_groups.add_port(portal.alua_group, portal.tpgt) {
+                t.port_groups.add_group(
+                    portal.alua_group,
+                    portal.tpgt,
+                    AccessState::ActiveOptimized,
+                );
+            }
+        }
+        self.shared.add_portal_stop(portal.tpgt);
         self.shared
             .new_portals
             .send((l, portal))
@@ -322,6 +363,65 @@ impl Control {
             addr: portal.addr.to_string(),
             tpgt: portal.tpgt,
             alua_group: portal.alua_group,
+        })
+    }
+
+    /// The position (from 0, as in the configuration's `listen`) and
+    /// description of the portal `key` names: its group tag or its address.
+    pub fn find_portal(&self, key: &str) -> Result<(usize, PortalView), ControlError> {
+        let ps = self.shared.portals.read();
+        let found = match key.parse::<u16>() {
+            Ok(tag) => ps.iter().position(|p| p.tpgt == tag),
+            Err(_) => {
+                let addr: SocketAddr = key.parse().map_err(|_| {
+                    ControlError::Invalid(format!(
+                        "{key:?}: name a portal by its group tag or its address (ip:port)"
+                    ))
+                })?;
+                ps.iter().position(|p| p.addr == addr)
+            }
+        };
+        let i = found.ok_or_else(|| ControlError::NotFound(format!("no portal {key}")))?;
+        let p = ps[i];
+        Ok((
+            i,
+            PortalView {
+                addr: p.addr.to_string(),
+                tpgt: p.tpgt,
+                alua_group: p.alua_group,
+            },
+        ))
+    }
+
+    /// Removes portal `tpgt`: SendTargets stops listing it at once, it
+    /// stops listening, its port leaves its ALUA group (a group left
+    /// without ports is no longer reported), and its connections finish
+    /// the commands they have in flight and close, as at shutdown (their
+    /// initiators reconnect through another portal). The last portal
+    /// cannot be removed.
+    pub fn remove_portal(&self, tpgt: u16) -> Result<PortalView, ControlError> {
+        let p = {
+            let mut ps = self.shared.portals.write();
+            let i = ps
+                .iter()
+                .position(|p| p.tpgt == tpgt)
+                .ok_or_else(|| ControlError::NotFound(format!("no portal {tpgt}")))?;
+            if ps.len() == 1 {
+                return Err(ControlError::Conflict(
+                    "the last portal cannot be removed: add another first".into(),
+                ));
+            }
+            ps.remove(i)
+        };
+        for t in &self.shared.targets {
+            t.port_groups.remove_port(tpgt);
+        }
+        self.shared.stop_portal(tpgt);
+        tracing::info!(addr = %p.addr, tpgt, "portal removed");
+        Ok(PortalView {
+            addr: p.addr.to_string(),
+            tpgt: p.tpgt,
+            alua_group: p.alua_group,
         })
     }
 

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod config;
 mod conn;
 pub mod control;
+pub mod control_acl;
 mod lunmap;
 mod server;
 pub mod size;

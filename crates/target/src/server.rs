@@ -53,7 +53,11 @@ pub(crate) struct SessionKey {
 pub(crate) struct SessionEntry {
     pub tsih: u16,
     pub nexus: NexusId,
-    /// Notified to make the session's connection close (reinstatement).
+    /// Where the session's connection comes from (for access rules
+    /// changed at run time).
+    pub peer: std::net::IpAddr,
+    /// Notified to make the session's connection close (reinstatement,
+    /// access revoked by the admin API).
     pub kill: Arc<Notify>,
     /// LUNs whose tasks this session must abort (PREEMPT AND ABORT).
     pub aborts: Arc<AbortRequests>,
@@ -94,6 +98,14 @@ pub(crate) struct Shared {
     pub stats: crate::stats::StatsRegistry,
     /// New portals for the accept loops of [`Server::run`].
     pub new_portals: mpsc::UnboundedSender<(TcpListener, Portal)>,
+    /// Per portal (by tag): set to `true` to stop accepting on it and to
+    /// close its connections once their commands are done (portal removed
+    /// at run time, or shutdown).
+    pub portal_stops: Mutex<HashMap<u16, watch::Sender<bool>>>,
+    /// The tag of the next portal added at run time: tags are never
+    /// reused while the server runs (a removed portal's tag may still be
+    /// known to initiators as a relative port identifier).
+    pub next_tpgt: AtomicU16,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
 }
@@ -101,6 +113,30 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn target(&self, name: &str) -> Option<&TargetRt> {
         self.targets.iter().find(|t| t.name == name)
+    }
+
+    /// A stop signal for the connections and accept loop of portal `tpgt`;
+    /// one that has fired already when the portal is gone.
+    pub fn portal_stop(&self, tpgt: u16) -> watch::Receiver<bool> {
+        match self.portal_stops.lock().get(&tpgt) {
+            Some(tx) => tx.subscribe(),
+            // The sender is dropped at once: `changed()` returns at once.
+            None => watch::channel(true).1,
+        }
+    }
+
+    /// Registers portal `tpgt`'s stop signal.
+    pub fn add_portal_stop(&self, tpgt: u16) {
+        self.portal_stops
+            .lock()
+            .insert(tpgt, watch::channel(false).0);
+    }
+
+    /// Fires portal `tpgt`'s stop signal and forgets it.
+    pub fn stop_portal(&self, tpgt: u16) {
+        if let Some(tx) = self.portal_stops.lock().remove(&tpgt) {
+            tx.send_replace(true);
+        }
     }
 
     /// What SendTargets tells: every target through every portal.
@@ -234,10 +270,15 @@ impl Server {
             registry: Mutex::new(HashMap::new()),
             stats: crate::stats::StatsRegistry::new(),
             new_portals,
+            portal_stops: Mutex::new(HashMap::new()),
+            next_tpgt: AtomicU16::new(u16::try_from(cfg.listen.len() + 1).unwrap_or(u16::MAX)),
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
         };
         let shared = Arc::new(shared);
+        for (_, p) in &listeners {
+            shared.add_portal_stop(p.tpgt);
+        }
         install_abort_hooks(&shared);
         let workers = cfg
             .workers
@@ -276,7 +317,6 @@ impl Server {
                 mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr, Portal)>();
             senders.push(wtx);
             let shared = self.shared.clone();
-            let stop = rx.clone();
             let th = std::thread::Builder::new().name(format!("ironsan-io-{i}")).spawn(move || {
                 let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt,
@@ -292,7 +332,11 @@ impl Server {
                             c = wrx.recv() => match c {
                                 Some((s, peer, portal)) => match TcpStream::from_std(s) {
                                     Ok(s) => {
-                                        conns.spawn(conn::serve(s, peer, portal, shared.clone(), stop.clone()));
+                                        // The portal's signal: it fires at
+                                        // shutdown and when the portal is
+                                        // removed.
+                                        let stop = shared.portal_stop(portal.tpgt);
+                                        conns.spawn(conn::serve(s, peer, portal, shared.clone(), stop));
                                     }
                                     Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
                                 },
@@ -317,6 +361,7 @@ impl Server {
         let mut accepts = JoinSet::new();
         let accept = |l: TcpListener, portal: Portal| {
             let mut stop = rx.clone();
+            let mut removed = self.shared.portal_stop(portal.tpgt);
             let senders = senders.clone();
             let next = next.clone();
             let shared = self.shared.clone();
@@ -340,6 +385,10 @@ impl Server {
                             }
                         },
                         _ = stop.changed() => break,
+                        _ = removed.changed() => {
+                            tracing::info!(addr = %portal.addr, tpgt = portal.tpgt, "portal removed: no longer listening");
+                            break;
+                        }
                     }
                 }
             }
@@ -360,6 +409,9 @@ impl Server {
         }
         tracing::info!("shutting down: finishing in-flight commands");
         handle.shutdown();
+        for tx in self.shared.portal_stops.lock().values() {
+            tx.send_replace(true);
+        }
         while accepts.join_next().await.is_some() {}
         drop(senders);
         let _ = tokio::task::spawn_blocking(move || {

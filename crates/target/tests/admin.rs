@@ -3,92 +3,14 @@
 //! unit attentions, LOGICAL UNIT NOT SUPPORTED), /metrics counts its I/O,
 //! and changes written to the configuration file survive a restart.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+mod common;
 
+use common::admin::{http, start};
 use initiator::{scsi, Connection, DataDir, LoginConfig};
 use target::admin::{Admin, AdminOptions};
 use target::{Config, Server};
 
 const IQN: &str = "iqn.2026-11.io.ironsan:admin";
-
-struct Running {
-    iscsi: SocketAddr,
-    admin: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    th: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.th.take().unwrap().join().unwrap();
-    }
-}
-
-fn start(path: &Path, token: Option<&str>) -> Running {
-    let cfg = Config::from_file(path).unwrap();
-    let path = path.to_path_buf();
-    let token = token.map(str::to_string);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let th = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let s = Server::bind(cfg).await.unwrap();
-            let a = Admin::bind(
-                AdminOptions {
-                    listen: "127.0.0.1:0".parse().unwrap(),
-                    token,
-                    config_path: Some(path),
-                },
-                s.control(),
-            )
-            .await
-            .unwrap();
-            tx.send((s.local_addrs()[0], a.local_addr().unwrap()))
-                .unwrap();
-            tokio::spawn(a.run());
-            s.run(async move {
-                let _ = stop_rx.await;
-            })
-            .await;
-        });
-    });
-    let (iscsi, admin) = rx.recv().unwrap();
-    Running {
-        iscsi,
-        admin,
-        stop: Some(stop_tx),
-        th: Some(th),
-    }
-}
-
-fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-    token: Option<&str>,
-) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut r = String::new();
-    s.read_to_string(&mut r).unwrap();
-    let code = r[9..12].parse().unwrap();
-    let body = r.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
-    (code, body)
-}
 
 fn luns(c: &mut Connection) -> Vec<u16> {
     let r = c

@@ -8,20 +8,35 @@
 //! | GET | `/api/targets` | targets, LUNs (NAA, size), ALUA states |
 //! | POST | `/api/targets/{iqn}/luns` | add a LUN: a `[[target.lun]]` table as JSON (`number` optional) |
 //! | DELETE | `/api/targets/{iqn}/luns/{n}` | remove a LUN |
-//! | POST | `/api/targets/{iqn}/luns/{n}/resize` | `{"size": "2G"}`: grow a LUN |
+//! | POST | `/api/targets/{iqn}/luns/{n}/resize` | `{"size": "2G", "shrink": false}`: grow a LUN (shrink RAM/null LUNs with `"shrink": true`) |
+//! | GET | `/api/targets/{iqn}/acl` | initiator names and networks allowed, CHAP `set`/`unset` (never a secret) |
+//! | POST | `/api/targets/{iqn}/acl` | `{"initiator": "iqn…"}` or `{"network": "10.0.0.0/8"}`: allow it |
+//! | DELETE | `/api/targets/{iqn}/acl/{entry}` | remove an initiator name or a network (`/` as `%2F`); the last one needs `?allow_any=true` |
+//! | PUT | `/api/targets/{iqn}/chap` | `{"user": u, "secret": s}` (or `"secret_file"`): initiators must log in with CHAP |
+//! | DELETE | `/api/targets/{iqn}/chap` | no CHAP (clears `mutual_chap` too) |
+//! | PUT/DELETE | `/api/targets/{iqn}/mutual_chap` | the target's credentials for mutual CHAP |
+//! | GET | `/api/discovery` | discovery sessions' CHAP `set`/`unset` |
+//! | PUT/DELETE | `/api/discovery/chap`, `/api/discovery/mutual_chap` | CHAP of discovery sessions (`[discovery]`) |
 //! | GET | `/api/portals` | portals |
 //! | POST | `/api/portals` | `{"addr": "ip:port", "alua_group": n?}`: add a portal |
+//! | DELETE | `/api/portals/{tpgt or ip:port}` | remove a portal: no longer listened on or listed by SendTargets; its connections finish their commands and close; not the last one |
 //! | PUT | `/api/alua/{group}` | `{"state": "standby"}`: set an ALUA group's state |
 //! | GET | `/api/sessions` | sessions: initiator, ISID, portal, negotiated parameters, counters |
 //! | GET | `/api/stats` | per LUN and per session: totals and the last second's rates |
 //! | GET | `/api/history` | per LUN: the last 300 seconds of rates |
 //!
+//! ACL and CHAP changes apply to the next login; sessions already logged
+//! in keep running unless the request says `?drop_sessions=true`, which
+//! ends those the new rules no longer allow (after a CHAP change: every
+//! session of the target).
+//!
 //! With a token, every request must carry `Authorization: Bearer TOKEN`
 //! (or `?token=TOKEN`, which the console uses). A non-loopback address
 //! requires a token. Changes are serialised; when the server was started
 //! with `--config`, each change is written to the file first
-//! ([`persist`]) and applied only if that succeeded.
+//! (the `persist` module) and applied only if that succeeded.
 
+mod acl;
 mod persist;
 mod prom;
 mod rates;
@@ -143,7 +158,32 @@ fn router(state: Arc<AdminState>) -> Router {
             axum::routing::delete(remove_lun),
         )
         .route("/api/targets/{target}/luns/{lun}/resize", post(resize_lun))
+        .route(
+            "/api/targets/{target}/acl",
+            get(acl::get_acl).post(acl::add_acl),
+        )
+        .route(
+            "/api/targets/{target}/acl/{entry}",
+            axum::routing::delete(acl::remove_acl),
+        )
+        .route(
+            "/api/targets/{target}/chap",
+            put(acl::put_chap).delete(acl::delete_chap),
+        )
+        .route(
+            "/api/targets/{target}/mutual_chap",
+            put(acl::put_mutual_chap).delete(acl::delete_mutual_chap),
+        )
+        .route("/api/discovery", get(acl::get_discovery))
+        .route(
+            "/api/discovery/{role}",
+            put(acl::put_discovery).delete(acl::delete_discovery),
+        )
         .route("/api/portals", get(portals).post(add_portal))
+        .route(
+            "/api/portals/{portal}",
+            axum::routing::delete(remove_portal),
+        )
         .route("/api/alua/{group}", put(set_alua))
         .route("/api/sessions", get(sessions))
         .route("/api/stats", get(stats))
@@ -182,6 +222,40 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
 
 fn err(code: StatusCode, msg: impl std::fmt::Display) -> Response {
     (code, Json(json!({ "error": msg.to_string() }))).into_response()
+}
+
+/// A JSON request body; a body that is not valid JSON for `T` gets a
+/// 400 with a JSON error, like every other refusal.
+struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(e) => Err(err(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
+}
+
+/// Query parameters; bad ones get a 400 with a JSON error.
+struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S>
+    for Params<T>
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(Params(v)),
+            Err(e) => Err(err(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
 }
 
 impl IntoResponse for ControlError {
@@ -252,7 +326,7 @@ async fn portals(State(st): St) -> impl IntoResponse {
 async fn add_lun(
     State(st): St,
     Path(target): Path<String>,
-    Json(mut c): Json<LunConfig>,
+    Body(mut c): Body<LunConfig>,
 ) -> Response {
     let _g = st.change.lock().await;
     let n = match c.number {
@@ -297,34 +371,32 @@ async fn remove_lun(State(st): St, Path((target, lun)): Path<(String, u16)>) -> 
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ResizeReq {
     size: String,
+    /// Allow making a RAM or null LUN smaller (its data past the new end
+    /// is lost).
+    #[serde(default)]
+    shrink: bool,
 }
 
 async fn resize_lun(
     State(st): St,
     Path((target, lun)): Path<(String, u16)>,
-    Json(r): Json<ResizeReq>,
+    Body(r): Body<ResizeReq>,
 ) -> Response {
     let _g = st.change.lock().await;
     let bytes = match parse_size(&r.size) {
         Ok(b) => b,
         Err(e) => return err(StatusCode::BAD_REQUEST, e),
     };
-    let before = match st.ctl.lun(&target, lun) {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    if bytes < before.size_bytes {
-        return ControlError::Invalid(format!(
-            "LUN {lun} has {} bytes: shrinking would cut off data, only growing is allowed",
-            before.size_bytes
-        ))
-        .into_response();
+    if let Err(e) = st.ctl.lun(&target, lun) {
+        return e.into_response();
     }
-    // Grow first (the backend may refuse: a RAM LUN cannot change size),
-    // then write the file; growing is never undone.
-    let v = match st.ctl.resize_lun(&target, lun, bytes) {
+    // Resize first (the backend may refuse), then write the file. If the
+    // file cannot be written the new size stays in effect (it is not
+    // undone: sessions were told already) and the answer is an error.
+    let v = match st.ctl.resize_lun(&target, lun, bytes, r.shrink) {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
@@ -341,25 +413,60 @@ struct PortalReq {
     alua_group: Option<u16>,
 }
 
-async fn add_portal(State(st): St, Json(r): Json<PortalReq>) -> Response {
+async fn add_portal(State(st): St, Body(r): Body<PortalReq>) -> Response {
     let _g = st.change.lock().await;
-    let position = st.ctl.portals().len() as u16 + 1;
-    let group = r.alua_group.unwrap_or(position);
     if r.addr.port() == 0 {
         return err(StatusCode::BAD_REQUEST, "give the portal a port");
     }
+    // Bind first (the address may be taken), then write the file; if the
+    // file cannot be written the portal is removed again.
+    let p = match st.ctl.add_portal(r.addr, r.alua_group).await {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    // Its position in the file's `listen` (the runtime list is in the same
+    // order); at the next start its tag is that position.
+    let position = st.ctl.portals().len() as u16;
     let persisted = match persist(&st, |d| {
-        persist::add_portal(d, &r.addr.to_string(), position, group)
+        persist::add_portal(d, &p.addr, position, p.alua_group)
     }) {
+        Ok(x) => x,
+        Err(resp) => {
+            if let Err(e) = st.ctl.remove_portal(p.tpgt) {
+                tracing::error!(error = %e, addr = %p.addr, "cannot take back a portal the file does not have");
+            }
+            return *resp;
+        }
+    };
+    (
+        StatusCode::CREATED,
+        Json(json!({ "portal": p, "persisted": persisted })),
+    )
+        .into_response()
+}
+
+async fn remove_portal(State(st): St, Path(key): Path<String>) -> Response {
+    let _g = st.change.lock().await;
+    let (index, p) = match st.ctl.find_portal(&key) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    if st.ctl.portals().len() == 1 {
+        return ControlError::Conflict(
+            "the last portal cannot be removed: add another first".into(),
+        )
+        .into_response();
+    }
+    let addr: SocketAddr = match p.addr.parse() {
+        Ok(a) => a,
+        Err(_) => return err(StatusCode::INTERNAL_SERVER_ERROR, "bad portal address"),
+    };
+    let persisted = match persist(&st, |d| persist::remove_portal(d, index, addr)) {
         Ok(p) => p,
         Err(r) => return *r,
     };
-    match st.ctl.add_portal(r.addr, Some(group)).await {
-        Ok(p) => (
-            StatusCode::CREATED,
-            Json(json!({ "portal": p, "persisted": persisted })),
-        )
-            .into_response(),
+    match st.ctl.remove_portal(p.tpgt) {
+        Ok(v) => Json(json!({ "removed": v, "persisted": persisted })).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -369,7 +476,7 @@ struct AluaReq {
     state: String,
 }
 
-async fn set_alua(State(st): St, Path(group): Path<u16>, Json(r): Json<AluaReq>) -> Response {
+async fn set_alua(State(st): St, Path(group): Path<u16>, Body(r): Body<AluaReq>) -> Response {
     let _g = st.change.lock().await;
     let Some(state) = scsi::AccessState::parse(&r.state) else {
         return err(
@@ -387,7 +494,9 @@ async fn set_alua(State(st): St, Path(group): Path<u16>, Json(r): Json<AluaReq>)
         return ControlError::NotFound(format!("no ALUA target port group {group}"))
             .into_response();
     }
-    let after: Vec<(u16, String)> = before
+    // Members by position in `listen` (the runtime list is in file order).
+    let portals = st.ctl.portals();
+    let after: Vec<persist::GroupState> = before
         .iter()
         .map(|(g, s)| {
             let s = if *g == group {
@@ -395,7 +504,13 @@ async fn set_alua(State(st): St, Path(group): Path<u16>, Json(r): Json<AluaReq>)
             } else {
                 s.as_str()
             };
-            (*g, config_state_name(s))
+            let positions = portals
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.alua_group == *g)
+                .map(|(i, _)| i as u16 + 1)
+                .collect();
+            (*g, config_state_name(s), positions)
         })
         .collect();
     let persisted = match persist(&st, |d| persist::set_alua(d, &after)) {

@@ -8,9 +8,10 @@
 use std::io::Write;
 use std::path::Path;
 
-use toml_edit::{value, Array, ArrayOfTables, DocumentMut, Item, Table};
+use toml_edit::{value, Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table};
 
-use crate::config::{BackendKind, CacheConfig, Config, LunConfig};
+use crate::config::{BackendKind, CacheConfig, Config, CredConfig, LunConfig};
+use crate::control_acl::ChapScope;
 
 /// An edit that cannot be made to the file.
 pub type EditError = String;
@@ -118,8 +119,76 @@ pub fn resize_lun(doc: &mut DocumentMut, name: &str, n: u16, size: &str) -> Resu
     Ok(())
 }
 
+/// Sets target `name`'s `allow` (initiator names) and `allow_net`
+/// (networks); an empty list is removed from the file (empty means any).
+pub fn set_acl(
+    doc: &mut DocumentMut,
+    name: &str,
+    initiators: &[String],
+    networks: &[String],
+) -> Result<(), EditError> {
+    let t = target(doc, name)?;
+    for (key, list) in [("allow", initiators), ("allow_net", networks)] {
+        if list.is_empty() {
+            t.remove(key);
+        } else {
+            let mut a = Array::new();
+            list.iter().for_each(|v| a.push(v.as_str()));
+            t.insert(key, value(a));
+        }
+    }
+    Ok(())
+}
+
+/// Sets (or with `None` removes) the `chap` or `mutual_chap` (`key`)
+/// credential of a target or of `[discovery]`, as an inline table with the
+/// secret or the secret file as given. Removing `chap` removes
+/// `mutual_chap` too.
+pub fn set_chap(
+    doc: &mut DocumentMut,
+    scope: ChapScope<'_>,
+    key: &str,
+    cred: Option<&CredConfig>,
+) -> Result<(), EditError> {
+    let t = match scope {
+        ChapScope::Target(name) => target(doc, name)?,
+        ChapScope::Discovery => {
+            if doc.get("discovery").is_none() {
+                doc.insert("discovery", Item::Table(Table::new()));
+            }
+            doc.get_mut("discovery")
+                .and_then(Item::as_table_mut)
+                .ok_or("discovery is not a table")?
+        }
+    };
+    match cred {
+        None => {
+            t.remove(key);
+            if key == "chap" {
+                t.remove("mutual_chap");
+            }
+            if scope == ChapScope::Discovery && t.is_empty() {
+                doc.remove("discovery");
+            }
+        }
+        Some(c) => {
+            let mut it = InlineTable::new();
+            it.insert("user", c.user.as_str().into());
+            if let Some(s) = &c.secret {
+                it.insert("secret", s.0.as_str().into());
+            }
+            if let Some(f) = &c.secret_file {
+                it.insert("secret_file", f.display().to_string().into());
+            }
+            t.insert(key, value(it));
+        }
+    }
+    Ok(())
+}
+
 /// Appends portal `addr` to `listen` (writing the default portal first when
-/// the file relied on it), in ALUA group `group` when groups are listed.
+/// the file relied on it), in ALUA group `group` when groups are listed
+/// (a new group when there is none with that id).
 pub fn add_portal(
     doc: &mut DocumentMut,
     addr: &str,
@@ -144,22 +213,98 @@ pub fn add_portal(
         if groups.is_empty() {
             return Ok(());
         }
-        let g = groups
-            .iter_mut()
-            .find(|g| g.get("id").and_then(Item::as_integer) == Some(i64::from(group)))
-            .ok_or_else(|| format!("ALUA group {group} is not in the configuration file"))?;
-        g.get_mut("portals")
-            .and_then(Item::as_array_mut)
-            .ok_or("alua.group.portals is not an array")?
-            .push(i64::from(position));
+        let found = groups
+            .iter()
+            .position(|g| g.get("id").and_then(Item::as_integer) == Some(i64::from(group)));
+        match found.and_then(|i| groups.get_mut(i)) {
+            Some(g) => g
+                .get_mut("portals")
+                .and_then(Item::as_array_mut)
+                .ok_or("alua.group.portals is not an array")?
+                .push(i64::from(position)),
+            None => {
+                // A group of its own, active/optimized.
+                let mut g = Table::new();
+                g.insert("id", value(i64::from(group)));
+                let mut p = Array::new();
+                p.push(i64::from(position));
+                g.insert("portals", value(p));
+                groups.push(g);
+            }
+        }
     }
     Ok(())
 }
 
-/// Sets the state of every ALUA group to `states` (group, state name);
-/// when the file lists no groups, writes the default one-group-per-portal
-/// layout with those states.
-pub fn set_alua(doc: &mut DocumentMut, states: &[(u16, String)]) -> Result<(), EditError> {
+/// Removes the portal at `index` (from 0) of `listen`, whose address is
+/// `addr` (an entry with port 0 matches any port: it was bound to one the
+/// OS chose). The positions of ALUA group members after it move down by
+/// one; a group left without portals is removed.
+pub fn remove_portal(
+    doc: &mut DocumentMut,
+    index: usize,
+    addr: std::net::SocketAddr,
+) -> Result<(), EditError> {
+    if doc.get("listen").is_none() {
+        let mut a = Array::new();
+        a.push(crate::config::DEFAULT_LISTEN);
+        doc.insert("listen", value(a));
+    }
+    let listen = doc
+        .get_mut("listen")
+        .and_then(Item::as_array_mut)
+        .ok_or("listen is not an array")?;
+    let entry: Option<std::net::SocketAddr> = listen
+        .get(index)
+        .and_then(|v| v.as_str())
+        .and_then(|v| v.parse().ok());
+    match entry {
+        Some(e) if e == addr || (e.port() == 0 && e.ip() == addr.ip()) => {}
+        _ => {
+            return Err(format!(
+                "the configuration file's listen[{index}] is not {addr}: the file is out of step"
+            ))
+        }
+    }
+    listen.remove(index);
+    let position = i64::try_from(index + 1).map_err(|e| e.to_string())?;
+    if let Some(groups) = doc
+        .get_mut("alua")
+        .and_then(|a| a.get_mut("group"))
+        .and_then(Item::as_array_of_tables_mut)
+    {
+        for g in groups.iter_mut() {
+            let ports = g
+                .get_mut("portals")
+                .and_then(Item::as_array_mut)
+                .ok_or("alua.group.portals is not an array")?;
+            let kept: Vec<i64> = ports
+                .iter()
+                .filter_map(|v| v.as_integer())
+                .filter(|&p| p != position)
+                .map(|p| if p > position { p - 1 } else { p })
+                .collect();
+            let mut a = Array::new();
+            kept.into_iter().for_each(|p| a.push(p));
+            *ports = a;
+        }
+        groups.retain(|g| {
+            g.get("portals")
+                .and_then(Item::as_array)
+                .is_some_and(|a| !a.is_empty())
+        });
+    }
+    Ok(())
+}
+
+/// An ALUA group as the file should have it: id, state name, and the
+/// positions (in `listen`, from 1) of its portals.
+pub type GroupState = (u16, String, Vec<u16>);
+
+/// Sets the state of every ALUA group to `states`; when the file lists no
+/// groups, writes them all out (the default layout is one group per
+/// portal, with the portals' positions as members).
+pub fn set_alua(doc: &mut DocumentMut, states: &[GroupState]) -> Result<(), EditError> {
     if doc.get("alua").is_none() {
         doc.insert("alua", Item::Table(Table::new()));
     }
@@ -173,11 +318,11 @@ pub fn set_alua(doc: &mut DocumentMut, states: &[(u16, String)]) -> Result<(), E
         .is_none_or(ArrayOfTables::is_empty);
     if empty {
         let mut groups = ArrayOfTables::new();
-        for (id, state) in states {
+        for (id, state, positions) in states {
             let mut g = Table::new();
             g.insert("id", value(i64::from(*id)));
             let mut p = Array::new();
-            p.push(i64::from(*id));
+            positions.iter().for_each(|&x| p.push(i64::from(x)));
             g.insert("portals", value(p));
             g.insert("state", value(state.as_str()));
             groups.push(g);
@@ -191,7 +336,7 @@ pub fn set_alua(doc: &mut DocumentMut, states: &[(u16, String)]) -> Result<(), E
         .ok_or("alua.group is not an array of tables")?;
     for g in groups.iter_mut() {
         let id = g.get("id").and_then(Item::as_integer);
-        if let Some((_, s)) = states.iter().find(|(i, _)| Some(i64::from(*i)) == id) {
+        if let Some((_, s, _)) = states.iter().find(|(i, _, _)| Some(i64::from(*i)) == id) {
             g.insert("state", value(s.as_str()));
         }
     }
@@ -297,7 +442,10 @@ size = "2M"
         add_portal(&mut d, "127.0.0.1:3261", 2, 2).unwrap();
         set_alua(
             &mut d,
-            &[(1, "active-optimized".into()), (2, "standby".into())],
+            &[
+                (1, "active-optimized".into(), vec![1]),
+                (2, "standby".into(), vec![2]),
+            ],
         )
         .unwrap();
         let c = validate(&d).unwrap();
@@ -311,11 +459,114 @@ size = "2M"
         add_portal(&mut d, "127.0.0.1:3262", 3, 1).unwrap();
         let c = validate(&d).unwrap();
         assert_eq!(c.alua.group[0].portals, vec![1, 3]);
-        set_alua(&mut d, &[(2, "unavailable".into())]).unwrap();
+        set_alua(&mut d, &[(2, "unavailable".into(), vec![])]).unwrap();
         assert_eq!(
             validate(&d).unwrap().alua.group[1].state,
             crate::config::AluaStateConfig::Unavailable
         );
+        // ... or a group of its own.
+        add_portal(&mut d, "127.0.0.1:3263", 4, 9).unwrap();
+        let c = validate(&d).unwrap();
+        assert_eq!(
+            (c.alua.group[2].id, c.alua.group[2].portals.clone()),
+            (9, vec![4])
+        );
+    }
+
+    #[test]
+    fn acl_and_chap() {
+        let mut d = parse(FILE).unwrap();
+        let a = "iqn.2026-11.x:host1".to_string();
+        set_acl(
+            &mut d,
+            "iqn.2026-11.x:a",
+            std::slice::from_ref(&a),
+            &["10.0.0.0/8".into()],
+        )
+        .unwrap();
+        let chap = CredConfig::from_spec("host1:host1-secret-1").unwrap();
+        set_chap(
+            &mut d,
+            ChapScope::Target("iqn.2026-11.x:a"),
+            "chap",
+            Some(&chap),
+        )
+        .unwrap();
+        let mutual = CredConfig::from_spec("disk:target-secret-2").unwrap();
+        set_chap(
+            &mut d,
+            ChapScope::Target("iqn.2026-11.x:a"),
+            "mutual_chap",
+            Some(&mutual),
+        )
+        .unwrap();
+        let c = validate(&d).unwrap();
+        let t = &c.target[0];
+        assert_eq!(t.allow, vec![a]);
+        assert_eq!(t.allow_net, vec!["10.0.0.0/8".to_string()]);
+        assert_eq!(t.chap.as_ref(), Some(&chap));
+        assert_eq!(t.mutual_chap.as_ref(), Some(&mutual));
+        assert!(d.to_string().contains("# the main one"));
+        // Equal secrets both ways: the file as a whole is refused.
+        let same = CredConfig::from_spec("disk:host1-secret-1").unwrap();
+        let mut bad = d.clone();
+        set_chap(
+            &mut bad,
+            ChapScope::Target("iqn.2026-11.x:a"),
+            "mutual_chap",
+            Some(&same),
+        )
+        .unwrap();
+        assert!(validate(&bad).is_err());
+        // Clearing chap clears mutual_chap; empty lists leave the file.
+        set_chap(&mut d, ChapScope::Target("iqn.2026-11.x:a"), "chap", None).unwrap();
+        set_acl(&mut d, "iqn.2026-11.x:a", &[], &[]).unwrap();
+        let c = validate(&d).unwrap();
+        let t = &c.target[0];
+        assert!(t.chap.is_none() && t.mutual_chap.is_none());
+        assert!(t.allow.is_empty() && t.allow_net.is_empty());
+        assert!(!d.to_string().contains("allow"));
+        // Discovery: a [discovery] table appears.
+        set_chap(&mut d, ChapScope::Discovery, "chap", Some(&chap)).unwrap();
+        assert_eq!(validate(&d).unwrap().discovery.chap.as_ref(), Some(&chap));
+        set_chap(&mut d, ChapScope::Discovery, "chap", None).unwrap();
+        assert!(validate(&d).unwrap().discovery.chap.is_none());
+        assert!(
+            !d.to_string().contains("[discovery]"),
+            "an empty table goes"
+        );
+    }
+
+    #[test]
+    fn portal_removal_renumbers_group_members() {
+        let mut d = parse(FILE).unwrap();
+        add_portal(&mut d, "127.0.0.1:3261", 2, 2).unwrap();
+        add_portal(&mut d, "127.0.0.1:3262", 3, 3).unwrap();
+        set_alua(
+            &mut d,
+            &[
+                (1, "active-optimized".into(), vec![1]),
+                (2, "standby".into(), vec![2]),
+                (3, "active-optimized".into(), vec![3]),
+            ],
+        )
+        .unwrap();
+        let a = |s: &str| s.parse().unwrap();
+        assert!(remove_portal(&mut d, 1, a("127.0.0.1:9999")).is_err());
+        remove_portal(&mut d, 1, a("127.0.0.1:3261")).unwrap();
+        let c = validate(&d).unwrap();
+        assert_eq!(c.listen, vec![a("127.0.0.1:3260"), a("127.0.0.1:3262")]);
+        let g: Vec<_> = c
+            .alua
+            .group
+            .iter()
+            .map(|g| (g.id, g.portals.clone()))
+            .collect();
+        assert_eq!(g, vec![(1, vec![1]), (3, vec![2])], "group 2 is gone");
+        // Port 0 in the file matches the port the OS chose.
+        let mut d = parse("listen = [\"127.0.0.1:0\", \"127.0.0.1:0\"]\n[[target]]\nname = \"iqn.2026-11.x:a\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n").unwrap();
+        remove_portal(&mut d, 0, a("127.0.0.1:40000")).unwrap();
+        assert_eq!(validate(&d).unwrap().listen.len(), 1);
     }
 
     #[test]

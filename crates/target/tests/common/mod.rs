@@ -3,6 +3,8 @@
 //! helpers for sending what a well-behaved initiator would not.
 #![allow(dead_code)]
 
+pub mod admin;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;

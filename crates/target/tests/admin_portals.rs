@@ -1,0 +1,200 @@
+//! Portals removed and added at run time through the admin API: the
+//! removed one refuses connections, its sessions close, SendTargets and
+//! REPORT TARGET PORT GROUPS stop listing it, the last one stays, and the
+//! configuration file follows.
+
+mod common;
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::admin::{http, start};
+use initiator::{scsi, Connection, DataDir, LoginConfig};
+use target::Config;
+
+const IQN: &str = "iqn.2026-11.io.ironsan:portals";
+const HOST: &str = "iqn.2026-11.io.example:host";
+
+fn login(addr: SocketAddr) -> Connection {
+    Connection::login(
+        &addr.to_string(),
+        LoginConfig::new(HOST, Some(IQN), initiator::random_isid()),
+    )
+    .unwrap()
+}
+
+/// The portals SendTargets lists for the target.
+fn listed(addr: SocketAddr) -> Vec<String> {
+    initiator::discover(&addr.to_string(), HOST)
+        .unwrap()
+        .into_iter()
+        .find(|(t, _)| t == IQN)
+        .map(|(_, p)| p)
+        .unwrap_or_default()
+}
+
+/// REPORT TARGET PORT GROUPS: (group id, member relative ports).
+fn port_groups(c: &mut Connection) -> Vec<(u16, Vec<u16>)> {
+    let mut cdb = [0u8; 12];
+    cdb[0] = 0xa3;
+    cdb[1] = 0x0a;
+    cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
+    // Unit attentions first (none expected for a membership change).
+    let mut r = c.execute(0, &cdb, DataDir::Read(4096)).unwrap();
+    for _ in 0..4 {
+        if r.status == Some(0) {
+            break;
+        }
+        r = c.execute(0, &cdb, DataDir::Read(4096)).unwrap();
+    }
+    assert_eq!(r.status, Some(0));
+    let d = &r.data;
+    let len = u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize + 4;
+    let mut at = 4;
+    let mut out = Vec::new();
+    while at + 8 <= len.min(d.len()) {
+        let id = u16::from_be_bytes([d[at + 2], d[at + 3]]);
+        let n = usize::from(d[at + 7]);
+        let ports = (0..n)
+            .map(|k| u16::from_be_bytes([d[at + 8 + 4 * k + 2], d[at + 8 + 4 * k + 3]]))
+            .collect();
+        out.push((id, ports));
+        at += 8 + 4 * n;
+    }
+    out
+}
+
+fn refuses_connections(addr: SocketAddr) -> bool {
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn removed_portal_stops_listening_and_leaves_send_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ironsan.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen = [\"127.0.0.1:0\", \"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n"
+        ),
+    )
+    .unwrap();
+    let run = start(&path, None);
+    let (p1, p2) = (run.portals[0], run.portals[1]);
+    assert_eq!(listed(p1).len(), 2);
+    let mut on1 = login(p1);
+    let mut on2 = login(p2);
+    assert_eq!(
+        port_groups(&mut on1),
+        vec![(1, vec![1]), (2, vec![2])],
+        "one group per portal"
+    );
+
+    // Refusals: a name that is neither a tag nor an address, an unknown one.
+    let (code, text) = http(run.admin, "DELETE", "/api/portals/bogus", "", None);
+    assert_eq!(code, 400, "{text}");
+    let (code, _) = http(run.admin, "DELETE", "/api/portals/9", "", None);
+    assert_eq!(code, 404);
+
+    // Remove portal 2 by its address.
+    let (code, text) = http(run.admin, "DELETE", &format!("/api/portals/{p2}"), "", None);
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("\"persisted\":true"), "{text}");
+    assert!(refuses_connections(p2), "{p2} still accepts connections");
+    // Its session is closed; the one on portal 1 goes on.
+    let closed = (0..50).any(|_| {
+        let gone = on2
+            .execute(0, &scsi::test_unit_ready(), DataDir::None)
+            .is_err();
+        if !gone {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        gone
+    });
+    assert!(closed, "the session on the removed portal is still open");
+    let r = on1
+        .execute(0, &scsi::test_unit_ready(), DataDir::None)
+        .unwrap();
+    assert_eq!(r.status, Some(0));
+    // SendTargets, REPORT TARGET PORT GROUPS and the API forget it.
+    let l = listed(p1);
+    assert_eq!(l, vec![format!("{p1},1")]);
+    assert_eq!(port_groups(&mut on1), vec![(1, vec![1])]);
+    let (_, text) = http(run.admin, "GET", "/api/portals", "", None);
+    assert!(!text.contains(&p2.to_string()), "{text}");
+    let (_, text) = http(run.admin, "GET", "/api/targets", "", None);
+    assert!(!text.contains("\"group\":2"), "{text}");
+
+    // The last portal stays.
+    let (code, text) = http(run.admin, "DELETE", "/api/portals/1", "", None);
+    assert_eq!(code, 409, "{text}");
+    assert!(text.starts_with("{\"error\":"), "{text}");
+
+    // An address that cannot be bound is refused and not written.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (code, text) = http(
+        run.admin,
+        "POST",
+        "/api/portals",
+        &format!("{{\"addr\":\"{}\"}}", taken.local_addr().unwrap()),
+        None,
+    );
+    assert_eq!(code, 400, "{text}");
+    assert_eq!(Config::from_file(&path).unwrap().listen.len(), 1);
+    drop(taken);
+
+    // A portal added now gets a fresh tag and a group of its own.
+    let (code, text) = http(
+        run.admin,
+        "POST",
+        "/api/portals",
+        "{\"addr\":\"127.0.0.1:15871\"}",
+        None,
+    );
+    assert_eq!(code, 201, "{text}");
+    assert!(text.contains("\"tpgt\":3"), "{text}");
+    let p3: SocketAddr = "127.0.0.1:15871".parse().unwrap();
+    assert_eq!(listed(p1).len(), 2);
+    assert_eq!(
+        port_groups(&mut on1),
+        vec![(1, vec![1]), (3, vec![3])],
+        "the new portal's group is reported"
+    );
+    drop(login(p3));
+    // ALUA states of its group can be set, and persist.
+    let (code, text) = http(
+        run.admin,
+        "PUT",
+        "/api/alua/3",
+        "{\"state\":\"standby\"}",
+        None,
+    );
+    assert_eq!(code, 200, "{text}");
+
+    drop(on1);
+    drop(on2);
+    drop(run);
+    let c = Config::from_file(&path).unwrap();
+    assert_eq!(c.listen.len(), 2);
+    assert_eq!(c.listen[1], p3);
+    let g: Vec<_> = c
+        .alua
+        .group
+        .iter()
+        .map(|g| (g.id, g.portals.clone(), g.state))
+        .collect();
+    assert_eq!(
+        g,
+        vec![
+            (1, vec![1], target::config::AluaStateConfig::ActiveOptimized),
+            (3, vec![2], target::config::AluaStateConfig::Standby),
+        ]
+    );
+}
