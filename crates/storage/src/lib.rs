@@ -44,11 +44,15 @@ pub mod fault;
 mod file;
 mod mem;
 mod null;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 
 pub use fault::FaultBackend;
 pub use file::FileBackend;
 pub use mem::MemBackend;
 pub use null::NullBackend;
+#[cfg(feature = "rbd")]
+pub use rbd::{RbdBackend, RbdOptions};
 
 use std::io;
 

@@ -1,0 +1,709 @@
+//! The Ceph RBD backend: a LUN whose blocks live in an RBD image.
+//!
+//! librados and librbd are loaded at run time (crate `rbd-sys`), so this
+//! module builds everywhere; [`RbdBackend::open`] fails with a message
+//! naming the missing library on a machine without them.
+//!
+//! # How the contract is kept
+//!
+//! | call           | librbd                                                        |
+//! |----------------|---------------------------------------------------------------|
+//! | `read_at`      | `rbd_aio_read`, waited for                                    |
+//! | `write_at`     | `rbd_aio_write`, waited for                                   |
+//! | `flush`        | `rbd_aio_flush`                                               |
+//! | `write_zeroes` | `rbd_aio_write_zeroes` with `THICK_PROVISION` (stays allocated)|
+//! | `discard`      | `rbd_aio_write_zeroes` without it: whole objects are removed, |
+//! |                | partial ones zeroed (`rbd_aio_discard` may skip partial ranges|
+//! |                | under `rbd_discard_granularity_bytes`, leaving old data)      |
+//! | `allocation`   | `rbd_diff_iterate2` from the image's creation                 |
+//! | `resize`       | `rbd_resize`                                                  |
+//!
+//! **Durability.** An OSD acknowledges a write once it is stable on every
+//! replica, so without librbd's client cache every acknowledged write is
+//! stable. The cache (`rbd_cache`, on by default in Ceph, switching to
+//! write-back after the first flush) is therefore forced off when the
+//! image is opened, whatever ceph.conf says: write-through is then true,
+//! and write-back (WCE=1, opt-in) is honest too, since nothing is ever
+//! held back; FUA needs no extra work.
+//!
+//! **Blocking.** Each call submits an asynchronous request and waits for
+//! its completion, so [`BlockBackend::may_block`] is true and the target
+//! runs it on its I/O thread pool. Many calls may be in flight at once:
+//! librbd's image handle is safe to use from several threads.
+//!
+//! **Errors.** A negative errno from librbd becomes an `io::Error` with
+//! that OS error (so `ENOSPC`/`EDQUOT` report space allocation failure),
+//! except `EINVAL`, which becomes an error of kind `Other`: the SCSI layer
+//! reads `InvalidInput` as "LBA out of range", which this module checks
+//! itself before calling librbd.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::io;
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use rbd_sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Api};
+
+use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
+
+/// Where an RBD image is and how to reach its cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RbdOptions {
+    /// The pool.
+    pub pool: String,
+    /// The image in the pool.
+    pub image: String,
+    /// ceph.conf to read; none: librados' default search (`$CEPH_CONF`,
+    /// `/etc/ceph/ceph.conf`, `~/.ceph/config`, `./ceph.conf`).
+    pub ceph_conf: Option<PathBuf>,
+    /// Ceph entity name (`client.ironsan`); none: `client.admin`.
+    pub client_name: Option<String>,
+    /// Keyring file; none: what ceph.conf says.
+    pub keyring: Option<PathBuf>,
+    /// Open the image read-only (writes fail with `EROFS`).
+    pub read_only: bool,
+    /// Grow the image to at least this many bytes when it is smaller
+    /// (never shrinks it).
+    pub min_size: Option<u64>,
+}
+
+impl RbdOptions {
+    /// `POOL/IMAGE`, for messages.
+    pub fn spec(&self) -> String {
+        format!("{}/{}", self.pool, self.image)
+    }
+}
+
+/// A LUN on an RBD image; see the module docs.
+pub struct RbdBackend {
+    api: &'static Api,
+    cluster: rados_t,
+    ioctx: rados_ioctx_t,
+    image: rbd_image_t,
+    spec: String,
+    size: AtomicU64,
+    obj_size: u64,
+    write_back: AtomicBool,
+}
+
+// SAFETY: the handles are plain pointers to librados/librbd objects that
+// are documented thread-safe (QEMU and tcmu-runner issue aio on one image
+// from many threads); they are freed only in Drop, when no call can be in
+// flight since Drop takes `&mut self`.
+unsafe impl Send for RbdBackend {}
+// SAFETY: as above; every method takes `&self` and librbd serialises
+// internally.
+unsafe impl Sync for RbdBackend {}
+
+impl std::fmt::Debug for RbdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RbdBackend")
+            .field("image", &self.spec)
+            .field("size", &self.size())
+            .field("obj_size", &self.obj_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An error of `op` on `spec` from a negative errno `r` (see the module
+/// docs for the mapping).
+pub fn rbd_error(spec: &str, op: &str, r: i64) -> io::Error {
+    let errno = i32::try_from(r.unsigned_abs()).unwrap_or(libc::EIO);
+    let os = io::Error::from_raw_os_error(errno);
+    match errno {
+        // Kept raw: the SCSI layer looks at the errno.
+        libc::ENOSPC | libc::EDQUOT => os,
+        // Not "LBA out of range" (which InvalidInput means to the SCSI
+        // layer): ranges are checked here before librbd sees them.
+        libc::EINVAL => io::Error::other(format!("rbd {spec}: {op}: {os}")),
+        _ => io::Error::new(os.kind(), format!("rbd {spec}: {op}: {os}")),
+    }
+}
+
+fn cstring(what: &str, s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} {s:?} contains a NUL byte"),
+        )
+    })
+}
+
+fn path_cstring(what: &str, p: &std::path::Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} {} contains a NUL byte", p.display()),
+        )
+    })
+}
+
+/// Releases a cluster handle (and its I/O context) if opening fails part
+/// way.
+struct Partial {
+    api: &'static Api,
+    cluster: rados_t,
+    ioctx: rados_ioctx_t,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        // SAFETY: each handle is either null or was created by librados
+        // and not yet destroyed; the ioctx goes before its cluster.
+        unsafe {
+            if !self.ioctx.is_null() {
+                (self.api.rados_ioctx_destroy)(self.ioctx);
+            }
+            if !self.cluster.is_null() {
+                (self.api.rados_shutdown)(self.cluster);
+            }
+        }
+    }
+}
+
+impl RbdBackend {
+    /// Connects to the cluster and opens the image, growing it to
+    /// `min_size` when smaller. Blocks until the monitors answer, at most
+    /// 30 s (`client_mount_timeout`).
+    pub fn open(o: &RbdOptions, policy: WriteCache) -> io::Result<RbdBackend> {
+        let spec = o.spec();
+        let api = rbd_sys::api().map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))?;
+        let fail = |op: &str, r: c_int| rbd_error(&spec, op, i64::from(r));
+        let name = cstring(
+            "client name",
+            o.client_name.as_deref().unwrap_or("client.admin"),
+        )?;
+        let cluster_name = cstring("cluster name", "ceph")?;
+        let mut p = Partial {
+            api,
+            cluster: ptr::null_mut(),
+            ioctx: ptr::null_mut(),
+        };
+        // SAFETY: valid out pointer and NUL-terminated strings.
+        let r =
+            unsafe { (api.rados_create2)(&mut p.cluster, cluster_name.as_ptr(), name.as_ptr(), 0) };
+        if r < 0 {
+            return Err(fail("rados_create2", r));
+        }
+        let conf = o
+            .ceph_conf
+            .as_deref()
+            .map(|c| path_cstring("ceph_conf", c))
+            .transpose()?;
+        // SAFETY: a live cluster handle; NULL asks for the default search.
+        let r = unsafe {
+            (api.rados_conf_read_file)(p.cluster, conf.as_ref().map_or(ptr::null(), |c| c.as_ptr()))
+        };
+        if r < 0 {
+            let what = match &o.ceph_conf {
+                Some(c) => format!("reading {}", c.display()),
+                None => "finding ceph.conf ($CEPH_CONF, /etc/ceph/ceph.conf)".into(),
+            };
+            return Err(fail(&what, r));
+        }
+        let mut settings = vec![
+            // See the module docs: acknowledged writes must be stable.
+            ("rbd_cache", "false".to_string()),
+            ("client_mount_timeout", "30".to_string()),
+        ];
+        if let Some(k) = &o.keyring {
+            let k = k.to_str().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "keyring path is not UTF-8")
+            })?;
+            settings.push(("keyring", k.to_string()));
+        }
+        for (k, v) in &settings {
+            let (ck, cv) = (cstring("option", k)?, cstring("value", v)?);
+            // SAFETY: a live cluster handle and NUL-terminated strings.
+            let r = unsafe { (api.rados_conf_set)(p.cluster, ck.as_ptr(), cv.as_ptr()) };
+            if r < 0 {
+                return Err(fail(&format!("setting {k} = {v}"), r));
+            }
+        }
+        // SAFETY: a configured cluster handle.
+        let r = unsafe { (api.rados_connect)(p.cluster) };
+        if r < 0 {
+            return Err(fail("connecting to the cluster", r));
+        }
+        let pool = cstring("pool", &o.pool)?;
+        // SAFETY: a connected cluster, a NUL-terminated name, an out pointer.
+        let r = unsafe { (api.rados_ioctx_create)(p.cluster, pool.as_ptr(), &mut p.ioctx) };
+        if r < 0 {
+            return Err(fail(&format!("opening pool {}", o.pool), r));
+        }
+        let image_name = cstring("image", &o.image)?;
+        let mut image: rbd_image_t = ptr::null_mut();
+        let open = if o.read_only {
+            api.rbd_open_read_only
+        } else {
+            api.rbd_open
+        };
+        // SAFETY: a live ioctx, a NUL-terminated name, an out pointer, and
+        // NULL for "no snapshot".
+        let r = unsafe { open(p.ioctx, image_name.as_ptr(), &mut image, ptr::null()) };
+        if r < 0 {
+            return Err(fail("opening the image", r));
+        }
+        let (cluster, ioctx) = (p.cluster, p.ioctx);
+        std::mem::forget(p);
+        let mut b = RbdBackend {
+            api,
+            cluster,
+            ioctx,
+            image,
+            spec,
+            size: AtomicU64::new(0),
+            obj_size: 0,
+            write_back: AtomicBool::new(policy == WriteCache::WriteBack),
+        };
+        let mut info = rbd_sys::rbd_image_info_t::default();
+        // SAFETY: an open image and a struct of the size passed.
+        let r = unsafe {
+            (api.rbd_stat)(
+                b.image,
+                &mut info,
+                std::mem::size_of::<rbd_sys::rbd_image_info_t>(),
+            )
+        };
+        if r < 0 {
+            return Err(b.err("rbd_stat", i64::from(r)));
+        }
+        b.obj_size = if info.obj_size.is_power_of_two() {
+            info.obj_size
+        } else {
+            4 << 20
+        };
+        b.size.store(info.size, Ordering::Relaxed);
+        if let Some(want) = o.min_size {
+            if info.size < want {
+                b.resize(want)?;
+            }
+        }
+        if b.size() == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("rbd {}: the image is empty", b.spec),
+            ));
+        }
+        Ok(b)
+    }
+
+    /// `POOL/IMAGE`.
+    pub fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    /// The image's object size in bytes.
+    pub fn object_size(&self) -> u64 {
+        self.obj_size
+    }
+
+    fn err(&self, op: &str, r: i64) -> io::Error {
+        rbd_error(&self.spec, op, r)
+    }
+
+    /// Submits one asynchronous request with `submit` (given a fresh
+    /// completion) and waits for it; returns the completion's value.
+    fn run(&self, op: &str, submit: impl FnOnce(rbd_completion_t) -> i64) -> io::Result<isize> {
+        let mut c: rbd_completion_t = ptr::null_mut();
+        // SAFETY: no callback, so the argument is never used; out pointer.
+        let r = unsafe { (self.api.rbd_aio_create_completion)(ptr::null_mut(), None, &mut c) };
+        if r < 0 {
+            return Err(self.err("rbd_aio_create_completion", i64::from(r)));
+        }
+        let r = submit(c);
+        let ret = if r < 0 {
+            Err(self.err(op, r))
+        } else {
+            // SAFETY: a submitted completion; waiting blocks this thread
+            // until librbd completes it, after which the buffers the
+            // request used are no longer touched.
+            unsafe { (self.api.rbd_aio_wait_for_complete)(c) };
+            // SAFETY: a completed completion.
+            let v = unsafe { (self.api.rbd_aio_get_return_value)(c) };
+            if v < 0 {
+                Err(self.err(op, v as i64))
+            } else {
+                Ok(v)
+            }
+        };
+        // SAFETY: created above, released once; when submission failed
+        // librbd never took it.
+        unsafe { (self.api.rbd_aio_release)(c) };
+        ret
+    }
+
+    /// Reads into `ptr..ptr+len`; every byte is written on success.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `len` bytes of writes for the whole call.
+    unsafe fn read_raw(&self, ptr: *mut u8, len: usize, offset: u64) -> io::Result<()> {
+        check_range(self.size(), offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = self.run("read", |c| {
+            // SAFETY: the caller guarantees the buffer; `run` waits for the
+            // completion before returning, so it outlives the request.
+            i64::from(unsafe {
+                (self.api.rbd_aio_read)(self.image, offset, len, ptr.cast::<c_char>(), c)
+            })
+        })?;
+        if usize::try_from(n).ok() != Some(len) {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "rbd {}: short read at {offset}: {n} of {len} bytes",
+                    self.spec
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RbdBackend {
+    fn drop(&mut self) {
+        // SAFETY: handles created in `open`, closed once, image before its
+        // ioctx before its cluster; `&mut self` means no call is running.
+        unsafe {
+            (self.api.rbd_close)(self.image);
+            (self.api.rados_ioctx_destroy)(self.ioctx);
+            (self.api.rados_shutdown)(self.cluster);
+        }
+    }
+}
+
+/// State for `rbd_diff_iterate2`'s callback in [`RbdBackend::allocation`].
+struct DiffScan {
+    start: u64,
+    end: u64,
+    /// The first run found: (allocated, end offset).
+    run: Option<(bool, u64)>,
+}
+
+/// Returned from the callback to stop the iteration once the first run is
+/// known.
+const STOP: c_int = -libc::ECANCELED;
+
+unsafe extern "C" fn diff_cb(off: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `DiffScan` that `allocation` passes and keeps
+    // alive across the synchronous `rbd_diff_iterate2` call.
+    let s = unsafe { &mut *arg.cast::<DiffScan>() };
+    let e_start = off.max(s.start);
+    let e_end = off.saturating_add(len as u64).min(s.end);
+    if e_end <= e_start {
+        return 0;
+    }
+    let exists = exists != 0;
+    match s.run {
+        None if e_start > s.start => {
+            // A hole before the first extent reported.
+            s.run = Some((false, e_start));
+            if exists {
+                return STOP;
+            }
+            s.run = Some((false, e_end));
+        }
+        None => s.run = Some((exists, e_end)),
+        Some((a, end)) if a == exists && e_start == end => s.run = Some((a, e_end)),
+        Some((false, end)) if !exists => s.run = Some((false, e_end.max(end))),
+        Some(_) => return STOP,
+    }
+    0
+}
+
+impl BlockBackend for RbdBackend {
+    fn kind(&self) -> &'static str {
+        "rbd"
+    }
+
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // SAFETY: a live exclusive borrow of the buffer for the call.
+        unsafe { self.read_raw(buf.as_mut_ptr(), buf.len(), offset) }
+    }
+
+    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
+        let mut v: Vec<u8> = Vec::with_capacity(len);
+        // SAFETY: the capacity is `len`; on success librbd wrote all of it
+        // (a short read is an error), so it is initialised.
+        unsafe {
+            self.read_raw(v.as_mut_ptr(), len, offset)?;
+            v.set_len(len);
+        }
+        Ok(bytes::Bytes::from(v))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
+        // Without librbd's cache an acknowledged write is stable: FUA needs
+        // nothing more (module docs).
+        check_range(self.size(), offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.run("write", |c| {
+            // SAFETY: `buf` is borrowed for the call and `run` waits for the
+            // completion.
+            i64::from(unsafe {
+                (self.api.rbd_aio_write)(
+                    self.image,
+                    offset,
+                    buf.len(),
+                    buf.as_ptr().cast::<c_char>(),
+                    c,
+                )
+            })
+        })?;
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.run("flush", |c| {
+            // SAFETY: an open image and a fresh completion.
+            i64::from(unsafe { (self.api.rbd_aio_flush)(self.image, c) })
+        })?;
+        Ok(())
+    }
+
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        // SAFETY: an open image; librbd serialises a resize against I/O.
+        let r = unsafe { (self.api.rbd_resize)(self.image, new_size) };
+        if r < 0 {
+            return Err(self.err("resize", i64::from(r)));
+        }
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    fn write_cache(&self) -> WriteCache {
+        if self.write_back.load(Ordering::Relaxed) {
+            WriteCache::WriteBack
+        } else {
+            WriteCache::WriteThrough
+        }
+    }
+
+    fn set_write_cache(&self, policy: WriteCache) -> io::Result<()> {
+        // Either policy is true of an uncached image (module docs).
+        self.write_back
+            .store(policy == WriteCache::WriteBack, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.zero(offset, len, rbd_sys::RBD_WRITE_ZEROES_FLAG_THICK_PROVISION)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.zero(offset, len, 0)
+    }
+
+    fn can_deallocate(&self) -> bool {
+        true
+    }
+
+    fn discard_granularity(&self) -> u64 {
+        self.obj_size
+    }
+
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        check_range_u64(self.size(), offset, len)?;
+        let mut scan = DiffScan {
+            start: offset,
+            end: offset + len,
+            run: None,
+        };
+        // SAFETY: an open image; NULL = since creation; the callback gets
+        // `scan`, alive for this synchronous call.
+        let r = unsafe {
+            (self.api.rbd_diff_iterate2)(
+                self.image,
+                ptr::null(),
+                offset,
+                len,
+                1,
+                0,
+                Some(diff_cb),
+                (&mut scan as *mut DiffScan).cast::<c_void>(),
+            )
+        };
+        if r < 0 && r != STOP {
+            return Err(self.err("allocation (rbd_diff_iterate2)", i64::from(r)));
+        }
+        Ok(match scan.run {
+            None => Extent {
+                allocated: false,
+                len,
+            },
+            Some((allocated, end)) => Extent {
+                allocated,
+                len: end - offset,
+            },
+        })
+    }
+}
+
+impl RbdBackend {
+    fn zero(&self, offset: u64, len: u64, flags: c_int) -> io::Result<()> {
+        check_range_u64(self.size(), offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = usize::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "range too large"))?;
+        self.run("write zeroes", |c| {
+            // SAFETY: an open image and a fresh completion; no buffer.
+            i64::from(unsafe {
+                (self.api.rbd_aio_write_zeroes)(self.image, offset, n, c, flags, 0)
+            })
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping() {
+        let e = rbd_error("p/i", "write", -i64::from(libc::ENOSPC));
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        let e = rbd_error("p/i", "write", -i64::from(libc::EDQUOT));
+        assert_eq!(e.raw_os_error(), Some(libc::EDQUOT));
+        // EINVAL must not read as "LBA out of range".
+        let e = rbd_error("p/i", "read", -i64::from(libc::EINVAL));
+        assert_ne!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("rbd p/i: read"), "{e}");
+        let e = rbd_error("p/i", "write", -i64::from(libc::EROFS));
+        assert_eq!(e.kind(), io::ErrorKind::ReadOnlyFilesystem);
+        let e = rbd_error("p/i", "read", -i64::from(libc::ETIMEDOUT));
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn missing_library_fails_up_front() {
+        // Only meaningful where librbd is absent; where it is present, a
+        // bogus conf file fails instead. Either way open() fails cleanly.
+        let o = RbdOptions {
+            pool: "rbd".into(),
+            image: "none".into(),
+            ceph_conf: Some("/nonexistent/ceph.conf".into()),
+            ..RbdOptions::default()
+        };
+        let e = RbdBackend::open(&o, WriteCache::WriteThrough).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("librbd") || text.contains("/nonexistent/ceph.conf"),
+            "{text}"
+        );
+    }
+
+    fn scan(start: u64, end: u64, extents: &[(u64, usize, c_int)]) -> Option<(bool, u64)> {
+        let mut s = DiffScan {
+            start,
+            end,
+            run: None,
+        };
+        for &(o, l, e) in extents {
+            // SAFETY: `s` is a live DiffScan.
+            let r = unsafe { diff_cb(o, l, e, (&mut s as *mut DiffScan).cast()) };
+            if r == STOP {
+                break;
+            }
+        }
+        s.run
+    }
+
+    #[test]
+    fn first_run_of_a_diff() {
+        // Nothing reported: the caller treats it as one hole.
+        assert_eq!(scan(0, 100, &[]), None);
+        // Data at the start, merged while contiguous.
+        assert_eq!(
+            scan(0, 100, &[(0, 10, 1), (10, 5, 1), (40, 5, 1)]),
+            Some((true, 15))
+        );
+        // A hole before the first extent.
+        assert_eq!(scan(0, 100, &[(30, 10, 1)]), Some((false, 30)));
+        // Extents clipped to the query.
+        assert_eq!(scan(20, 100, &[(0, 30, 1), (30, 5, 1)]), Some((true, 35)));
+        assert_eq!(scan(0, 8, &[(0, 30, 1)]), Some((true, 8)));
+    }
+}
+
+/// Against a live cluster, when `IRONSAN_RBD_TEST=POOL/IMAGE` names a
+/// scratch image (its data is overwritten) and `CEPH_CONF` the cluster
+/// (scripts/rbd.sh sets both); skipped otherwise.
+#[cfg(test)]
+mod live {
+    use super::*;
+
+    fn open() -> Option<RbdBackend> {
+        let spec = std::env::var("IRONSAN_RBD_TEST").ok()?;
+        let (pool, image) = spec.split_once('/').expect("IRONSAN_RBD_TEST=POOL/IMAGE");
+        let o = RbdOptions {
+            pool: pool.into(),
+            image: image.into(),
+            ..RbdOptions::default()
+        };
+        Some(RbdBackend::open(&o, WriteCache::WriteThrough).expect("open the test image"))
+    }
+
+    #[test]
+    fn read_write_zero_discard_allocation() {
+        let Some(b) = open() else {
+            eprintln!("skipped: IRONSAN_RBD_TEST not set");
+            return;
+        };
+        let os = b.object_size();
+        assert_eq!(b.discard_granularity(), os);
+        let size = b.size();
+        assert!(size >= 4 * os, "the test image needs 4 objects");
+        // Whole-object discard: deallocated, reads zeros.
+        b.discard(0, 4 * os).unwrap();
+        let e = b.allocation(0, 4 * os).unwrap();
+        assert_eq!(
+            e,
+            Extent {
+                allocated: false,
+                len: 4 * os
+            }
+        );
+        let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        b.write_at(&data, os + 4096, true).unwrap();
+        let mut back = vec![0u8; 8192];
+        b.read_at(&mut back, os + 4096).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(&b.read_bytes(os + 4096, 8192).unwrap()[..], &data[..]);
+        b.flush().unwrap();
+        // The written object is allocated, the first one not.
+        let e = b.allocation(0, 4 * os).unwrap();
+        assert!(!e.allocated && e.len <= os + 4096, "{e:?}");
+        let e = b.allocation(os + 4096, 4096).unwrap();
+        assert!(e.allocated, "{e:?}");
+        // Partial discard reads back zeros.
+        b.discard(os + 4096, 4096).unwrap();
+        b.read_at(&mut back, os + 4096).unwrap();
+        assert!(back[..4096].iter().all(|&x| x == 0));
+        assert_eq!(back[4096..], data[4096..]);
+        b.write_zeroes(os + 8192, 4096).unwrap();
+        b.read_at(&mut back, os + 4096).unwrap();
+        assert!(back.iter().all(|&x| x == 0));
+        // Out of range is InvalidInput, checked before librbd.
+        let e = b.read_at(&mut back, size).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        // Grow and shrink back.
+        b.resize(size + os).unwrap();
+        assert_eq!(b.size(), size + os);
+        b.read_at(&mut back, size).unwrap();
+        b.resize(size).unwrap();
+        assert_eq!(b.size(), size);
+    }
+}
