@@ -72,9 +72,11 @@ struct ServeArgs {
     /// The target's iSCSI name.
     #[arg(long = "target", value_name = "IQN")]
     target: Option<String>,
-    /// A LUN: mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE, optionally followed by
-    /// ,physical_block_size=BYTES (e.g. mem:64M,physical_block_size=4096 for 512e);
-    /// repeatable, the first is LUN 0.
+    /// A LUN: mem:SIZE, null:SIZE, file:PATH, file:PATH:SIZE or rbd:POOL/IMAGE, optionally
+    /// followed by ,physical_block_size=BYTES (e.g. mem:64M,physical_block_size=4096 for 512e);
+    /// repeatable, the first is LUN 0. An rbd LUN reaches the cluster of $CEPH_CONF (or
+    /// /etc/ceph/ceph.conf) as client.admin; a config file sets ceph_conf, ceph_client and
+    /// ceph_keyring.
     #[arg(long = "lun", value_name = "SPEC")]
     lun: Vec<String>,
     /// Logical block size of the --lun LUNs (512 or 4096).
@@ -298,6 +300,11 @@ fn serve(a: ServeArgs) -> Result<()> {
                     target::config::BackendKind::Null => {
                         "null (reads zeros, discards writes)".to_string()
                     }
+                    target::config::BackendKind::Rbd => format!(
+                        "rbd {}/{}",
+                        l.pool.as_deref().unwrap_or_default(),
+                        l.image.as_deref().unwrap_or_default()
+                    ),
                     target::config::BackendKind::File => format!(
                         "file {} ({})",
                         l.path

@@ -333,7 +333,10 @@ mod tests {
     fn image_info_has_the_c_layout() {
         // Checked against gcc on Debian 12's <rbd/librbd.h>.
         assert_eq!(std::mem::offset_of!(rbd_image_info_t, order), 24);
-        assert_eq!(std::mem::offset_of!(rbd_image_info_t, block_name_prefix), 28);
+        assert_eq!(
+            std::mem::offset_of!(rbd_image_info_t, block_name_prefix),
+            28
+        );
         assert_eq!(std::mem::offset_of!(rbd_image_info_t, parent_pool), 56);
         assert_eq!(std::mem::size_of::<rbd_image_info_t>(), 160);
     }

@@ -169,7 +169,8 @@ impl RbdBackend {
     /// 30 s (`client_mount_timeout`).
     pub fn open(o: &RbdOptions, policy: WriteCache) -> io::Result<RbdBackend> {
         let spec = o.spec();
-        let api = rbd_sys::api().map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))?;
+        let api = rbd_sys::api()
+            .map_err(|e| io::Error::new(io::ErrorKind::NotFound, format!("rbd {spec}: {e}")))?;
         let fail = |op: &str, r: c_int| rbd_error(&spec, op, i64::from(r));
         let name = cstring(
             "client name",
@@ -243,6 +244,12 @@ impl RbdBackend {
         // SAFETY: a live ioctx, a NUL-terminated name, an out pointer, and
         // NULL for "no snapshot".
         let r = unsafe { open(p.ioctx, image_name.as_ptr(), &mut image, ptr::null()) };
+        if r == -libc::ENOENT {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("rbd {spec}: no such image (create it: rbd create --size SIZE {spec})"),
+            ));
+        }
         if r < 0 {
             return Err(fail("opening the image", r));
         }

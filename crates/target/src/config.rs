@@ -40,6 +40,14 @@
 //! physical_block_size = 4096   # optional: block_size × 2^n (4096 with 512: "512e")
 //! write_cache = "through"      # through (default) | back
 //! thin = true                  # default; false: fully provisioned
+//!
+//! [[target.lun]]                # a Ceph RBD image (the image must exist)
+//! backend = "rbd"
+//! pool = "rbd"
+//! image = "disk1"
+//! ceph_conf = "/etc/ceph/ceph.conf"   # default: librados' search ($CEPH_CONF, /etc/ceph)
+//! ceph_client = "client.ironsan"      # default: client.admin ("ironsan" = client.ironsan)
+//! ceph_keyring = "/etc/ceph/ceph.client.ironsan.keyring"  # default: from ceph.conf
 //! ```
 
 use std::net::SocketAddr;
@@ -407,6 +415,8 @@ pub enum BackendKind {
     Null,
     /// A regular file or a block device.
     File,
+    /// A Ceph RBD image (needs librbd at run time).
+    Rbd,
 }
 
 /// Write cache policy as written in the config.
@@ -424,10 +434,11 @@ pub enum CacheConfig {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LunConfig {
-    /// mem, null or file.
+    /// mem, null, file or rbd.
     pub backend: BackendKind,
     /// Capacity (`64M`, `1G`): required for mem and null; for file, the
-    /// size to create or extend it to.
+    /// size to create or extend it to; for rbd, the size to grow the image
+    /// to when it is smaller (an image is never shrunk at start).
     #[serde(default)]
     pub size: Option<String>,
     /// File or block device path (file backend).
@@ -464,6 +475,24 @@ pub struct LunConfig {
     /// removing one LUN does not renumber the others.
     #[serde(default)]
     pub number: Option<u16>,
+    /// The Ceph pool of the image (rbd backend).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// The RBD image in `pool` (rbd backend); it must exist.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// ceph.conf of the cluster (rbd backend); default: librados' search
+    /// (`$CEPH_CONF`, `/etc/ceph/ceph.conf`, `~/.ceph/config`).
+    #[serde(default)]
+    pub ceph_conf: Option<PathBuf>,
+    /// The Ceph client to connect as (rbd backend): a full entity name
+    /// (`client.ironsan`) or an id (`ironsan`); default `client.admin`.
+    #[serde(default)]
+    pub ceph_client: Option<String>,
+    /// The keyring holding the client's key (rbd backend); default: what
+    /// ceph.conf says.
+    #[serde(default)]
+    pub ceph_keyring: Option<PathBuf>,
 }
 
 fn default_block_size() -> u32 {
@@ -475,15 +504,17 @@ fn default_thin() -> bool {
 }
 
 impl LunConfig {
-    /// Parses the quick-flag form: `mem:SIZE`, `null:SIZE`, `file:PATH` or
-    /// `file:PATH:SIZE`, each optionally followed by `,KEY=VALUE` options;
-    /// the one option is `physical_block_size=BYTES`. Values are checked
-    /// by [`Config::validate`].
+    /// Parses the quick-flag form: `mem:SIZE`, `null:SIZE`, `file:PATH`,
+    /// `file:PATH:SIZE` or `rbd:POOL/IMAGE` (the cluster from `$CEPH_CONF`
+    /// or `/etc/ceph/ceph.conf`, as `client.admin`), each optionally
+    /// followed by `,KEY=VALUE` options; the one option is
+    /// `physical_block_size=BYTES`. Values are checked by
+    /// [`Config::validate`].
     pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
         let bad = || {
             ConfigError::Invalid(format!(
-                "--lun {spec:?}: expected mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE, \
-                 optionally followed by ,physical_block_size=BYTES"
+                "--lun {spec:?}: expected mem:SIZE, null:SIZE, file:PATH, file:PATH:SIZE or \
+                 rbd:POOL/IMAGE, optionally followed by ,physical_block_size=BYTES"
             ))
         };
         // Options are taken from the end, so that a path may hold commas.
@@ -526,6 +557,11 @@ impl LunConfig {
             thin: true,
             serial: None,
             number: None,
+            pool: None,
+            image: None,
+            ceph_conf: None,
+            ceph_client: None,
+            ceph_keyring: None,
         };
         match kind {
             "mem" | "null" => {
@@ -545,6 +581,18 @@ impl LunConfig {
                     }
                     _ => l.path = Some(PathBuf::from(rest)),
                 }
+            }
+            "rbd" => {
+                l.backend = BackendKind::Rbd;
+                let (pool, image) = rest.split_once('/').ok_or_else(bad)?;
+                check_rbd_name("pool", pool).map_err(|m| {
+                    ConfigError::Invalid(format!("--lun {spec:?}: {m} (expected rbd:POOL/IMAGE)"))
+                })?;
+                check_rbd_name("image", image).map_err(|m| {
+                    ConfigError::Invalid(format!("--lun {spec:?}: {m} (expected rbd:POOL/IMAGE)"))
+                })?;
+                l.pool = Some(pool.to_string());
+                l.image = Some(image.to_string());
             }
             _ => return Err(bad()),
         }
@@ -711,6 +759,36 @@ impl Config {
                             check_lun_size(&at, size, lun.block_size)?;
                         }
                     }
+                    BackendKind::Rbd => {
+                        if lun.path.is_some() {
+                            return inv(format!("{at}: an rbd LUN takes pool and image, not path"));
+                        }
+                        for (what, v) in [("pool", &lun.pool), ("image", &lun.image)] {
+                            let Some(v) = v else {
+                                return inv(format!("{at}: {what} is required for an rbd LUN"));
+                            };
+                            check_rbd_name(what, v)
+                                .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+                        }
+                        if let Some(c) = &lun.ceph_client {
+                            check_rbd_name("ceph_client", c)
+                                .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+                        }
+                        if let Some(size) = size {
+                            check_lun_size(&at, size, lun.block_size)?;
+                        }
+                    }
+                }
+                if lun.backend != BackendKind::Rbd
+                    && (lun.pool.is_some()
+                        || lun.image.is_some()
+                        || lun.ceph_conf.is_some()
+                        || lun.ceph_client.is_some()
+                        || lun.ceph_keyring.is_some())
+                {
+                    return inv(format!(
+                        "{at}: pool, image and ceph_* belong to rbd LUNs only"
+                    ));
                 }
             }
         }
@@ -747,6 +825,73 @@ fn check_lun_size(at: &str, size: u64, bs: u32) -> Result<(), ConfigError> {
         )));
     }
     Ok(())
+}
+
+/// Checks a Ceph pool, image or client name as this target accepts it:
+/// non-empty, at most 255 bytes, printable, without `/` or `@` (no
+/// namespaces or snapshots).
+pub fn check_rbd_name(what: &str, n: &str) -> Result<(), String> {
+    if n.is_empty() {
+        return Err(format!("{what} name is empty"));
+    }
+    if n.len() > 255 {
+        return Err(format!("{what} name longer than 255 bytes"));
+    }
+    if n.chars()
+        .any(|c| c == '/' || c == '@' || c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "{what} name {n:?} contains '/', '@', whitespace or control characters \
+             (namespaces and snapshots are not supported)"
+        ));
+    }
+    Ok(())
+}
+
+impl LunConfig {
+    /// The RBD image options of an rbd LUN (`None` for other backends).
+    pub fn rbd_options(&self) -> Result<Option<RbdLun>, ConfigError> {
+        if self.backend != BackendKind::Rbd {
+            return Ok(None);
+        }
+        let need = |v: &Option<String>, what: &str| {
+            v.clone()
+                .ok_or_else(|| ConfigError::Invalid(format!("{what} is required for an rbd LUN")))
+        };
+        Ok(Some(RbdLun {
+            pool: need(&self.pool, "pool")?,
+            image: need(&self.image, "image")?,
+            ceph_conf: self.ceph_conf.clone(),
+            client_name: self.ceph_client.as_ref().map(|c| {
+                if c.contains('.') {
+                    c.clone()
+                } else {
+                    format!("client.{c}")
+                }
+            }),
+            keyring: self.ceph_keyring.clone(),
+            min_size: self.size_bytes()?,
+        }))
+    }
+}
+
+/// Where an rbd LUN's image is (the backend-independent part of
+/// `storage::RbdOptions`, so that configuration works without the `rbd`
+/// feature).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RbdLun {
+    /// The pool.
+    pub pool: String,
+    /// The image.
+    pub image: String,
+    /// ceph.conf, or librados' default search.
+    pub ceph_conf: Option<PathBuf>,
+    /// Full entity name (`client.x`), or `client.admin`.
+    pub client_name: Option<String>,
+    /// Keyring, or what ceph.conf says.
+    pub keyring: Option<PathBuf>,
+    /// Grow the image to this size when smaller.
+    pub min_size: Option<u64>,
 }
 
 /// Checks an iSCSI name (RFC 7143 §4.2.7): iqn., eui. or naa. form, at
@@ -967,5 +1112,71 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn rbd_specs() {
+        let l = LunConfig::from_spec("rbd:rbd/ironsan").unwrap();
+        assert_eq!(l.backend, BackendKind::Rbd);
+        let o = l.rbd_options().unwrap().unwrap();
+        assert_eq!((o.pool.as_str(), o.image.as_str()), ("rbd", "ironsan"));
+        assert_eq!((o.ceph_conf, o.client_name, o.min_size), (None, None, None));
+        for bad in [
+            "rbd:",
+            "rbd:ironsan",
+            "rbd:/ironsan",
+            "rbd:rbd/",
+            "rbd:rbd/ns/img",
+            "rbd:rbd/img@snap",
+            "rbd:rb d/img",
+        ] {
+            assert!(LunConfig::from_spec(bad).is_err(), "accepted {bad}");
+        }
+        assert_eq!(
+            LunConfig::from_spec("mem:1M")
+                .unwrap()
+                .rbd_options()
+                .unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn rbd_in_toml() {
+        let base = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"rbd\"\n";
+        let c = Config::from_toml(&format!(
+            "{base}pool = \"p\"\nimage = \"i\"\nceph_conf = \"/c/ceph.conf\"\n\
+             ceph_client = \"ironsan\"\nceph_keyring = \"/c/k\"\nsize = \"1G\"\n"
+        ))
+        .unwrap();
+        let o = c.target[0].lun[0].rbd_options().unwrap().unwrap();
+        assert_eq!(o.client_name.as_deref(), Some("client.ironsan"));
+        assert_eq!(
+            o.ceph_conf.as_deref(),
+            Some(std::path::Path::new("/c/ceph.conf"))
+        );
+        assert_eq!(o.keyring.as_deref(), Some(std::path::Path::new("/c/k")));
+        assert_eq!(o.min_size, Some(1 << 30));
+        let full = Config::from_toml(&format!(
+            "{base}pool = \"p\"\nimage = \"i\"\nceph_client = \"client.x\"\n"
+        ))
+        .unwrap();
+        let o = full.target[0].lun[0].rbd_options().unwrap().unwrap();
+        assert_eq!(o.client_name.as_deref(), Some("client.x"));
+        for bad in [
+            "pool = \"p\"\n",
+            "image = \"i\"\n",
+            "pool = \"p\"\nimage = \"a/b\"\n",
+            "pool = \"p\"\nimage = \"i\"\npath = \"/x\"\n",
+            "pool = \"p\"\nimage = \"i\"\nsize = \"1000\"\n",
+            "pool = \"p\"\nimage = \"i\"\nceph_user = \"x\"\n",
+        ] {
+            let text = format!("{base}{bad}");
+            assert!(Config::from_toml(&text).is_err(), "accepted:\n{text}");
+        }
+        // Ceph fields on another backend are refused.
+        let text = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\n\
+                    size = \"1M\"\npool = \"p\"\n";
+        assert!(Config::from_toml(text).is_err());
     }
 }

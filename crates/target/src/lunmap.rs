@@ -242,6 +242,7 @@ pub fn build_lu(
                     .map_err(|e| format!("{at}: {}: {e}", path.display()))?,
             )
         }
+        BackendKind::Rbd => open_rbd(l, policy).map_err(|e| format!("{at}: {e}"))?,
     };
     let serial = l.serial.clone().unwrap_or_else(|| serial_for(target, n));
     let lu_cfg = LuConfig {
@@ -254,6 +255,7 @@ pub fn build_lu(
             BackendKind::Mem => "RAM DISK".into(),
             BackendKind::Null => "NULL DISK".into(),
             BackendKind::File => "FILE DISK".into(),
+            BackendKind::Rbd => "RBD DISK".into(),
         },
         revision: "0001".into(),
         read_only: l.read_only,
@@ -264,6 +266,33 @@ pub fn build_lu(
         .map_err(|e| format!("{at}: {e}"))?
         .with_port_groups(pg.clone());
     Ok(Arc::new(lu))
+}
+
+/// Opens the RBD image of an rbd LUN.
+#[cfg(feature = "rbd")]
+fn open_rbd(l: &LunConfig, policy: WriteCache) -> Result<Arc<dyn BlockBackend>, String> {
+    let o = l
+        .rbd_options()
+        .map_err(|e| e.to_string())?
+        .ok_or("not an rbd LUN")?;
+    let opts = storage::RbdOptions {
+        pool: o.pool,
+        image: o.image,
+        ceph_conf: o.ceph_conf,
+        client_name: o.client_name,
+        keyring: o.keyring,
+        read_only: l.read_only,
+        min_size: o.min_size,
+    };
+    let b = storage::RbdBackend::open(&opts, policy).map_err(|e| e.to_string())?;
+    Ok(Arc::new(b))
+}
+
+/// Without the `rbd` feature an rbd LUN cannot be opened.
+#[cfg(not(feature = "rbd"))]
+fn open_rbd(l: &LunConfig, _policy: WriteCache) -> Result<Arc<dyn BlockBackend>, String> {
+    let _ = l;
+    Err("this ironsan was built without the rbd feature (cargo build --features rbd)".into())
 }
 
 /// Where a command came from, for VPD 0x83 and per-nexus state.

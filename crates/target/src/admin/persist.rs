@@ -64,10 +64,28 @@ pub fn add_lun(doc: &mut DocumentMut, name: &str, n: u16, c: &LunConfig) -> Resu
             BackendKind::Mem => "mem",
             BackendKind::Null => "null",
             BackendKind::File => "file",
+            BackendKind::Rbd => "rbd",
         }),
     );
     if let Some(p) = &c.path {
         l.insert("path", value(p.display().to_string()));
+    }
+    for (k, v) in [
+        ("pool", &c.pool),
+        ("image", &c.image),
+        ("ceph_client", &c.ceph_client),
+    ] {
+        if let Some(v) = v {
+            l.insert(k, value(v.as_str()));
+        }
+    }
+    for (k, v) in [
+        ("ceph_conf", &c.ceph_conf),
+        ("ceph_keyring", &c.ceph_keyring),
+    ] {
+        if let Some(v) = v {
+            l.insert(k, value(v.display().to_string()));
+        }
     }
     if let Some(s) = &c.size {
         l.insert("size", value(s.as_str()));
