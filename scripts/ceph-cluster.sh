@@ -69,7 +69,7 @@ daemon_pids() {
   local f pid comm
   for f in "$dir"/osd.*.pid "$dir"/mon.*.pid; do
     [ -e "$f" ] || continue
-    pid=$(cat "$f")
+    pid=$(cat "$f" 2>/dev/null) || continue
     [[ $pid =~ ^[0-9]+$ ]] || continue
     comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
     case $comm in ceph-mon | ceph-osd) echo "$pid" ;; esac

@@ -17,6 +17,7 @@ whatever their result, and counted neither as passes nor as failures.
 Usage: conformance.py --ironsan PATH [--expect FILE] [--digest off|required]
                       [--physical-block-size BYTES] [--known-defects FILE]
                       [--tests PATTERN] [--log FILE] [--update FILE]
+                      [--lun SPEC]   (another LU, e.g. rbd:rbd/ironsan; default mem:SIZE)
 """
 
 import argparse
@@ -132,12 +133,13 @@ def main():
                     help="the LUN's physical block size in bytes (4096: 512e)")
     ap.add_argument("--known-defects",
                     help="file of 'Suite.Test  reason' lines: tests that contradict the standard here")
+    ap.add_argument("--lun", help="the LU to test as an ironsan --lun spec (default mem:SIZE)")
     ap.add_argument("--log", default="target/conformance.log")
     ap.add_argument("--update", help="write the passing tests to this file")
     ap.add_argument("--timeout", type=int, default=900)
     a = ap.parse_args()
     defects = read_defects(a.known_defects) if a.known_defects else OrderedDict()
-    lun = f"mem:{a.size}"
+    lun = a.lun or f"mem:{a.size}"
     if a.physical_block_size:
         lun += f",physical_block_size={a.physical_block_size}"
 

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# ironsan on Ceph RBD, end to end: starts a one-node Ceph on loopback
+# (scripts/ceph-cluster.sh, installing it when missing), creates images, and
+#   1. runs the backend's live test (crates/storage, IRONSAN_RBD_TEST),
+#   2. runs libiscsi's iscsi-test-cu on an RBD LUN (scripts/conformance.py
+#      --lun rbd:..., expectations tests/conformance/expected-pass-rbd.txt),
+#   3. writes a 64 MiB image through the LUN with qemu-img and reads it
+#      back, and writes/reads all of a 256 MiB LUN with ironsan bench --verify,
+#   4. compares 4K random reads at depth 32: rbd bench (librbd directly) and
+#      ironsan bench through the target, on the same image, same run,
+# then stops everything by PID. Prints pass/skip/fail per step; exits
+# non-zero when a step failed.
+#
+# Environment: IRONSAN_CEPH_DIR (cluster directory, default a fresh one in
+# /tmp), IRONSAN_RBD_PORT (target portal, default 17262), CEPH_MON_PORT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t_start=$SECONDS
+dir=${IRONSAN_CEPH_DIR:-/tmp/ironsan-rbd.$$}
+port=${IRONSAN_RBD_PORT:-17262}
+iqn=iqn.2026-11.io.ironsan:rbd
+url=iscsi://127.0.0.1:$port/$iqn/0
+work=$(mktemp -d)
+srv=
+results=()
+failed=0
+
+say() { echo "rbd.sh: $*" >&2; }
+step() { # NAME STATE
+  results+=("$(printf '%-28s %s' "$1" "$2")")
+  [ "$2" != fail ] || failed=1
+}
+
+cleanup() {
+  if [ -n "$srv" ] && kill -0 "$srv" 2>/dev/null; then
+    kill "$srv" 2>/dev/null || true
+    wait "$srv" 2>/dev/null || true
+  fi
+  scripts/ceph-cluster.sh down "$dir" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if ! command -v iscsi-test-cu >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libiscsi-bin >/dev/null
+fi
+say "building ironsan (release)"
+cargo build -q --release -p ironsan
+bin=target/release/ironsan
+
+t0=$SECONDS
+scripts/ceph-cluster.sh up "$dir"
+say "cluster ready after $((SECONDS - t0)) s"
+export CEPH_CONF=$dir/ceph.conf
+rbd create --size 256M rbd/ironsan
+rbd create --size 64M rbd/conformance
+rbd create --size 64M rbd/scratch
+
+say "1. backend live test"
+if IRONSAN_RBD_TEST=rbd/scratch cargo test -q -p storage --features rbd live 2>&1 | tail -3; then
+  step "backend live test" pass
+else
+  step "backend live test" fail
+fi
+
+say "2. iscsi-test-cu on rbd:rbd/conformance"
+t0=$SECONDS
+if python3 scripts/conformance.py --ironsan "$bin" --lun rbd:rbd/conformance \
+  --expect tests/conformance/expected-pass-rbd.txt --log target/conformance-rbd.log |
+  tee "$work/conformance.out" | tail -8; then
+  step "conformance" "pass ($(grep -o 'totals: .*' "$work/conformance.out"), $((SECONDS - t0)) s)"
+else
+  step "conformance" "fail ($(grep -o 'totals: .*' "$work/conformance.out" || echo no totals))"
+fi
+
+say "serving rbd:rbd/ironsan on 127.0.0.1:$port"
+"$bin" --log warn serve --listen "127.0.0.1:$port" --target "$iqn" --lun rbd:rbd/ironsan \
+  >"$work/target.log" 2>&1 &
+srv=$!
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  kill -0 "$srv" 2>/dev/null || {
+    cat "$work/target.log" >&2
+    exit 1
+  }
+  sleep 0.1
+done
+
+say "3. data round trips"
+if command -v qemu-img >/dev/null && ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so >/dev/null 2>&1; then
+  head -c $((64 << 20)) /dev/urandom >"$work/src.img"
+  if qemu-img convert -n -f raw -O raw "$work/src.img" "$url" &&
+    qemu-img convert -f raw -O raw "$url" "$work/back.img" &&
+    cmp -n $((64 << 20)) "$work/src.img" "$work/back.img"; then
+    step "qemu-img write/read 64M" pass
+  else
+    step "qemu-img write/read 64M" fail
+  fi
+  rm -f "$work/src.img" "$work/back.img"
+else
+  step "qemu-img write/read 64M" "skip (no qemu-img with iscsi://; scripts/interop.sh installs it)"
+fi
+if "$bin" bench --rw write --bs 1m --iodepth 8 --verify "$url" >"$work/w.txt" 2>&1 &&
+  id=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/w.txt" | head -1 | cut -d' ' -f2) &&
+  [ -n "$id" ] &&
+  "$bin" bench --rw read --bs 1m --iodepth 8 --verify --verify-id "$id" "$url" >"$work/r.txt" 2>&1; then
+  step "bench --verify 256M" pass
+else
+  cat "$work/w.txt" "$work/r.txt" 2>/dev/null | tail -20 >&2
+  step "bench --verify 256M" fail
+fi
+
+say "4. 4K random reads, depth 32, 256 MiB: rbd bench vs ironsan bench"
+rbd bench --io-type read --io-pattern rand --io-size 4K --io-threads 32 --io-total 256M rbd/ironsan \
+  >"$work/rbdbench.txt" 2>&1 || step "rbd bench" fail
+rbd_iops=$(awk '/^elapsed:/ { for (i = 1; i <= NF; i++) if ($i == "ops/sec:") print $(i + 1) }' "$work/rbdbench.txt")
+"$bin" bench --rw randread --bs 4k --iodepth 32 --size 256M "$url" >"$work/isb.txt" 2>&1 ||
+  step "ironsan bench" fail
+isb_iops=$(grep -oE 'IOPS=[0-9.]+k?' "$work/isb.txt" | head -1 | cut -d= -f2)
+say "rbd bench:     $(grep '^elapsed:' "$work/rbdbench.txt" || echo '?')"
+say "ironsan bench: $(grep -E 'IOPS=' "$work/isb.txt" | head -1 || echo '?')"
+step "4K randread Q32 IOPS" "rbd bench ${rbd_iops:-?}, ironsan ${isb_iops:-?}"
+
+echo
+echo "ironsan on RBD ($((SECONDS - t_start)) s):"
+printf '  %s\n' "${results[@]}"
+exit "$failed"
