@@ -191,6 +191,38 @@ pub trait BlockBackend: Send + Sync + 'static {
     fn max_atomic_write(&self) -> u64 {
         0
     }
+
+    /// The completion-driven interface, for backends whose I/O completes
+    /// on a thread of their own (RBD): the driver then submits plain READs
+    /// and WRITEs from its event loop without waiting, instead of running
+    /// them on the I/O pool. `None` (the default): only the calls above.
+    fn async_io(&self) -> Option<&dyn AsyncIo> {
+        None
+    }
+}
+
+/// Receives the data of an [`AsyncIo::submit_read`].
+pub type ReadDone = Box<dyn FnOnce(io::Result<bytes::Bytes>) + Send>;
+/// Receives the outcome of an [`AsyncIo::submit_write`].
+pub type WriteDone = Box<dyn FnOnce(io::Result<()>) + Send>;
+
+/// Reads and writes that return at once and report through a callback
+/// ([`BlockBackend::async_io`]). The contract of [`BlockBackend`] holds
+/// with "the call returns" read as "`done` is called": a write is stable
+/// (write-through, or `fua`) when its `done` gets `Ok`; a read submitted
+/// after a write's `done` ran sees that write.
+///
+/// `done` is called exactly once, either on the backend's completion
+/// thread or, when the request is refused before it starts (range, a full
+/// queue), on the caller's thread before the submit call returns. It must
+/// be quick and never block (it may run on the thread that completes every
+/// request of the process), and must not panic. Whoever submits keeps the
+/// backend alive until every `done` has run.
+pub trait AsyncIo: Send + Sync {
+    /// Starts reading `len` bytes at `offset`.
+    fn submit_read(&self, offset: u64, len: usize, done: ReadDone);
+    /// Starts writing `data` at `offset` (stable on `Ok` when `fua`).
+    fn submit_write(&self, offset: u64, data: bytes::Bytes, fua: bool, done: WriteDone);
 }
 
 /// A run of bytes with one allocation state ([`BlockBackend::allocation`]).

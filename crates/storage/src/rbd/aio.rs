@@ -32,12 +32,7 @@ use bytes::Bytes;
 use rbd_sys::{rbd_completion_t, Api};
 
 use super::{rbd_error, RbdBackend};
-use crate::{check_range, BlockBackend};
-
-/// Receives the data of a [`RbdBackend::submit_read`].
-pub type ReadDone = Box<dyn FnOnce(io::Result<Bytes>) + Send>;
-/// Receives the outcome of a [`RbdBackend::submit_write`].
-pub type WriteDone = Box<dyn FnOnce(io::Result<()>) + Send>;
+use crate::{check_range, AsyncIo, BlockBackend, ReadDone, WriteDone};
 
 enum Op {
     Read { buf: Vec<u8>, done: ReadDone },
@@ -111,10 +106,8 @@ unsafe extern "C" fn complete(c: rbd_completion_t, arg: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(move || p.finish(r as i64)));
 }
 
-impl RbdBackend {
-    /// Starts reading `len` bytes at `offset`; `done` gets them (see the
-    /// module docs for when and where it runs).
-    pub fn submit_read(&self, offset: u64, len: usize, done: ReadDone) {
+impl AsyncIo for RbdBackend {
+    fn submit_read(&self, offset: u64, len: usize, done: ReadDone) {
         let mut buf: Vec<u8> = Vec::with_capacity(len);
         // The heap block does not move when the Vec does.
         let ptr = buf.as_mut_ptr().cast::<c_char>();
@@ -136,9 +129,9 @@ impl RbdBackend {
         });
     }
 
-    /// Starts writing `data` at `offset`; `done` gets the outcome. Stable
-    /// when `done` gets `Ok` (librbd's cache is off; see the module docs).
-    pub fn submit_write(&self, offset: u64, data: Bytes, done: WriteDone) {
+    /// Stable when `done` gets `Ok` whatever `fua` says: librbd's cache is
+    /// off (module docs).
+    fn submit_write(&self, offset: u64, data: Bytes, _fua: bool, done: WriteDone) {
         let len = data.len();
         let ptr = data.as_ptr().cast::<c_char>();
         let p = Box::new(Pending {
@@ -157,7 +150,9 @@ impl RbdBackend {
             unsafe { (api.rbd_aio_write)(image, offset, len, ptr, c) }
         });
     }
+}
 
+impl RbdBackend {
     /// Creates a completion carrying `p` and submits with `start`; on any
     /// refusal `p` is failed on this thread.
     fn submit(&self, p: Box<Pending>, start: impl FnOnce(rbd_completion_t) -> i32) {

@@ -30,7 +30,7 @@
 //! its completion, so [`BlockBackend::may_block`] is true and the target
 //! runs it on its I/O thread pool. Many calls may be in flight at once:
 //! librbd's image handle is safe to use from several threads.
-//! [`RbdBackend::submit_read`] and [`RbdBackend::submit_write`] are the
+//! Its [`crate::AsyncIo`] (`submit_read`, `submit_write`) is the
 //! completion-driven alternative (nothing waits; a callback gets the
 //! result), the primitive of a non-blocking data path: see `aio`. Whoever
 //! submits keeps the backend alive until every callback has run.
@@ -50,10 +50,9 @@ use std::sync::Arc;
 
 use rbd_sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Api};
 
-use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
+use crate::{check_range, check_range_u64, AsyncIo, BlockBackend, Extent, WriteCache};
 
 mod aio;
-pub use aio::{ReadDone, WriteDone};
 
 /// Where an RBD image is and how to reach its cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -523,6 +522,14 @@ impl BlockBackend for RbdBackend {
         true
     }
 
+    fn async_io(&self) -> Option<&dyn AsyncIo> {
+        // IRONSAN_RBD_WAIT=1 keeps every call on the I/O pool (to compare).
+        if std::env::var_os("IRONSAN_RBD_WAIT").is_some_and(|v| v == "1") {
+            return None;
+        }
+        Some(self)
+    }
+
     fn discard_granularity(&self) -> u64 {
         self.obj_size
     }
@@ -724,6 +731,7 @@ mod live {
 
     #[test]
     fn completion_driven_reads_and_writes() {
+        use crate::AsyncIo;
         let Some(b) = open() else {
             eprintln!("skipped: IRONSAN_RBD_TEST not set");
             return;
@@ -739,6 +747,7 @@ mod live {
             b.submit_write(
                 base + i * 8192,
                 data,
+                false,
                 Box::new(move |r| tx.send((i, r)).unwrap()),
             );
         }
