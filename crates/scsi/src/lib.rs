@@ -42,6 +42,7 @@ mod alua;
 mod atomic;
 mod cdb;
 mod defects;
+mod fast;
 mod locks;
 mod lu;
 mod mode;
@@ -55,6 +56,7 @@ mod vpd;
 mod xcopy;
 
 pub use alua::{AccessState, AluaError, GroupSpec, PortGroups};
+pub use fast::{FastIo, FastKind};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,
     MAX_COMPARE_AND_WRITE_BLOCKS, MAX_LBPPB_EXPONENT, MAX_SERIAL_LEN, MAX_TRANSFER_BYTES,

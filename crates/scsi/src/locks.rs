@@ -29,7 +29,11 @@
 //! stripe) costs only a wait behind an exclusive holder, never correctness.
 //!
 //! Locks are taken only by the top-level command functions and never
-//! re-entered, and they are held only across synchronous backend calls.
+//! re-entered. They are held across synchronous backend calls, and by a
+//! completion-driven READ or WRITE ([`crate::fast`]) from its submission to
+//! its completion: that one only *tries* its shared lock on the event loop
+//! ([`LbaLocks::try_shared_owned`]) and falls back to the I/O pool when an
+//! exclusive holder is in the way, so the event loop never waits.
 
 use parking_lot::lock_api::RawRwLock as _;
 use parking_lot::RawRwLock;
@@ -112,6 +116,59 @@ impl LbaLocks {
     }
 }
 
+/// A shared range lock that owns a handle on its locks, so it can travel
+/// with a request to the thread that completes it; unlocked when dropped.
+#[must_use = "the range is unlocked when the guard is dropped"]
+pub(crate) struct OwnedShared {
+    locks: std::sync::Arc<LbaLocks>,
+    mask: u64,
+}
+
+impl LbaLocks {
+    /// Takes the range shared without waiting; `None` when an exclusive
+    /// holder has one of its stripes (nothing is left locked then).
+    pub(crate) fn try_shared_owned(
+        self: &std::sync::Arc<Self>,
+        lba: u64,
+        blocks: u64,
+    ) -> Option<OwnedShared> {
+        let mask = self.mask(lba, blocks);
+        let mut bits = mask;
+        while bits != 0 {
+            let i = bits.trailing_zeros() as usize;
+            if !self.stripes[i].try_lock_shared() {
+                // Undo the stripes taken so far (those below bit i).
+                let mut taken = mask & !bits;
+                while taken != 0 {
+                    let j = taken.trailing_zeros() as usize;
+                    // SAFETY: stripe j was locked shared just above.
+                    unsafe { self.stripes[j].unlock_shared() };
+                    taken &= taken - 1;
+                }
+                return None;
+            }
+            bits &= bits - 1;
+        }
+        Some(OwnedShared {
+            locks: self.clone(),
+            mask,
+        })
+    }
+}
+
+impl Drop for OwnedShared {
+    fn drop(&mut self) {
+        let mut bits = self.mask;
+        while bits != 0 {
+            let i = bits.trailing_zeros() as usize;
+            // SAFETY: every stripe of the mask was locked shared by
+            // `try_shared_owned` and is unlocked once, here.
+            unsafe { self.locks.stripes[i].unlock_shared() };
+            bits &= bits - 1;
+        }
+    }
+}
+
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         let mut bits = self.mask;
@@ -150,6 +207,21 @@ mod tests {
         assert_eq!(l.mask(u64::MAX - 10, 11), 1 << 63);
         let l = LbaLocks::new(12); // 4096-byte blocks: 256 per region
         assert_eq!(l.mask(255, 2), 0b11);
+    }
+
+    #[test]
+    fn try_shared_owned_never_waits() {
+        let l = Arc::new(LbaLocks::new(9));
+        let a = l.try_shared_owned(0, 2048 * 3).expect("free");
+        let b = l.try_shared_owned(2048, 1).expect("shared with shared");
+        let x = l.exclusive(2048 * 10, 1);
+        // Stripes 8..=10 asked; 10 is held exclusive: refused, and 8, 9
+        // are left unlocked (an exclusive lock on them succeeds at once).
+        assert!(l.try_shared_owned(2048 * 8, 2048 * 3).is_none());
+        drop(l.exclusive(2048 * 8, 2048 * 2));
+        drop(x);
+        drop((a, b));
+        drop(l.exclusive(0, 2048 * 64));
     }
 
     #[test]

@@ -306,7 +306,7 @@ pub struct LogicalUnit {
     /// MAXIMUM ATOMIC TRANSFER LENGTH (VPD B0h) in blocks.
     pub(crate) max_atomic_blocks: u32,
     /// Range locks for the read-modify-write commands ([`crate::locks`]).
-    pub(crate) locks: LbaLocks,
+    pub(crate) locks: Arc<LbaLocks>,
     pub(crate) ua: UnitAttentions,
     /// Serialises MODE SELECT so validation and application are atomic.
     pub(crate) mode_lock: Mutex<()>,
@@ -405,7 +405,7 @@ impl LogicalUnit {
             max_transfer_blocks,
             thin: cfg.thin && backend.can_deallocate(),
             max_atomic_blocks,
-            locks: LbaLocks::new(bs.trailing_zeros()),
+            locks: Arc::new(LbaLocks::new(bs.trailing_zeros())),
             ua: UnitAttentions::new(false),
             mode_lock: Mutex::new(()),
             default_wce,

@@ -36,7 +36,7 @@ const VERIFY_CHUNK: usize = 1 << 20;
 
 /// The decoded LBA fields; the dispatcher only sends LBA-range opcodes here.
 #[inline]
-fn fields(cdb: &[u8]) -> Result<Lba, Sense> {
+pub(crate) fn fields(cdb: &[u8]) -> Result<Lba, Sense> {
     cdb::lba_fields(cdb).ok_or(Sense::invalid_opcode())
 }
 

@@ -3,6 +3,7 @@
 
 mod alua;
 mod atomic;
+mod fast;
 mod inquiry;
 mod misc;
 mod mode;

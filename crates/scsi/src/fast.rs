@@ -1,0 +1,145 @@
+//! READ and WRITE without waiting: the completion-driven path for backends
+//! with [`storage::AsyncIo`] (RBD).
+//!
+//! [`LogicalUnit::execute`] runs a command to its end, so on a backend that
+//! waits it runs on the driver's I/O pool, one thread per command in
+//! flight. For the two commands that carry nearly all the data, the driver
+//! can instead split it:
+//!
+//! 1. [`LogicalUnit::admit_fast`], on the event loop, makes every check
+//!    `execute` makes before touching the medium: no unit attention
+//!    pending for the nexus, CDB length and NACA, an active ALUA state, no
+//!    reservation conflict, protection, transfer length, range, write
+//!    protect, the whole data-out present; a READ with FUA on a write-back
+//!    cache (which needs a flush first) is not admitted. It then *tries*
+//!    the shared range lock (an exclusive holder — COMPARE AND WRITE,
+//!    ORWRITE, WRITE ATOMIC — means "not admitted", never a wait). Any
+//!    "no" returns `None` and the command takes the ordinary path, which
+//!    answers it exactly as before (with the sense data the checks call
+//!    for).
+//! 2. The driver submits [`FastIo::offset`], [`FastIo::len`] and
+//!    [`FastIo::kind`] to the backend.
+//! 3. [`LogicalUnit::finish_fast`], wherever the completion arrives, turns
+//!    the backend's result into the [`Outcome`] `execute` would have
+//!    returned and releases the range lock.
+//!
+//! Admitted commands are READ(10/16) and WRITE(10/16); the rarer 6- and
+//! 12-byte forms take the ordinary path.
+
+use std::io;
+
+use bytes::Bytes;
+use storage::{AsyncIo, WriteCache};
+
+use crate::cdb::{self, op};
+use crate::locks::OwnedShared;
+use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
+use crate::rw::{fields, no_protection};
+use crate::sense::Asc;
+
+/// What an admitted command does on the backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FastKind {
+    /// Read [`FastIo::len`] bytes.
+    Read,
+    /// Write `data` (exactly [`FastIo::len`] bytes); `fua`: stable on
+    /// completion whatever the cache policy.
+    Write { data: Bytes, fua: bool },
+}
+
+/// A READ or WRITE admitted by [`LogicalUnit::admit_fast`]: its byte range
+/// on the backend, and the shared range lock it holds until
+/// [`LogicalUnit::finish_fast`].
+pub struct FastIo {
+    /// Byte offset on the backend.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: usize,
+    /// Read, or write with its data.
+    pub kind: FastKind,
+    _range: OwnedShared,
+}
+
+impl std::fmt::Debug for FastIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastIo")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("write", &matches!(self.kind, FastKind::Write { .. }))
+            .finish()
+    }
+}
+
+impl LogicalUnit {
+    /// The backend's completion-driven interface, if it has one.
+    pub fn async_io(&self) -> Option<&dyn AsyncIo> {
+        self.backend.async_io()
+    }
+
+    /// Admits `cmd` for the completion-driven path (module docs); `None`:
+    /// run it with [`LogicalUnit::execute`]. `data_out` is the command's
+    /// data-out as shared bytes (`cmd.data_out` is the same bytes).
+    pub fn admit_fast(&self, cmd: &Command<'_>, data_out: &Bytes) -> Option<FastIo> {
+        let opcode = *cmd.cdb.first()?;
+        let write = match opcode {
+            op::READ_10 | op::READ_16 => false,
+            op::WRITE_10 | op::WRITE_16 => true,
+            _ => return None,
+        };
+        if !self.ua.is_quiet(cmd.nexus) {
+            return None;
+        }
+        let len = cdb::min_len(opcode)?;
+        let cdb = cmd.cdb.get(..len)?;
+        if cdb[len - 1] & 0x04 != 0 || !self.alua.state(cmd.tpg).is_active() {
+            return None;
+        }
+        if self.pr.check(cmd, cdb).is_some() {
+            return None;
+        }
+        let f = fields(cdb).ok()?;
+        no_protection(&f).ok()?;
+        self.check_length(&f).ok()?;
+        self.check_range(f.lba, f.len).ok()?;
+        if f.len == 0 {
+            return None;
+        }
+        let fua = f.flags & 0x08 != 0;
+        let bytes = (f.len as usize) << self.block_shift;
+        let kind = if write {
+            self.check_writable().ok()?;
+            if data_out.len() < bytes {
+                return None;
+            }
+            FastKind::Write {
+                data: data_out.slice(..bytes),
+                fua,
+            }
+        } else {
+            if fua && self.backend.write_cache() == WriteCache::WriteBack {
+                return None;
+            }
+            FastKind::Read
+        };
+        let range = self.locks.try_shared_owned(f.lba, u64::from(f.len))?;
+        Some(FastIo {
+            offset: f.lba << self.block_shift,
+            len: bytes,
+            kind,
+            _range: range,
+        })
+    }
+
+    /// The outcome of an admitted command whose backend call returned `r`
+    /// (a read's data; anything for a write); releases its range lock.
+    pub fn finish_fast(&self, io: FastIo, r: io::Result<Bytes>) -> Outcome {
+        let write = matches!(io.kind, FastKind::Write { .. });
+        drop(io);
+        match r {
+            Ok(_) if write => Outcome::good(),
+            Ok(data) => Outcome::with_data(data),
+            Err(e) if write => Outcome::check(backend_error(&e, Asc::WRITE_ERROR)),
+            Err(e) => Outcome::check(backend_error(&e, Asc::UNRECOVERED_READ_ERROR)),
+        }
+    }
+}
