@@ -24,7 +24,7 @@ use iscsi_wire::Outbox;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::lunmap::{answer_above_lu, run_on_lu, LunTable, Origin, TargetRt};
+use crate::lunmap::{answer_above_lu, run_on_lu, submit_fast, LunTable, Origin, TargetRt};
 use crate::server::{AbortRequests, Portal, SessionEntry, SessionKey, Shared};
 use crate::stats::{ConnStats, SessionInfo, PUBLISH_EVERY};
 
@@ -615,9 +615,28 @@ fn execute(
         rest.into_iter().for_each(bufpool::give);
         return;
     }
+    let start = env.start;
+    if lu.async_io().is_some() {
+        // Submitted from here and completed on the backend's thread: no
+        // I/O-pool thread waits for it (scsi::fast).
+        let tx = env.tx.clone();
+        let (itt, bytes) = (req.itt, req.edtl);
+        let done = move |c| {
+            let _ = tx.send(Done {
+                itt,
+                c,
+                lun,
+                op,
+                bytes,
+                start,
+            });
+        };
+        if submit_fast(&lu, &req, env.origin, done).is_ok() {
+            return;
+        }
+    }
     let origin = env.origin.clone();
     let tx = env.tx.clone();
-    let start = env.start;
     tokio::task::spawn_blocking(move || {
         let c = run_on_lu(&lu, &req, &origin);
         let _ = tx.send(Done {

@@ -351,6 +351,69 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
     }
 }
 
+/// Starts `req` on `lu`'s completion-driven path when the backend has one
+/// and the LU admits the command (a plain READ or WRITE, see
+/// `scsi::fast`): returns at once, and `done` gets the completion on the
+/// backend's completion thread (or on this one, when the backend refuses
+/// the request outright). `Err(done)`: not started; run it with
+/// [`run_on_lu`].
+pub fn submit_fast<F>(
+    lu: &Arc<LogicalUnit>,
+    req: &ExecRequest,
+    o: &Origin,
+    done: F,
+) -> Result<(), F>
+where
+    F: FnOnce(Completion) + Send + 'static,
+{
+    let Some(aio) = lu.async_io() else {
+        return Err(done);
+    };
+    // A data-out kept in several segments (a large write) takes the
+    // ordinary path, which writes it segment by segment.
+    let (data_out, more) = req.data_out.parts();
+    if !more.is_empty() {
+        return Err(done);
+    }
+    let cmd = scsi::Command {
+        cdb: req.cdb.as_slice(),
+        data_out,
+        data_out_more: &[],
+        nexus: o.nexus,
+        relative_port: o.relative_port,
+        tpg: o.tpg,
+        target_port_name: &o.port_name,
+        initiator_port_name: &o.initiator_port_name,
+        expected_data_out: Some(if req.write { req.edtl } else { 0 }),
+        lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
+    };
+    let Some(io) = lu.admit_fast(&cmd, data_out) else {
+        return Err(done);
+    };
+    let wanted = req.cdb_data_out;
+    let (offset, len, kind) = (io.offset, io.len, io.kind.clone());
+    let lu2 = lu.clone();
+    let finish = move |r: std::io::Result<Bytes>| {
+        let out = lu2.finish_fast(io, r);
+        done(Completion {
+            status: out.status,
+            sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
+            data_in: bufpool::Chain::from_parts(out.data, out.more),
+            data_out_wanted: wanted,
+        });
+    };
+    match kind {
+        scsi::FastKind::Read => aio.submit_read(offset, len, Box::new(finish)),
+        scsi::FastKind::Write { data, fua } => aio.submit_write(
+            offset,
+            data,
+            fua,
+            Box::new(move |r: std::io::Result<()>| finish(r.map(|()| Bytes::new()))),
+        ),
+    }
+    Ok(())
+}
+
 /// Answers commands that no single LU can: REPORT LUNS, and anything sent
 /// to a LUN that does not exist. Returns `None` when `lu` should run it.
 pub fn answer_above_lu(t: &LunTable, req: &ExecRequest) -> Option<Completion> {
