@@ -73,18 +73,25 @@ else
   step "conformance" "fail ($(grep -o 'totals: .*' "$work/conformance.out" || echo no totals))"
 fi
 
-say "serving rbd:rbd/ironsan on 127.0.0.1:$port"
-"$bin" --log warn serve --listen "127.0.0.1:$port" --target "$iqn" --lun rbd:rbd/ironsan \
-  >"$work/target.log" 2>&1 &
-srv=$!
-for _ in $(seq 100); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-  kill -0 "$srv" 2>/dev/null || {
-    cat "$work/target.log" >&2
-    exit 1
-  }
-  sleep 0.1
-done
+serve() { # [ENV=VALUE]: (re)starts the target on rbd:rbd/ironsan
+  if [ -n "$srv" ]; then
+    kill "$srv" 2>/dev/null || true
+    wait "$srv" 2>/dev/null || true
+  fi
+  say "serving rbd:rbd/ironsan on 127.0.0.1:$port $*"
+  env "$@" "$bin" --log warn serve --listen "127.0.0.1:$port" --target "$iqn" \
+    --lun rbd:rbd/ironsan >"$work/target.log" 2>&1 &
+  srv=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return
+    kill -0 "$srv" 2>/dev/null || {
+      cat "$work/target.log" >&2
+      exit 1
+    }
+    sleep 0.1
+  done
+}
+serve
 
 say "3. data round trips"
 if command -v qemu-img >/dev/null && ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so >/dev/null 2>&1; then
@@ -117,9 +124,16 @@ rbd_iops=$(awk '/^elapsed:/ { for (i = 1; i <= NF; i++) if ($i == "ops/sec:") pr
 "$bin" bench --rw randread --bs 4k --iodepth 32 --size 256M "$url" >"$work/isb.txt" 2>&1 ||
   step "ironsan bench" fail
 isb_iops=$(grep -oE 'IOPS=[0-9.]+k?' "$work/isb.txt" | head -1 | cut -d= -f2)
-say "rbd bench:     $(grep '^elapsed:' "$work/rbdbench.txt" || echo '?')"
-say "ironsan bench: $(grep -E 'IOPS=' "$work/isb.txt" | head -1 || echo '?')"
-step "4K randread Q32 IOPS" "rbd bench ${rbd_iops:-?}, ironsan ${isb_iops:-?}"
+# The same through the I/O pool (each command waits on a pool thread)
+# instead of completions delivered to the event loop.
+serve IRONSAN_RBD_WAIT=1
+"$bin" bench --rw randread --bs 4k --iodepth 32 --size 256M "$url" >"$work/isbw.txt" 2>&1 ||
+  step "ironsan bench (pool)" fail
+wait_iops=$(grep -oE 'IOPS=[0-9.]+k?' "$work/isbw.txt" | head -1 | cut -d= -f2)
+say "rbd bench:            $(grep '^elapsed:' "$work/rbdbench.txt" || echo '?')"
+say "ironsan bench:        $(grep -E 'IOPS=' "$work/isb.txt" | head -1 || echo '?')"
+say "ironsan bench (pool): $(grep -E 'IOPS=' "$work/isbw.txt" | head -1 || echo '?')"
+step "4K randread Q32 IOPS" "rbd bench ${rbd_iops:-?}, ironsan ${isb_iops:-?} (I/O pool: ${wait_iops:-?})"
 
 echo
 echo "ironsan on RBD ($((SECONDS - t_start)) s):"

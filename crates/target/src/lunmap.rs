@@ -401,6 +401,13 @@ where
             data_in: bufpool::Chain::from_parts(out.data, out.more),
             data_out_wanted: wanted,
         });
+        // This runs on the backend's completion thread. Were this the last
+        // reference (the LUN removed meanwhile), dropping the LU here would
+        // close the image from inside a completion, which waits for that
+        // very thread: drop it on a thread of its own instead.
+        if let Some(last) = Arc::into_inner(lu2) {
+            std::thread::spawn(move || drop(last));
+        }
     };
     match kind {
         scsi::FastKind::Read => aio.submit_read(offset, len, Box::new(finish)),
