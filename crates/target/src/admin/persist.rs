@@ -455,6 +455,24 @@ size = "2M"
     }
 
     #[test]
+    fn an_rbd_lun_is_written_whole() {
+        let mut d = parse(FILE).unwrap();
+        let mut l = LunConfig::from_spec("rbd:pool1/img1").unwrap();
+        l.ceph_conf = Some("/etc/ceph/c.conf".into());
+        l.ceph_client = Some("client.gw".into());
+        l.ceph_keyring = Some("/etc/ceph/k".into());
+        add_lun(&mut d, "iqn.2026-11.x:a", 7, &l).unwrap();
+        let c = validate(&d).unwrap();
+        let back = c.target[0]
+            .lun
+            .iter()
+            .find(|x| x.number == Some(7))
+            .unwrap();
+        l.number = Some(7);
+        assert_eq!(back, &l);
+    }
+
+    #[test]
     fn portals_and_alua() {
         let mut d = parse(FILE).unwrap();
         add_portal(&mut d, "127.0.0.1:3261", 2, 2).unwrap();
