@@ -92,6 +92,9 @@ pub struct RbdBackend {
     size: AtomicU64,
     obj_size: u64,
     write_back: AtomicBool,
+    /// Offer [`AsyncIo`]; `IRONSAN_RBD_WAIT=1` at open turns it off (every
+    /// call then runs on the I/O pool, for comparison).
+    completions: bool,
 }
 
 // SAFETY: the handles are plain pointers to librados/librbd objects that
@@ -271,6 +274,7 @@ impl RbdBackend {
             size: AtomicU64::new(0),
             obj_size: 0,
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
+            completions: std::env::var_os("IRONSAN_RBD_WAIT").is_none_or(|v| v != "1"),
         };
         let mut info = rbd_sys::rbd_image_info_t::default();
         // SAFETY: an open image and a struct of the size passed.
@@ -523,11 +527,7 @@ impl BlockBackend for RbdBackend {
     }
 
     fn async_io(&self) -> Option<&dyn AsyncIo> {
-        // IRONSAN_RBD_WAIT=1 keeps every call on the I/O pool (to compare).
-        if std::env::var_os("IRONSAN_RBD_WAIT").is_some_and(|v| v == "1") {
-            return None;
-        }
-        Some(self)
+        self.completions.then_some(self as &dyn AsyncIo)
     }
 
     fn discard_granularity(&self) -> u64 {
