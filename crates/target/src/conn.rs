@@ -32,6 +32,10 @@ use crate::stats::{ConnStats, SessionInfo, PUBLISH_EVERY};
 const OUTPUT_HIGH_WATER: usize = 8 << 20;
 /// Read buffer headroom.
 const READ_CHUNK: usize = 256 * 1024;
+/// Size of a receive buffer taken when the current one is still pinned.
+const RECV_BUF: usize = 1 << 20;
+/// Pinned receive buffers kept for reuse once they are free again.
+const RETIRED_MAX: usize = 8;
 
 struct ConnHost<'a> {
     shared: &'a Shared,
@@ -96,6 +100,7 @@ pub(crate) async fn serve(
         stream,
         peer,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
+        retired: Vec::new(),
         out: Outbox::new(),
     };
     // A connection still logging in has nothing in flight: shutdown ends it.
@@ -236,6 +241,9 @@ struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
     rbuf: BytesMut,
+    /// Receive buffers left while still pinned by large Data-Out segments
+    /// a write holds (see [`Conn::make_room`]), reused once free.
+    retired: Vec<BytesMut>,
     out: Outbox,
 }
 
@@ -243,10 +251,43 @@ impl Conn {
     /// Reads more bytes; `Ok(false)` at end of stream.
     async fn fill(&mut self) -> io::Result<bool> {
         use tokio::io::AsyncReadExt;
-        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
-            self.rbuf.reserve(READ_CHUNK);
-        }
+        self.make_room();
         Ok(self.stream.read_buf(&mut self.rbuf).await? > 0)
+    }
+
+    /// Makes at least a quarter of [`READ_CHUNK`] free in the receive
+    /// buffer without allocating in steady state. PDUs are split off the
+    /// buffer as shared slices, and a write keeps its large Data-Out
+    /// segments as such slices until it has run, so the buffer may still be
+    /// pinned when it fills up. Then reading goes on in another buffer —
+    /// one retired earlier and free again, else a new one — and the pinned
+    /// one is retired, to be reused when its last slice is gone. Only the
+    /// bytes of a PDU not yet complete are copied over.
+    fn make_room(&mut self) {
+        if self.rbuf.capacity() - self.rbuf.len() >= READ_CHUNK / 4 {
+            return;
+        }
+        if self.rbuf.try_reclaim(READ_CHUNK) {
+            return;
+        }
+        let mut next = match self
+            .retired
+            .iter_mut()
+            .position(|b| b.try_reclaim(READ_CHUNK))
+        {
+            Some(i) => self.retired.swap_remove(i),
+            None => BytesMut::with_capacity(RECV_BUF),
+        };
+        if next.capacity() - self.rbuf.len() < READ_CHUNK {
+            next.reserve(self.rbuf.len() + READ_CHUNK);
+        }
+        next.extend_from_slice(&self.rbuf);
+        let mut old = std::mem::replace(&mut self.rbuf, next);
+        old.clear();
+        if self.retired.len() == RETIRED_MAX {
+            self.retired.remove(0);
+        }
+        self.retired.push(old);
     }
 
     /// Writes everything queued.
@@ -519,9 +560,7 @@ impl Conn {
                     if r.is_err() {
                         return "read failed";
                     }
-                    if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
-                        self.rbuf.reserve(READ_CHUNK);
-                    }
+                    self.make_room();
                     match self.stream.try_read_buf(&mut self.rbuf) {
                         Ok(0) => return "closed by initiator",
                         Ok(_) => last_rx = Instant::now(),
