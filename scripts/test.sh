@@ -22,3 +22,10 @@ scripts/conformance.sh --digest required
 # A 512e LUN (8 logical blocks per physical block): the tests that need
 # LBPPB >= 2 run, against their own expectations and known test defects.
 scripts/conformance.sh --digest off --physical-block-size 4096
+# Ceph RBD: a one-node cluster on loopback (installed when missing), the
+# conformance suite, data round trips and rbd bench side by side on an RBD
+# LUN (about 90 s once Ceph is installed). IRONSAN_SKIP_RBD=1 skips it on
+# machines that cannot install Ceph.
+if [ "${IRONSAN_SKIP_RBD:-0}" != 1 ]; then
+  scripts/rbd.sh
+fi

@@ -24,12 +24,15 @@
 //! cache is flushed first) and the write is FUA.
 //!
 //! WRITE ATOMIC(16): TRANSFER LENGTH up to the MAXIMUM ATOMIC TRANSFER
-//! LENGTH of VPD B0h (no alignment or granularity requirement; ATOMIC
-//! BOUNDARY must be 0, boundaries are not supported). All of the data-out
-//! must be there (a short transfer writes nothing). How large a write
-//! survives a crash whole is the backend's
-//! [`storage::BlockBackend::max_atomic_write`]: volatile backends allow the
-//! maximum transfer length, others one block.
+//! LENGTH of VPD B0h, the LBA a multiple of its ATOMIC ALIGNMENT when that
+//! is not 0 (else INVALID FIELD IN CDB, checked after the range: SBC-4
+//! §5.48); no granularity requirement; ATOMIC BOUNDARY must be 0,
+//! boundaries are not supported. All of the data-out must be there (a
+//! short transfer writes nothing). How large a write survives a crash
+//! whole is the backend's [`storage::BlockBackend::max_atomic_write`] and
+//! [`storage::BlockBackend::atomic_alignment`]: volatile backends allow
+//! the maximum transfer length, RBD one object on an object boundary,
+//! others one block.
 
 use storage::WriteCache;
 
@@ -152,6 +155,9 @@ pub fn write_atomic(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Out
     }
     lu.check_writable()?;
     lu.check_range(lba, u32::from(len))?;
+    if lu.atomic_align_blocks != 0 && !lba.is_multiple_of(u64::from(lu.atomic_align_blocks)) {
+        return Err(Sense::invalid_cdb(2, None));
+    }
     if len == 0 {
         return Ok(Outcome::good());
     }

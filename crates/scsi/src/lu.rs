@@ -305,6 +305,9 @@ pub struct LogicalUnit {
     pub(crate) thin: bool,
     /// MAXIMUM ATOMIC TRANSFER LENGTH (VPD B0h) in blocks.
     pub(crate) max_atomic_blocks: u32,
+    /// ATOMIC ALIGNMENT (VPD B0h): WRITE ATOMIC's LBA must be a multiple
+    /// of it; 0 for none.
+    pub(crate) atomic_align_blocks: u32,
     /// Range locks for the read-modify-write commands ([`crate::locks`]).
     pub(crate) locks: Arc<LbaLocks>,
     pub(crate) ua: UnitAttentions,
@@ -396,6 +399,13 @@ impl LogicalUnit {
         // backend lands it whole across a crash.
         let atomic = backend.max_atomic_write() / u64::from(bs);
         let max_atomic_blocks = atomic.clamp(1, u64::from(max_transfer_blocks)) as u32;
+        // An alignment of one block or less is no requirement (0).
+        let align = backend.atomic_alignment() / u64::from(bs);
+        let atomic_align_blocks = if align <= 1 {
+            0
+        } else {
+            align.min(u64::from(u32::MAX)) as u32
+        };
         let pr = pr::Reservations::open(cfg.pr_state.clone()).map_err(LuError::PrState)?;
         Ok(LogicalUnit {
             pr,
@@ -405,6 +415,7 @@ impl LogicalUnit {
             max_transfer_blocks,
             thin: cfg.thin && backend.can_deallocate(),
             max_atomic_blocks,
+            atomic_align_blocks,
             locks: Arc::new(LbaLocks::new(bs.trailing_zeros())),
             ua: UnitAttentions::new(false),
             mode_lock: Mutex::new(()),

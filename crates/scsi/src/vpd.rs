@@ -167,8 +167,8 @@ fn device_identification(lu: &LogicalUnit, cmd: &Command<'_>) -> Vec<u8> {
 /// UNMAP limits and OPTIMAL UNMAP GRANULARITY, the larger of the backend's
 /// allocation unit and the physical block (thin units only; zero
 /// otherwise, as UNMAP is then refused), and the
-/// atomic write limits: maximum atomic transfer length, no alignment or
-/// granularity requirement, no atomic boundaries.
+/// atomic write limits: maximum atomic transfer length and the backend's
+/// atomic alignment, no granularity requirement, no atomic boundaries.
 fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     let bs = lu.cfg.block_size;
     let mut b = [0u8; 0x3C];
@@ -187,8 +187,9 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     }
     b[32..40].copy_from_slice(&lu.max_write_same_blocks().to_be_bytes());
     b[40..44].copy_from_slice(&lu.max_atomic_blocks.to_be_bytes());
-    // ATOMIC ALIGNMENT, ATOMIC TRANSFER LENGTH GRANULARITY, MAXIMUM ATOMIC
-    // TRANSFER LENGTH WITH ATOMIC BOUNDARY, MAXIMUM ATOMIC BOUNDARY SIZE: 0.
+    b[44..48].copy_from_slice(&lu.atomic_align_blocks.to_be_bytes());
+    // ATOMIC TRANSFER LENGTH GRANULARITY, MAXIMUM ATOMIC TRANSFER LENGTH
+    // WITH ATOMIC BOUNDARY, MAXIMUM ATOMIC BOUNDARY SIZE: 0.
     page_with(0xB0, &b)
 }
 

@@ -121,4 +121,7 @@ impl BlockBackend for FaultBackend {
     fn max_atomic_write(&self) -> u64 {
         self.inner.max_atomic_write()
     }
+    fn atomic_alignment(&self) -> u64 {
+        self.inner.atomic_alignment()
+    }
 }

@@ -192,6 +192,14 @@ pub trait BlockBackend: Send + Sync + 'static {
         0
     }
 
+    /// The alignment, in bytes, an atomic write needs to be all-or-nothing
+    /// up to [`Self::max_atomic_write`] (its offset a multiple of this); 0
+    /// when any block-aligned offset will do. A backend whose writes are
+    /// atomic only inside one allocation unit (an RBD object) says so here.
+    fn atomic_alignment(&self) -> u64 {
+        0
+    }
+
     /// The completion-driven interface, for backends whose I/O completes
     /// on a thread of their own (RBD): the driver then submits plain READs
     /// and WRITEs from its event loop without waiting, instead of running

@@ -322,3 +322,56 @@ fn sanitize_stays_refused() {
     let o = run(&lu, &[0x48, 0x01, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
     assert_eq!(o.sense, Some(Sense::invalid_opcode()));
 }
+
+/// RAM with RBD-like atomicity: whole 4 KiB units on 4 KiB boundaries.
+struct Aligned(storage::MemBackend);
+
+impl storage::BlockBackend for Aligned {
+    fn kind(&self) -> &'static str {
+        "aligned"
+    }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> std::io::Result<()> {
+        self.0.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write_cache(&self) -> storage::WriteCache {
+        storage::WriteCache::WriteThrough
+    }
+    fn set_write_cache(&self, _: storage::WriteCache) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn max_atomic_write(&self) -> u64 {
+        4096
+    }
+    fn atomic_alignment(&self) -> u64 {
+        4096
+    }
+}
+
+#[test]
+fn write_atomic_alignment_follows_the_backend() {
+    let b = std::sync::Arc::new(Aligned(storage::MemBackend::new(BLOCKS * u64::from(BS))));
+    let lu = LogicalUnit::new(b, cfg()).unwrap();
+    let o = run(&lu, &[op::INQUIRY, 1, 0xB0, 0, 64, 0], &[]);
+    assert_eq!(&o.data[44..48], &8u32.to_be_bytes(), "max atomic: 8 blocks");
+    assert_eq!(
+        &o.data[48..52],
+        &8u32.to_be_bytes(),
+        "atomic alignment: 8 blocks"
+    );
+    let d = vec![7u8; 8 * BS as usize];
+    good(&run(&lu, &wa(16, 0, 8, 0), &d));
+    good(&run(&lu, &wa(16, 0, 3, 0), &d));
+    invalid_cdb(&run(&lu, &wa(17, 0, 1, 0), &d), 2, None);
+    invalid_cdb(&run(&lu, &wa(16, 0, 9, 0), &d), 12, None);
+    // Out of range wins over misalignment (libiscsi WriteAtomic16.BeyondEol).
+    lba_oob(&run(&lu, &wa(BLOCKS - 1, 0, 2, 0), &d));
+}

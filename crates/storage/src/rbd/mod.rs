@@ -534,6 +534,17 @@ impl BlockBackend for RbdBackend {
         self.obj_size
     }
 
+    /// A write inside one RADOS object is applied by the OSD as one
+    /// operation: all or nothing. So an atomic write may be as large as an
+    /// object, starting on an object boundary.
+    fn max_atomic_write(&self) -> u64 {
+        self.obj_size
+    }
+
+    fn atomic_alignment(&self) -> u64 {
+        self.obj_size
+    }
+
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         check_range_u64(self.size(), offset, len)?;
         let mut scan = DiffScan {
