@@ -204,6 +204,20 @@ pub fn set_chap(
     Ok(())
 }
 
+/// The `listen` array, created with the default address (what an absent
+/// key means) when the file has none.
+fn listen_array(doc: &mut DocumentMut) -> Result<&mut Array, EditError> {
+    if doc.get("listen").is_none() {
+        let mut a = Array::new();
+        a.push(crate::config::DEFAULT_LISTEN);
+        doc.insert("listen", value(a));
+    }
+    Ok(doc
+        .get_mut("listen")
+        .and_then(Item::as_array_mut)
+        .ok_or("listen is not an array")?)
+}
+
 /// Appends portal `addr` to `listen` (writing the default portal first when
 /// the file relied on it), in ALUA group `group` when groups are listed
 /// (a new group when there is none with that id).
@@ -213,15 +227,7 @@ pub fn add_portal(
     position: u16,
     group: u16,
 ) -> Result<(), EditError> {
-    if doc.get("listen").is_none() {
-        let mut a = Array::new();
-        a.push(crate::config::DEFAULT_LISTEN);
-        doc.insert("listen", value(a));
-    }
-    let listen = doc
-        .get_mut("listen")
-        .and_then(Item::as_array_mut)
-        .ok_or("listen is not an array")?;
+    let listen = listen_array(doc)?;
     listen.push(addr);
     if let Some(groups) = doc
         .get_mut("alua")
@@ -263,15 +269,7 @@ pub fn remove_portal(
     index: usize,
     addr: std::net::SocketAddr,
 ) -> Result<(), EditError> {
-    if doc.get("listen").is_none() {
-        let mut a = Array::new();
-        a.push(crate::config::DEFAULT_LISTEN);
-        doc.insert("listen", value(a));
-    }
-    let listen = doc
-        .get_mut("listen")
-        .and_then(Item::as_array_mut)
-        .ok_or("listen is not an array")?;
+    let listen = listen_array(doc)?;
     let entry: Option<std::net::SocketAddr> = listen
         .get(index)
         .and_then(|v| v.as_str())
