@@ -31,7 +31,7 @@ use std::io;
 use bytes::Bytes;
 use storage::{AsyncIo, WriteCache};
 
-use crate::cdb::{self, op};
+use crate::cdb::op;
 use crate::locks::OwnedShared;
 use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
 use crate::rw::{fields, no_protection};
@@ -89,14 +89,8 @@ impl LogicalUnit {
         if !self.ua.is_quiet(cmd.nexus) {
             return None;
         }
-        let len = cdb::min_len(opcode)?;
-        let cdb = cmd.cdb.get(..len)?;
-        if cdb[len - 1] & 0x04 != 0 || !self.alua.state(cmd.tpg).is_active() {
-            return None;
-        }
-        if self.pr.check(cmd, cdb).is_some() {
-            return None;
-        }
+        // Refused here means answered by `execute`, with its sense data.
+        let cdb = self.admit(opcode, cmd).ok()?;
         let f = fields(cdb).ok()?;
         no_protection(&f).ok()?;
         self.check_length(&f).ok()?;

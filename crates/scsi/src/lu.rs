@@ -551,6 +551,38 @@ impl LogicalUnit {
         TransferPlan { data_out, data_in }
     }
 
+    /// The checks every command passes once unit attentions are dealt
+    /// with, before its own: a CDB long enough for its opcode, NACA clear,
+    /// allowed in the path's ALUA access state, no reservation conflict.
+    /// `Ok`: the CDB cut to its opcode's length; `Err`: the answer.
+    pub(crate) fn admit<'c>(&self, opcode: u8, cmd: &Command<'c>) -> Result<&'c [u8], Outcome> {
+        let cdb = cmd.cdb;
+        let Some(len) = cdb::min_len(opcode) else {
+            return Err(Outcome::check(Sense::invalid_opcode()));
+        };
+        if cdb.len() < len {
+            return Err(Outcome::check(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::INVALID_FIELD_IN_CDB,
+            )));
+        }
+        let cdb = &cdb[..len];
+        if cdb[len - 1] & 0x04 != 0 {
+            // CONTROL byte NACA bit: ACA is not supported (NORMACA = 0).
+            return Err(Outcome::check(Sense::invalid_cdb(len as u16 - 1, Some(2))));
+        }
+        let access = self.alua.state(cmd.tpg);
+        if !access.is_active() {
+            if let Some(s) = alua::refusal(access, cdb) {
+                return Err(Outcome::check(s));
+            }
+        }
+        if let Some(conflict) = self.pr.check(cmd, cdb) {
+            return Err(conflict);
+        }
+        Ok(cdb)
+    }
+
     /// Executes one command. Never panics, whatever the CDB and data.
     pub fn execute(&self, cmd: &Command<'_>) -> Outcome {
         if !cmd.data_out_more.is_empty() && !cdb::is_plain_write(cmd.cdb) {
@@ -588,29 +620,10 @@ impl LogicalUnit {
                 }
             }
         }
-        let Some(len) = cdb::min_len(opcode) else {
-            return Outcome::check(Sense::invalid_opcode());
+        let cdb = match self.admit(opcode, cmd) {
+            Ok(cdb) => cdb,
+            Err(refused) => return refused,
         };
-        if cdb.len() < len {
-            return Outcome::check(Sense::new(
-                SenseKey::IllegalRequest,
-                Asc::INVALID_FIELD_IN_CDB,
-            ));
-        }
-        let cdb = &cdb[..len];
-        if cdb[len - 1] & 0x04 != 0 {
-            // CONTROL byte NACA bit: ACA is not supported (NORMACA = 0).
-            return Outcome::check(Sense::invalid_cdb(len as u16 - 1, Some(2)));
-        }
-        let access = self.alua.state(cmd.tpg);
-        if !access.is_active() {
-            if let Some(s) = alua::refusal(access, cdb) {
-                return Outcome::check(s);
-            }
-        }
-        if let Some(conflict) = self.pr.check(cmd, cdb) {
-            return conflict;
-        }
         let block = match opcode {
             op::READ_10 | op::READ_16 | op::READ_12 | op::READ_6 => rw::read(self, cdb),
             op::WRITE_10 | op::WRITE_16 | op::WRITE_12 | op::WRITE_6 => {
