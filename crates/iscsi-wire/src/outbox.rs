@@ -32,14 +32,24 @@ pub struct Digests {
 
 /// Padding and data digest that follow a data segment: up to 8 bytes.
 fn trailer(data: &[u8], dg: Digests) -> ([u8; 8], usize) {
+    trailer_of(std::iter::once(data), data.len(), dg)
+}
+
+/// [`trailer`] of a data segment of `len` bytes held in `parts`.
+fn trailer_of<'a>(
+    parts: impl Iterator<Item = &'a [u8]>,
+    len: usize,
+    dg: Digests,
+) -> ([u8; 8], usize) {
     let mut t = [0u8; 8];
-    if data.is_empty() {
+    if len == 0 {
         return (t, 0);
     }
-    let pad = pad_len(data.len());
+    let pad = pad_len(len);
     let mut n = pad;
     if dg.data {
-        let crc = crc32c::crc32c_append(crc32c::crc32c(data), &PAD[..pad]);
+        let crc = parts.fold(crc32c::crc32c(&[]), crc32c::crc32c_append);
+        let crc = crc32c::crc32c_append(crc, &PAD[..pad]);
         t[n..n + 4].copy_from_slice(&crc.to_le_bytes());
         n += 4;
     }
@@ -109,17 +119,7 @@ impl Outbox {
         self.push_header(bhs, dg);
         self.seal();
         let len = data.len();
-        let pad = pad_len(len);
-        let mut t = [0u8; 8];
-        let mut n = pad;
-        if dg.data {
-            let crc = data
-                .segments()
-                .fold(crc32c::crc32c(&[]), |c, s| crc32c::crc32c_append(c, s));
-            let crc = crc32c::crc32c_append(crc, &PAD[..pad]);
-            t[n..n + 4].copy_from_slice(&crc.to_le_bytes());
-            n += 4;
-        }
+        let (t, n) = trailer_of(data.segments().map(|b| &b[..]), len, dg);
         let (first, rest) = data.into_parts();
         self.queue.push_back(first);
         self.queue.extend(rest);
