@@ -199,6 +199,15 @@ impl MultipathEngine {
         format!("all {} paths failed: {}", self.paths.len(), why.join("; "))
     }
 
+    /// Takes path `i`'s completions after a wait or poll that returned
+    /// `r`; a failure fails the path, after the completions it delivered.
+    fn settle(&mut self, i: usize, r: Result<(), initiator::Error>, done: &mut Vec<Done>) {
+        self.collect(i, done);
+        if let Err(e) = r {
+            self.fail(i, e.to_string());
+        }
+    }
+
     fn collect(&mut self, i: usize, done: &mut Vec<Done>) {
         let p = &mut self.paths[i];
         for (itt, r) in self.scratch.drain(..) {
@@ -262,14 +271,7 @@ impl Engine for MultipathEngine {
                 Some(c) => c.wait(&mut self.scratch),
                 None => Ok(()),
             };
-            match r {
-                Ok(()) => self.collect(i, done),
-                Err(e) => {
-                    // Completions seen before the failure count.
-                    self.collect(i, done);
-                    self.fail(i, e.to_string());
-                }
-            }
+            self.settle(i, r, done);
             return if self.live() == 0 {
                 Err(self.all_failed())
             } else {
@@ -332,14 +334,7 @@ impl Engine for MultipathEngine {
                 Some(c) => c.poll_completions(&mut self.scratch),
                 None => Ok(()),
             };
-            match r {
-                Ok(()) => self.collect(i, done),
-                Err(e) => {
-                    // Completions seen before the failure count.
-                    self.collect(i, done);
-                    self.fail(i, e.to_string());
-                }
-            }
+            self.settle(i, r, done);
         }
         if self.live() == 0 {
             return Err(self.all_failed());
