@@ -488,10 +488,11 @@ pub fn unix_now() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn info(id: u64, target: &str, tpgt: u16) -> SessionInfo {
+    /// A session's description for tests.
+    pub(crate) fn info(id: u64, target: &str, tpgt: u16) -> SessionInfo {
         SessionInfo {
             id,
             initiator: "iqn.x:i".into(),

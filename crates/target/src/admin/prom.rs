@@ -265,26 +265,8 @@ mod tests {
     fn renders_valid_exposition() {
         let reg = StatsRegistry::new();
         let s = reg.register(SessionInfo {
-            id: 7,
             initiator: "iqn.x:\"i\"".into(),
-            initiator_alias: None,
-            isid: "800000000001".into(),
-            tsih: 1,
-            target: "iqn.t:a".into(),
-            peer: "127.0.0.1:1".into(),
-            portal: "127.0.0.1:3260".into(),
-            tpgt: 1,
-            since: 0,
-            header_digest: false,
-            data_digest: false,
-            send_max_data_segment: 0,
-            recv_max_data_segment: 0,
-            max_burst: 0,
-            first_burst: 0,
-            immediate_data: true,
-            initial_r2t: false,
-            max_outstanding_r2t: 1,
-            queue_depth: 128,
+            ..crate::stats::tests::info(7, "iqn.t:a", 1)
         });
         let mut c = ConnStats::new(Some(s));
         let t0 = Instant::now() - Duration::from_micros(300);
