@@ -28,6 +28,7 @@
 use storage::WriteCache;
 
 use crate::cdb::{self, Lba};
+use crate::locks::RangeGuard;
 use crate::lu::{backend_error, LogicalUnit, Outcome};
 use crate::sense::{Asc, Sense, SenseKey};
 
@@ -202,6 +203,24 @@ pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     Ok(Outcome::with_chain(data))
 }
 
+/// Writes the whole blocks `data` at `lba` under the shared range lock,
+/// which it returns still held, so that a caller may keep the blocks
+/// ordered against exclusive holders for what follows.
+fn write_blocks<'l>(
+    lu: &'l LogicalUnit,
+    lba: u64,
+    data: &[u8],
+    fua: bool,
+) -> Result<RangeGuard<'l>, Sense> {
+    let range = lu.locks.shared(lba, (data.len() >> lu.block_shift) as u64);
+    if !data.is_empty() {
+        lu.backend
+            .write_at(data, lba << lu.block_shift, fua)
+            .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+    }
+    Ok(range)
+}
+
 /// WRITE(6/10/12/16) (SBC-3 §5.39–5.42). The data-out may come in
 /// segments (`data_out` then `more`), written with one vectored write.
 pub fn write(
@@ -218,16 +237,7 @@ pub fn write(
     let fua = f.flags & 0x08 != 0;
     let offset = f.lba << lu.block_shift;
     if more.is_empty() {
-        let data = lu.received(f.len, data_out)?;
-        if data.is_empty() {
-            return Ok(Outcome::good());
-        }
-        let _range = lu
-            .locks
-            .shared(f.lba, (data.len() >> lu.block_shift) as u64);
-        lu.backend
-            .write_at(data, offset, fua)
-            .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+        drop(write_blocks(lu, f.lba, lu.received(f.len, data_out)?, fua)?);
         return Ok(Outcome::good());
     }
     let total = data_out.len() + more.iter().map(bytes::Bytes::len).sum::<usize>();
@@ -311,12 +321,8 @@ pub fn write_and_verify(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result
     if data.is_empty() {
         return Ok(Outcome::good());
     }
-    let _range = lu
-        .locks
-        .shared(f.lba, (data.len() >> lu.block_shift) as u64);
-    lu.backend
-        .write_at(data, f.lba << lu.block_shift, true)
-        .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+    // The range stays locked through the verify.
+    let _range = write_blocks(lu, f.lba, data, true)?;
     if bytchk == 1 {
         lu.compare(f.lba, data)?;
     } else {
