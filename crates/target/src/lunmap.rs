@@ -328,12 +328,13 @@ fn check(key: u8, asc: u8, ascq: u8) -> Completion {
     }
 }
 
-/// Runs `req` against `lu` and packs the outcome for the session.
-pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion {
-    let cmd = scsi::Command {
+/// `req` as the SCSI layer sees it, from the nexus and port of `o`.
+fn command<'a>(req: &'a ExecRequest, o: &'a Origin) -> scsi::Command<'a> {
+    let (data_out, data_out_more) = req.data_out.parts();
+    scsi::Command {
         cdb: req.cdb.as_slice(),
-        data_out: req.data_out.parts().0,
-        data_out_more: req.data_out.parts().1,
+        data_out,
+        data_out_more,
         nexus: o.nexus,
         relative_port: o.relative_port,
         tpg: o.tpg,
@@ -341,8 +342,12 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
         initiator_port_name: &o.initiator_port_name,
         expected_data_out: Some(if req.write { req.edtl } else { 0 }),
         lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
-    };
-    let out = lu.execute(&cmd);
+    }
+}
+
+/// Runs `req` against `lu` and packs the outcome for the session.
+pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion {
+    let out = lu.execute(&command(req, o));
     Completion {
         status: out.status,
         sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
@@ -375,18 +380,7 @@ where
     if !more.is_empty() {
         return Err(done);
     }
-    let cmd = scsi::Command {
-        cdb: req.cdb.as_slice(),
-        data_out,
-        data_out_more: &[],
-        nexus: o.nexus,
-        relative_port: o.relative_port,
-        tpg: o.tpg,
-        target_port_name: &o.port_name,
-        initiator_port_name: &o.initiator_port_name,
-        expected_data_out: Some(if req.write { req.edtl } else { 0 }),
-        lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
-    };
+    let cmd = command(req, o);
     let Some(io) = lu.admit_fast(&cmd, data_out) else {
         return Err(done);
     };
