@@ -153,26 +153,8 @@ impl Client {
         data: &[u8],
         immediate: usize,
     ) -> (u8, Vec<u8>, Vec<u8>) {
-        let mut c = [0u8; 16];
-        c[..cdb.len()].copy_from_slice(cdb);
-        let itt = Itt(self.itt);
-        self.itt += 1;
         let imm = &data[..immediate.min(data.len())];
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_: true,
-            read,
-            write: !data.is_empty(),
-            attr: 1,
-            lun: Lun::from_index(self.lun),
-            itt,
-            edtl,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.stat_sn,
-            cdb: c,
-        };
-        self.cmd_sn = self.cmd_sn.next();
-        self.send(cmd.encode(imm.len()), imm);
+        let itt = self.cmd(cdb, edtl, read, !data.is_empty(), true, imm);
         let mut din = Vec::new();
         loop {
             let r = self.recv().expect("response");
