@@ -112,6 +112,14 @@ struct ServeArgs {
     /// Allow only this initiator name on every target (repeatable).
     #[arg(long = "allow", value_name = "IQN")]
     allow: Vec<String>,
+    /// Serve the rbd LUNs as one of several gateways (docs/GATEWAYS.md): GROUP is this
+    /// gateway's ALUA target port group, optionally :TAG the portal tag of its first portal
+    /// (gateways must not share tags). Needs --gateway-peer.
+    #[arg(long, value_name = "GROUP[:TAG]", value_parser = parse_gateway)]
+    gateway: Option<(u16, u16)>,
+    /// Another gateway of the same LUs: its ALUA group and its relative port ids (repeatable).
+    #[arg(long = "gateway-peer", value_name = "GROUP=PORT[,PORT...]", value_parser = parse_peer)]
+    gateway_peer: Vec<target::config::GatewayPeerConfig>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
     /// Changes made through the admin API are written back to it.
     #[arg(long, value_name = "FILE")]
@@ -138,6 +146,34 @@ fn parse_digest(s: &str) -> Result<DigestConfig, String> {
     }
 }
 
+fn parse_gateway(s: &str) -> Result<(u16, u16), String> {
+    let num = |v: &str| {
+        v.parse::<u16>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{v:?}: expected 1..=65535"))
+    };
+    match s.split_once(':') {
+        Some((g, t)) => Ok((num(g)?, num(t)?)),
+        None => Ok((num(s)?, 1)),
+    }
+}
+
+fn parse_peer(s: &str) -> Result<target::config::GatewayPeerConfig, String> {
+    let (g, ports) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected GROUP=PORT[,PORT...]"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("{v:?}: expected 1..=65535"))
+    };
+    Ok(target::config::GatewayPeerConfig {
+        group: num(g)?,
+        ports: ports.split(',').map(num).collect::<Result<_, _>>()?,
+    })
+}
+
 /// Builds the configuration from a file and/or the quick flags.
 fn build_config(a: &ServeArgs) -> Result<Config> {
     let mut cfg = match &a.config {
@@ -152,6 +188,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             state_dir: None,
             admin: Default::default(),
             discovery: Default::default(),
+            gateway: None,
         },
     };
     if !a.listen.is_empty() {
@@ -193,6 +230,16 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     }
     if let Some(d) = &a.state_dir {
         cfg.state_dir = Some(d.clone());
+    }
+    if let Some((group, first_portal_tag)) = a.gateway {
+        cfg.gateway = Some(target::config::GatewayConfig {
+            group,
+            first_portal_tag,
+            peer: a.gateway_peer.clone(),
+            check_interval_ms: cfg.gateway.as_ref().map_or(1000, |g| g.check_interval_ms),
+        });
+    } else if !a.gateway_peer.is_empty() {
+        bail!("--gateway-peer needs --gateway");
     }
     if let Some(l) = a.admin {
         cfg.admin.listen = Some(l);

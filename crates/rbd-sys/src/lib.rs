@@ -213,6 +213,11 @@ api! {
         /// `int rbd_lock_break(rbd_image_t image, rbd_lock_mode_t lock_mode,
         /// const char *lock_owner);`
         fn rbd_lock_break(rbd_image_t, rbd_lock_mode_t, *const c_char) -> c_int;
+        /// `int rbd_metadata_get(rbd_image_t image, const char *key, char *value,
+        /// size_t *val_len);`
+        fn rbd_metadata_get(rbd_image_t, *const c_char, *mut c_char, *mut usize) -> c_int;
+        /// `int rbd_metadata_set(rbd_image_t image, const char *key, const char *value);`
+        fn rbd_metadata_set(rbd_image_t, *const c_char, *const c_char) -> c_int;
     }
 }
 

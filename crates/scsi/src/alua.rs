@@ -129,6 +129,18 @@ impl AccessState {
     }
 }
 
+/// Decides SET TARGET PORT GROUPS when the states are not this process's
+/// alone to set: a gateway whose groups follow who owns storage shared
+/// with other gateways (`target::gateway`, docs/GATEWAYS.md).
+pub trait AluaOwner: Send + Sync + std::fmt::Debug {
+    /// Makes the requested `(group id, state)` changes hold (the ids are
+    /// those of existing groups, each once), setting states with
+    /// [`PortGroups::set_state`] without establishing unit attentions;
+    /// may block (it runs on the I/O pool). Returns whether some state
+    /// changed, or the sense to answer.
+    fn set_target_port_groups(&self, changes: &[(u16, AccessState)]) -> Result<bool, Sense>;
+}
+
 /// One target port group as configured.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupSpec {
@@ -200,6 +212,8 @@ pub struct PortGroups {
     /// Serialises SET TARGET PORT GROUPS so a list applies atomically
     /// (and membership changes).
     change: Mutex<()>,
+    /// Who carries out SET TARGET PORT GROUPS, when not this table.
+    owner: OnceLock<std::sync::Arc<dyn AluaOwner>>,
 }
 
 impl PortGroups {
@@ -245,7 +259,14 @@ impl PortGroups {
             explicit,
             groups,
             change: Mutex::new(()),
+            owner: OnceLock::new(),
         })
+    }
+
+    /// Hands SET TARGET PORT GROUPS to `owner` (once; later calls are
+    /// ignored and return false).
+    pub fn set_owner(&self, owner: std::sync::Arc<dyn AluaOwner>) -> bool {
+        self.owner.set(owner).is_ok()
     }
 
     /// Every group, in order.
@@ -553,7 +574,20 @@ pub(crate) fn set(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
         }
         changes.push((i, state));
     }
-    if pg.apply(&changes) {
+    let changed = match pg.owner.get() {
+        Some(owner) => {
+            let ids: Vec<(u16, AccessState)> = changes
+                .iter()
+                .filter_map(|&(i, st)| pg.groups[i].get().map(|g| (g.id, st)))
+                .collect();
+            match owner.set_target_port_groups(&ids) {
+                Ok(changed) => changed,
+                Err(sense) => return Outcome::check(sense),
+            }
+        }
+        None => pg.apply(&changes),
+    };
+    if changed {
         let code = Asc::ASYMMETRIC_ACCESS_STATE_CHANGED;
         lu.ua.broadcast(code, Some(cmd.nexus));
         if let Some(lus) = cmd.lus {

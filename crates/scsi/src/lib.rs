@@ -55,7 +55,7 @@ mod ua;
 mod vpd;
 mod xcopy;
 
-pub use alua::{AccessState, AluaError, GroupSpec, PortGroups};
+pub use alua::{AccessState, AluaError, AluaOwner, GroupSpec, PortGroups};
 pub use fast::{FastIo, FastKind};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,

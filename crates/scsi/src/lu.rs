@@ -243,6 +243,19 @@ impl Outcome {
     }
 }
 
+/// The reservation commands (SPC-4 §5.13, SPC-2 RESERVE/RELEASE).
+fn is_reservation_opcode(code: u8) -> bool {
+    matches!(
+        code,
+        op::PERSISTENT_RESERVE_IN
+            | op::PERSISTENT_RESERVE_OUT
+            | op::RESERVE_6
+            | op::RESERVE_10
+            | op::RELEASE_6
+            | op::RELEASE_10
+    )
+}
+
 /// GOOD with `v` cut to the allocation length (SPC-4 §4.2.5.6).
 pub(crate) fn data_in(mut v: Vec<u8>, alloc: usize) -> Outcome {
     v.truncate(alloc);
@@ -252,7 +265,9 @@ pub(crate) fn data_in(mut v: Vec<u8>, alloc: usize) -> Outcome {
 /// Maps a backend error to sense data: an out-of-range access (which the
 /// range checks make impossible unless the backend shrank) to LBA OUT OF
 /// RANGE, a full device (ENOSPC, EDQUOT: a thin LUN out of space) to DATA
-/// PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT (SBC-4 §4.7.3.7),
+/// PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT (SBC-4 §4.7.3.7), a
+/// backend this gateway may not use now ([`storage::NotAccessible`]) to
+/// NOT READY, LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE,
 /// anything else to MEDIUM ERROR with `asc`.
 pub(crate) fn backend_error(e: &io::Error, asc: Asc) -> Sense {
     // Linux errno values (io::ErrorKind::StorageFull is newer than the MSRV).
@@ -260,6 +275,8 @@ pub(crate) fn backend_error(e: &io::Error, asc: Asc) -> Sense {
     const EDQUOT: i32 = 122;
     if e.kind() == io::ErrorKind::InvalidInput {
         Sense::lba_out_of_range()
+    } else if storage::NotAccessible::is(e) {
+        Sense::new(SenseKey::NotReady, Asc::NOT_ACCESSIBLE_STANDBY)
     } else if matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT)) {
         Sense::new(
             SenseKey::DataProtect,
@@ -318,6 +335,9 @@ pub struct LogicalUnit {
     pub(crate) std_inquiry: [u8; vpd::STD_INQUIRY_LEN],
     /// SPC-2 and persistent reservations.
     pub(crate) pr: pr::Reservations,
+    /// Whether reservation commands are implemented for this unit
+    /// ([`LogicalUnit::without_reservations`]).
+    pub(crate) reservations: bool,
     /// The target port groups of the target, shared by its units.
     pub(crate) alua: Arc<PortGroups>,
     /// Copy manager state (EXTENDED COPY results).
@@ -409,6 +429,7 @@ impl LogicalUnit {
         let pr = pr::Reservations::open(cfg.pr_state.clone()).map_err(LuError::PrState)?;
         Ok(LogicalUnit {
             pr,
+            reservations: true,
             block_shift: bs.trailing_zeros(),
             lbppb_shift: ratio.trailing_zeros(),
             num_blocks: AtomicU64::new(size / u64::from(bs)),
@@ -436,6 +457,21 @@ impl LogicalUnit {
         self.std_inquiry[5] = (self.std_inquiry[5] & !0x30) | (pg.tpgs() << 4);
         self.alua = pg;
         self
+    }
+
+    /// Does not implement reservations: PERSISTENT RESERVE IN/OUT and
+    /// RESERVE/RELEASE(6/10) are answered INVALID COMMAND OPERATION CODE and
+    /// left out of REPORT SUPPORTED OPERATION CODES. For a unit served by
+    /// several gateways, whose reservation state this process alone cannot
+    /// keep (docs/GATEWAYS.md): refusing is honest, pretending is not.
+    pub fn without_reservations(mut self) -> Self {
+        self.reservations = false;
+        self
+    }
+
+    /// Whether reservation commands are implemented.
+    pub fn has_reservations(&self) -> bool {
+        self.reservations
     }
 
     /// The target port groups this unit reports.
@@ -497,6 +533,11 @@ impl LogicalUnit {
         }
         self.ua.broadcast(Asc::CAPACITY_DATA_CHANGED, None);
         Ok(())
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn BlockBackend> {
+        &self.backend
     }
 
     /// The backend's kind (`mem`, `null`, `file`).
@@ -667,8 +708,11 @@ impl LogicalUnit {
             op::MAINTENANCE_IN => match cdb[1] & 0x1F {
                 cdb::SA_REPORT_SUPPORTED_OPCODES => {
                     let (explicit, thin) = (self.alua.is_explicit(), self.thin);
+                    let reservations = self.reservations;
                     crate::opcodes::report_with(cdb, |code, _| {
-                        (explicit || code != op::MAINTENANCE_OUT) && (thin || code != op::UNMAP)
+                        (explicit || code != op::MAINTENANCE_OUT)
+                            && (thin || code != op::UNMAP)
+                            && (reservations || !is_reservation_opcode(code))
                     })
                 }
                 cdb::SA_REPORT_TARGET_PORT_GROUPS => alua::report(&self.alua, cmd, cdb),
@@ -686,6 +730,9 @@ impl LogicalUnit {
             op::RECEIVE_COPY_RESULTS => xcopy::receive_copy_results(self, cmd, cdb),
             op::START_STOP_UNIT => start_stop_unit(cdb),
             op::PREVENT_ALLOW_MEDIUM_REMOVAL => prevent_allow(cdb),
+            o if is_reservation_opcode(o) && !self.reservations => {
+                Outcome::check(Sense::invalid_opcode())
+            }
             op::PERSISTENT_RESERVE_IN => pr::persistent_reserve_in(self, cmd, cdb),
             op::PERSISTENT_RESERVE_OUT => pr::persistent_reserve_out(self, cmd, cdb),
             op::RESERVE_6 | op::RESERVE_10 => pr::reserve(self, cmd, cdb),

@@ -200,6 +200,13 @@ pub trait BlockBackend: Send + Sync + 'static {
         0
     }
 
+    /// The owner arbitration of storage several gateways serve at once
+    /// (an RBD image's exclusive lock); `None` for storage only this
+    /// process uses.
+    fn ownership(&self) -> Option<&dyn Ownership> {
+        None
+    }
+
     /// The completion-driven interface, for backends whose I/O completes
     /// on a thread of their own (RBD): the driver then submits plain READs
     /// and WRITEs from its event loop without waiting, instead of running
@@ -241,6 +248,49 @@ pub struct Extent {
     pub allocated: bool,
     /// Length of the run in bytes.
     pub len: u64,
+}
+
+/// The error a backend returns when this process may not serve the data
+/// now although the data itself is fine: another gateway owns the image
+/// (an RBD exclusive lock taken over, this client blocklisted). The SCSI
+/// layer answers NOT READY, LOGICAL UNIT NOT ACCESSIBLE (SPC-4 §5.15.2.4)
+/// rather than MEDIUM ERROR, so initiators retry on another path.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotAccessible(pub String);
+
+impl NotAccessible {
+    /// An `io::Error` carrying a `NotAccessible` with `msg`.
+    pub fn error(msg: impl Into<String>) -> io::Error {
+        io::Error::other(NotAccessible(msg.into()))
+    }
+
+    /// Whether `e` was made by [`NotAccessible::error`].
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|i| i.is::<NotAccessible>())
+    }
+}
+
+/// Storage that several gateways (processes, machines) serve at once,
+/// with one owner at a time that alone may write: an RBD image's exclusive
+/// lock. Every call may block on the cluster (seconds).
+pub trait Ownership: Send + Sync {
+    /// Becomes the owner unless another holds it; whether this process
+    /// owns on return.
+    fn acquire(&self) -> io::Result<bool>;
+    /// Whether this process is the owner.
+    fn is_owner(&self) -> io::Result<bool>;
+    /// Becomes the owner whoever holds it, fencing the previous owner
+    /// first so that it can no longer write (its I/O then fails with
+    /// [`NotAccessible`]).
+    fn take_over(&self) -> io::Result<()>;
+    /// Stops being the owner (nothing when not).
+    fn release(&self) -> io::Result<()>;
+    /// A value kept with the storage under `key`, the same for every
+    /// gateway (which of them owns it, in their terms).
+    fn note(&self, key: &str) -> io::Result<Option<String>>;
+    /// Sets the value under `key`.
+    fn set_note(&self, key: &str, value: &str) -> io::Result<()>;
 }
 
 /// Largest buffer [`write_zeroes_by_writing`] allocates.

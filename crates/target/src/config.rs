@@ -116,6 +116,54 @@ pub struct Config {
     /// Authentication of discovery sessions (CHAP, optionally mutual).
     #[serde(default)]
     pub discovery: AuthConfig,
+    /// One of several gateways serving the same RBD images as the same
+    /// LUs (docs/GATEWAYS.md); none: a standalone target.
+    #[serde(default)]
+    pub gateway: Option<GatewayConfig>,
+}
+
+/// This process as one gateway of several in front of shared RBD images.
+/// Every gateway is configured with the same targets and LUNs (so they
+/// report the same identities); each has its own portal tags and ALUA
+/// group. The gateway holding the images' exclusive locks is
+/// active/optimized, the others standby; SET TARGET PORT GROUPS asking for
+/// a standby gateway's group to be active moves the locks there.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// This gateway's ALUA target port group id (all of its portals).
+    pub group: u16,
+    /// Portal group tag, and relative target port id, of the first portal
+    /// in `listen`; the next portals count up from it. The gateways of one
+    /// LU must use distinct tags (e.g. 1 on the first gateway, 17 on the
+    /// second).
+    #[serde(default = "one")]
+    pub first_portal_tag: u16,
+    /// The other gateways.
+    #[serde(default)]
+    pub peer: Vec<GatewayPeerConfig>,
+    /// How often ownership is re-read from the cluster, in milliseconds
+    /// (a lock lost to a takeover, another gateway taking over).
+    #[serde(default = "default_gateway_check_ms")]
+    pub check_interval_ms: u64,
+}
+
+/// Another gateway of the same LUs.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayPeerConfig {
+    /// Its ALUA target port group id.
+    pub group: u16,
+    /// Its relative target port ids (the portal tags of its portals).
+    pub ports: Vec<u16>,
+}
+
+fn one() -> u16 {
+    1
+}
+
+fn default_gateway_check_ms() -> u64 {
+    1000
 }
 
 /// The admin endpoint: `ironsan serve --admin` and `--admin-token`
@@ -290,6 +338,26 @@ impl Config {
     /// The target port groups for `listen`: as configured, or one
     /// active/optimized group per portal with id = its position.
     pub fn port_groups(&self) -> Vec<scsi::GroupSpec> {
+        if let Some(g) = &self.gateway {
+            // Every group starts standby: the gateway decides from the
+            // images' locks before the first login is accepted.
+            let own = scsi::GroupSpec {
+                id: g.group,
+                ports: (1..=self.listen.len())
+                    .map(|i| self.portal_tag(i as u16))
+                    .collect(),
+                state: scsi::AccessState::Standby,
+                preferred: false,
+            };
+            return std::iter::once(own)
+                .chain(g.peer.iter().map(|p| scsi::GroupSpec {
+                    id: p.group,
+                    ports: p.ports.clone(),
+                    state: scsi::AccessState::Standby,
+                    preferred: false,
+                }))
+                .collect();
+        }
         if self.alua.group.is_empty() {
             return (1..=self.listen.len())
                 .map(|i| {
@@ -315,8 +383,25 @@ impl Config {
             .collect()
     }
 
+    /// Whether SET TARGET PORT GROUPS is supported: configured, or a
+    /// gateway (failover is asked for with it).
+    pub fn alua_explicit(&self) -> bool {
+        self.alua.explicit || self.gateway.is_some()
+    }
+
+    /// The portal group tag (and relative target port id) of portal
+    /// `position` (from 1): the position, or counted from a gateway's
+    /// `first_portal_tag`.
+    pub fn portal_tag(&self, position: u16) -> u16 {
+        let first = self.gateway.as_ref().map_or(1, |g| g.first_portal_tag);
+        first.saturating_add(position - 1)
+    }
+
     /// The ALUA target port group of portal `position` (from 1).
     pub fn group_of_portal(&self, position: u16) -> u16 {
+        if let Some(g) = &self.gateway {
+            return g.group;
+        }
         self.alua
             .group
             .iter()
@@ -345,8 +430,51 @@ impl Config {
                 return inv(format!("alua: portal {p} is in no group"));
             }
         }
-        scsi::PortGroups::new(self.port_groups(), self.alua.explicit)
+        self.validate_gateway()?;
+        scsi::PortGroups::new(self.port_groups(), self.alua_explicit())
             .map_err(|e| ConfigError::Invalid(format!("alua: {e}")))?;
+        Ok(())
+    }
+
+    fn validate_gateway(&self) -> Result<(), ConfigError> {
+        let Some(g) = &self.gateway else {
+            return Ok(());
+        };
+        let inv = |m: String| Err(ConfigError::Invalid(m));
+        if !self.alua.group.is_empty() {
+            return inv(
+                "gateway: the ALUA groups of a gateway follow the image locks; remove [[alua.group]]"
+                    .into(),
+            );
+        }
+        if g.first_portal_tag == 0
+            || usize::from(g.first_portal_tag) + self.listen.len() - 1 > usize::from(u16::MAX)
+        {
+            return inv(format!(
+                "gateway.first_portal_tag = {}: the portal tags must be 1..=65535",
+                g.first_portal_tag
+            ));
+        }
+        if !(100..=60_000).contains(&g.check_interval_ms) {
+            return inv("gateway.check_interval_ms: must be 100..=60000".into());
+        }
+        if g.peer.is_empty() {
+            return inv("gateway: name the other gateways ([[gateway.peer]] group, ports)".into());
+        }
+        // Group ids and ports are checked for overlaps by the port group
+        // table built from them (PortGroups::new).
+        for t in &self.target {
+            if t.lun.is_empty() {
+                return inv(format!("gateway: target {} has no LUN", t.name));
+            }
+            if let Some(l) = t.lun.iter().find(|l| l.backend != BackendKind::Rbd) {
+                return inv(format!(
+                    "gateway: target {} has a {:?} LUN; every LUN of a gateway must be an rbd \
+                     image the other gateways serve too",
+                    t.name, l.backend
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -944,8 +1072,8 @@ mod tests {
         )
         .unwrap();
         assert!(!c.target[0].lun[0].thin);
-        let rt =
-            crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None).unwrap();
+        let rt = crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None, None)
+            .unwrap();
         assert!(!rt.luns().luns[0].as_ref().unwrap().thin());
         assert!(LunConfig::from_spec("mem:1M").unwrap().thin);
     }
@@ -1004,6 +1132,38 @@ mod tests {
             c.state_dir.as_deref(),
             Some(std::path::Path::new("/var/lib/ironsan"))
         );
+    }
+
+    #[test]
+    fn gateway_groups_and_tags() {
+        let base = "listen = [\"127.0.0.1:3260\", \"127.0.0.1:3261\"]\n";
+        let rbd = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"rbd\"\n\
+                   pool = \"rbd\"\nimage = \"i\"\n";
+        let gw = "[gateway]\ngroup = 2\nfirst_portal_tag = 17\n[[gateway.peer]]\ngroup = 1\nports = [1, 2]\n";
+        let c = Config::from_toml(&format!("{base}{gw}{rbd}")).unwrap();
+        assert!(c.alua_explicit());
+        assert_eq!((c.portal_tag(1), c.portal_tag(2)), (17, 18));
+        assert_eq!(c.group_of_portal(2), 2);
+        let g = c.port_groups();
+        assert_eq!((g[0].id, g[0].ports.clone()), (2, vec![17, 18]));
+        assert_eq!((g[1].id, g[1].ports.clone()), (1, vec![1, 2]));
+        assert!(g.iter().all(|g| g.state == scsi::AccessState::Standby));
+        // Without a gateway the tags are the positions.
+        let plain = Config::from_toml(&format!("{base}{rbd}")).unwrap();
+        assert_eq!(plain.portal_tag(2), 2);
+        // Refused: a non-rbd LUN, ALUA groups beside it, no peer, a peer
+        // port equal to one of ours, a peer with our group id, tag 0.
+        let mem = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n";
+        for bad in [
+            format!("{base}{gw}{mem}"),
+            format!("{base}[alua]\n[[alua.group]]\nid = 5\nportals = [1, 2]\n{gw}{rbd}"),
+            format!("{base}[gateway]\ngroup = 2\n{rbd}"),
+            format!("{base}[gateway]\ngroup = 2\n[[gateway.peer]]\ngroup = 1\nports = [2]\n{rbd}"),
+            format!("{base}[gateway]\ngroup = 2\nfirst_portal_tag = 9\n[[gateway.peer]]\ngroup = 2\nports = [1]\n{rbd}"),
+            format!("{base}[gateway]\ngroup = 2\nfirst_portal_tag = 0\n[[gateway.peer]]\ngroup = 1\nports = [1]\n{rbd}"),
+        ] {
+            assert!(Config::from_toml(&bad).is_err(), "accepted:\n{bad}");
+        }
     }
 
     #[test]
@@ -1095,8 +1255,8 @@ mod tests {
         };
         let c = Config::from_toml(&text(4096, 512)).unwrap();
         assert_eq!(c.target[0].lun[0].physical_block_size, Some(4096));
-        let rt =
-            crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None).unwrap();
+        let rt = crate::lunmap::TargetRt::build(&c.target[0], c.port_groups(), false, None, None)
+            .unwrap();
         assert_eq!(
             rt.luns().luns[0].as_ref().unwrap().physical_block_size(),
             4096

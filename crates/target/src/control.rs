@@ -180,6 +180,7 @@ impl Control {
         if n > 255 {
             return Err(ControlError::Invalid("LUN numbers are 0..=255".into()));
         }
+        refuse_on_gateway(t)?;
         if t.luns()
             .luns
             .get(usize::from(n))
@@ -193,6 +194,7 @@ impl Control {
             cfg,
             &t.port_groups,
             t.state_dir.as_deref(),
+            true,
         )
         .map_err(ControlError::Invalid)
     }
@@ -236,6 +238,7 @@ impl Control {
     pub fn remove_lun(&self, name: &str, n: u16) -> Result<(), ControlError> {
         self.lun(name, n)?;
         let t = self.target(name)?;
+        refuse_on_gateway(t)?;
         t.install(n, None);
         inventory_changed(t);
         tracing::info!(target = %t.name, lun = n, "LUN removed");
@@ -286,6 +289,13 @@ impl Control {
     pub fn set_alua(&self, group: u16, state: AccessState) -> Result<(), ControlError> {
         let mut found = false;
         for t in &self.shared.targets {
+            if t.gateway.is_some() {
+                return Err(ControlError::Invalid(
+                    "the ALUA states of a gateway follow the images' locks (SET TARGET PORT \
+                     GROUPS moves them)"
+                        .into(),
+                ));
+            }
             match t.port_groups.set_state(group, state) {
                 None => {}
                 Some(changed) => {
@@ -436,4 +446,18 @@ fn inventory_changed(t: &TargetRt) {
     t.luns()
         .iter()
         .for_each(|(_, lu)| lu.unit_attention_all(Asc::REPORTED_LUNS_DATA_CHANGED));
+}
+
+/// Gateways serve the same LUNs as their peers, from their configuration
+/// files: a LUN added or removed on one only would be a different LU
+/// behind the same identity.
+fn refuse_on_gateway(t: &TargetRt) -> Result<(), ControlError> {
+    if t.gateway.is_some() {
+        return Err(ControlError::Invalid(format!(
+            "{} is served by several gateways: change its LUNs in every gateway's \
+             configuration and restart them",
+            t.name
+        )));
+    }
+    Ok(())
 }

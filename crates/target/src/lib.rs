@@ -11,6 +11,7 @@ pub mod config;
 mod conn;
 pub mod control;
 pub mod control_acl;
+pub mod gateway;
 mod lunmap;
 mod server;
 pub mod size;

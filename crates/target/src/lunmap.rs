@@ -62,6 +62,9 @@ pub struct TargetRt {
     pub port_groups: Arc<PortGroups>,
     /// Where LUs keep persistent reservation state.
     pub state_dir: Option<PathBuf>,
+    /// The gateway role, when this process is one of several gateways of
+    /// the target's LUs ([`crate::gateway`]).
+    pub gateway: Option<Arc<crate::gateway::Gateway>>,
 }
 
 /// The LUs of one target as a logical unit sees its siblings (EXTENDED
@@ -155,12 +158,15 @@ impl TargetRt {
     /// Opens every LUN's backend and builds its logical unit, with the
     /// ALUA target port groups `groups` (explicit ALUA if `explicit`); with
     /// `state_dir`, each LU keeps its persistent reservation state in
-    /// [`pr_state_file`].
+    /// [`pr_state_file`]. With `gateway`, this process is one of several
+    /// gateways of the LUs: reservations are refused and the ALUA states
+    /// follow the images' locks ([`crate::gateway`]).
     pub fn build(
         cfg: &TargetConfig,
         groups: Vec<GroupSpec>,
         explicit: bool,
         state_dir: Option<&Path>,
+        gateway: Option<&crate::config::GatewayConfig>,
     ) -> Result<TargetRt, String> {
         if let Some(d) = state_dir {
             std::fs::create_dir_all(d).map_err(|e| format!("state_dir {}: {e}", d.display()))?;
@@ -171,12 +177,24 @@ impl TargetRt {
         let mut table = LunTable::default();
         for (i, l) in cfg.lun.iter().enumerate() {
             let n = usize::from(l.number.unwrap_or(i as u16));
-            let lu = build_lu(&cfg.name, n, l, &port_groups, state_dir)?;
+            let lu = build_lu(&cfg.name, n, l, &port_groups, state_dir, gateway.is_none())?;
             if table.luns.len() <= n {
                 table.luns.resize(n + 1, None);
             }
             table.luns[n] = Some(lu);
         }
+        let gateway = match gateway {
+            Some(g) => {
+                let lus: Vec<Arc<LogicalUnit>> = table.luns.iter().flatten().cloned().collect();
+                Some(crate::gateway::Gateway::start(
+                    &cfg.name,
+                    g,
+                    &port_groups,
+                    &lus,
+                )?)
+            }
+            None => None,
+        };
         Ok(TargetRt {
             name: cfg.name.clone(),
             alias: cfg.alias.clone(),
@@ -184,6 +202,7 @@ impl TargetRt {
             generation: AtomicU64::new(0),
             port_groups,
             state_dir: state_dir.map(Path::to_path_buf),
+            gateway,
         })
     }
 
@@ -218,13 +237,15 @@ impl TargetRt {
 }
 
 /// Opens the backend of LUN `n` of `target` as `l` describes and builds its
-/// logical unit in the target port groups `pg`.
+/// logical unit in the target port groups `pg`; without `reservations`
+/// the unit refuses reservation commands (a gateway's units).
 pub fn build_lu(
     target: &str,
     n: usize,
     l: &LunConfig,
     pg: &Arc<PortGroups>,
     state_dir: Option<&Path>,
+    reservations: bool,
 ) -> Result<Arc<LogicalUnit>, String> {
     let at = format!("target {target} LUN {n}");
     let size = l.size_bytes().map_err(|e| format!("{at}: {e}"))?;
@@ -265,7 +286,11 @@ pub fn build_lu(
     let lu = LogicalUnit::new(backend, lu_cfg)
         .map_err(|e| format!("{at}: {e}"))?
         .with_port_groups(pg.clone());
-    Ok(Arc::new(lu))
+    Ok(Arc::new(if reservations {
+        lu
+    } else {
+        lu.without_reservations()
+    }))
 }
 
 /// Opens the RBD image of an rbd LUN.

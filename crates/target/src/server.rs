@@ -236,8 +236,9 @@ impl Server {
                 TargetRt::build(
                     t,
                     cfg.port_groups(),
-                    cfg.alua.explicit,
+                    cfg.alua_explicit(),
                     cfg.state_dir.as_deref(),
+                    cfg.gateway.as_ref(),
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -251,7 +252,7 @@ impl Server {
                 l,
                 Portal {
                     addr: bound,
-                    tpgt: (i + 1) as u16,
+                    tpgt: cfg.portal_tag((i + 1) as u16),
                     alua_group: cfg.group_of_portal((i + 1) as u16),
                 },
             ));
@@ -271,7 +272,7 @@ impl Server {
             stats: crate::stats::StatsRegistry::new(),
             new_portals,
             portal_stops: Mutex::new(HashMap::new()),
-            next_tpgt: AtomicU16::new(u16::try_from(cfg.listen.len() + 1).unwrap_or(u16::MAX)),
+            next_tpgt: AtomicU16::new(cfg.portal_tag(cfg.listen.len() as u16).saturating_add(1)),
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
         };

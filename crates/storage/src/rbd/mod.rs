@@ -39,7 +39,9 @@
 //! that OS error (so `ENOSPC`/`EDQUOT` report space allocation failure),
 //! except `EINVAL`, which becomes an error of kind `Other`: the SCSI layer
 //! reads `InvalidInput` as "LBA out of range", which this module checks
-//! itself before calling librbd.
+//! itself before calling librbd; and `ESHUTDOWN` (blocklisted) and `EROFS`
+//! (exclusive lock held by another client), which become
+//! [`crate::NotAccessible`]: another gateway owns the image (see `lock`).
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
@@ -53,6 +55,7 @@ use rbd_sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Api};
 use crate::{check_range, check_range_u64, AsyncIo, BlockBackend, Extent, WriteCache};
 
 mod aio;
+mod lock;
 
 /// Where an RBD image is and how to reach its cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -124,6 +127,14 @@ pub fn rbd_error(spec: &str, op: &str, r: i64) -> io::Error {
     match errno {
         // Kept raw: the SCSI layer looks at the errno.
         libc::ENOSPC | libc::EDQUOT => os,
+        // This client was blocklisted (EBLOCKLISTED is ESHUTDOWN in Ceph),
+        // or it wrote without the exclusive lock another client holds
+        // (EROFS; an image opened read-only never gets that far, writes to
+        // a read-only LUN are refused by the SCSI layer): another gateway
+        // owns the image.
+        libc::ESHUTDOWN | libc::EROFS => crate::NotAccessible::error(format!(
+            "rbd {spec}: {op}: {os} (another gateway owns the image)"
+        )),
         // Not "LBA out of range" (which InvalidInput means to the SCSI
         // layer): ranges are checked here before librbd sees them.
         libc::EINVAL => io::Error::other(format!("rbd {spec}: {op}: {os}")),
@@ -436,6 +447,10 @@ unsafe extern "C" fn diff_cb(off: u64, len: usize, exists: c_int, arg: *mut c_vo
 impl BlockBackend for RbdBackend {
     fn kind(&self) -> &'static str {
         "rbd"
+    }
+
+    fn ownership(&self) -> Option<&dyn crate::Ownership> {
+        Some(self)
     }
 
     fn size(&self) -> u64 {
@@ -790,5 +805,68 @@ mod live {
             .expect("called before returning")
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+}
+
+/// The exclusive lock between two clients, when `IRONSAN_RBD_LOCK_TEST=
+/// POOL/IMAGE` names an image of its own (the live tests above would
+/// fight over the lock) with the exclusive-lock feature; skipped otherwise.
+#[cfg(test)]
+mod live_lock {
+    use super::*;
+
+    fn open_twice() -> Option<(RbdBackend, RbdBackend)> {
+        let spec = std::env::var("IRONSAN_RBD_LOCK_TEST").ok()?;
+        let (pool, image) = spec
+            .split_once('/')
+            .expect("IRONSAN_RBD_LOCK_TEST=POOL/IMAGE");
+        let o = RbdOptions {
+            pool: pool.into(),
+            image: image.into(),
+            ..RbdOptions::default()
+        };
+        let open = || RbdBackend::open(&o, WriteCache::WriteThrough).expect("open the image");
+        Some((open(), open()))
+    }
+
+    #[test]
+    fn take_over_fences_the_old_owner() {
+        let Some((a, b)) = open_twice() else {
+            eprintln!("skipped: IRONSAN_RBD_LOCK_TEST not set");
+            return;
+        };
+        let data = vec![0xA5u8; 4096];
+        assert!(a.lock_acquire().unwrap(), "a takes the free lock");
+        assert!(a.is_lock_owner().unwrap());
+        a.write_at(&data, 0, true).unwrap();
+        // b can read, cannot take the lock without breaking it, cannot write.
+        assert!(!b.lock_acquire().unwrap(), "held by a");
+        assert!(!b.is_lock_owner().unwrap());
+        assert_eq!(b.lock_owners().unwrap().len(), 1);
+        let mut back = vec![0u8; 4096];
+        b.read_at(&mut back, 0).unwrap();
+        assert_eq!(back, data);
+        let e = b.write_at(&data, 4096, true).unwrap_err();
+        assert!(crate::NotAccessible::is(&e), "{e}");
+        // Metadata is shared.
+        a.metadata_set("ironsan.test", "a").unwrap();
+        assert_eq!(
+            b.metadata_get("ironsan.test").unwrap().as_deref(),
+            Some("a")
+        );
+        assert_eq!(b.metadata_get("ironsan.none").unwrap(), None);
+        // b takes over: a is fenced (blocklisted), b writes.
+        b.lock_take_over().unwrap();
+        assert!(b.is_lock_owner().unwrap());
+        b.write_at(&[0x5Au8; 4096], 0, true).unwrap();
+        let e = a.write_at(&data, 0, true).unwrap_err();
+        assert!(crate::NotAccessible::is(&e), "{e}");
+        b.read_at(&mut back, 0).unwrap();
+        assert!(
+            back.iter().all(|&x| x == 0x5A),
+            "a's late write did not land"
+        );
+        b.lock_release().unwrap();
+        assert!(!b.is_lock_owner().unwrap());
     }
 }
