@@ -48,6 +48,7 @@
 //! ceph_conf = "/etc/ceph/ceph.conf"   # default: librados' search ($CEPH_CONF, /etc/ceph)
 //! ceph_client = "client.ironsan"      # default: client.admin ("ironsan" = client.ironsan)
 //! ceph_keyring = "/etc/ceph/ceph.client.ironsan.keyring"  # default: from ceph.conf
+//! ceph_op_timeout = 25                # seconds a cluster request may take (0: forever)
 //! ```
 
 use std::net::SocketAddr;
@@ -621,6 +622,13 @@ pub struct LunConfig {
     /// ceph.conf says.
     #[serde(default)]
     pub ceph_keyring: Option<PathBuf>,
+    /// Seconds a cluster request may take before it fails (rbd backend;
+    /// librados' `rados_osd_op_timeout` and `rados_mon_op_timeout`), so a
+    /// gateway cut off from the cluster answers NOT READY and initiators
+    /// move to another path before their own command timeout (30 s on
+    /// Linux and ESXi); 0: wait forever. Default 25.
+    #[serde(default)]
+    pub ceph_op_timeout: Option<u64>,
 }
 
 fn default_block_size() -> u32 {
@@ -690,6 +698,7 @@ impl LunConfig {
             ceph_conf: None,
             ceph_client: None,
             ceph_keyring: None,
+            ceph_op_timeout: None,
         };
         match kind {
             "mem" | "null" => {
@@ -912,7 +921,8 @@ impl Config {
                         || lun.image.is_some()
                         || lun.ceph_conf.is_some()
                         || lun.ceph_client.is_some()
-                        || lun.ceph_keyring.is_some())
+                        || lun.ceph_keyring.is_some()
+                        || lun.ceph_op_timeout.is_some())
                 {
                     return inv(format!(
                         "{at}: pool, image and ceph_* belong to rbd LUNs only"
@@ -999,6 +1009,7 @@ impl LunConfig {
             }),
             keyring: self.ceph_keyring.clone(),
             min_size: self.size_bytes()?,
+            op_timeout: self.ceph_op_timeout.unwrap_or(DEFAULT_CEPH_OP_TIMEOUT),
         }))
     }
 }
@@ -1020,7 +1031,12 @@ pub struct RbdLun {
     pub keyring: Option<PathBuf>,
     /// Grow the image to this size when smaller.
     pub min_size: Option<u64>,
+    /// Cluster request timeout in seconds (0: none).
+    pub op_timeout: u64,
 }
+
+/// Default [`LunConfig::ceph_op_timeout`]: under the initiators' 30 s.
+pub const DEFAULT_CEPH_OP_TIMEOUT: u64 = 25;
 
 /// Checks an iSCSI name (RFC 7143 §4.2.7): iqn., eui. or naa. form, at
 /// most 223 bytes, no spaces.
@@ -1281,6 +1297,7 @@ mod tests {
         let o = l.rbd_options().unwrap().unwrap();
         assert_eq!((o.pool.as_str(), o.image.as_str()), ("rbd", "ironsan"));
         assert_eq!((o.ceph_conf, o.client_name, o.min_size), (None, None, None));
+        assert_eq!(o.op_timeout, DEFAULT_CEPH_OP_TIMEOUT);
         for bad in [
             "rbd:",
             "rbd:ironsan",
@@ -1317,6 +1334,18 @@ mod tests {
         );
         assert_eq!(o.keyring.as_deref(), Some(std::path::Path::new("/c/k")));
         assert_eq!(o.min_size, Some(1 << 30));
+        let t = Config::from_toml(&format!(
+            "{base}pool = \"p\"\nimage = \"i\"\nceph_op_timeout = 0\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            t.target[0].lun[0]
+                .rbd_options()
+                .unwrap()
+                .unwrap()
+                .op_timeout,
+            0
+        );
         let full = Config::from_toml(&format!(
             "{base}pool = \"p\"\nimage = \"i\"\nceph_client = \"client.x\"\n"
         ))

@@ -306,6 +306,7 @@ fn open_rbd(l: &LunConfig, policy: WriteCache) -> Result<Arc<dyn BlockBackend>, 
         ceph_conf: o.ceph_conf,
         client_name: o.client_name,
         keyring: o.keyring,
+        op_timeout: o.op_timeout,
         read_only: l.read_only,
         min_size: o.min_size,
     };

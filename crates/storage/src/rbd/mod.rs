@@ -39,8 +39,9 @@
 //! that OS error (so `ENOSPC`/`EDQUOT` report space allocation failure),
 //! except `EINVAL`, which becomes an error of kind `Other`: the SCSI layer
 //! reads `InvalidInput` as "LBA out of range", which this module checks
-//! itself before calling librbd; and `ESHUTDOWN` (blocklisted) and `EROFS`
-//! (exclusive lock held by another client), which become
+//! itself before calling librbd; and `ESHUTDOWN` (blocklisted), `EROFS`
+//! (exclusive lock held by another client) and `ETIMEDOUT` (no answer
+//! within [`RbdOptions::op_timeout`]), which become
 //! [`crate::NotAccessible`]: another gateway owns the image (see `lock`).
 
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -76,6 +77,10 @@ pub struct RbdOptions {
     /// Grow the image to at least this many bytes when it is smaller
     /// (never shrinks it).
     pub min_size: Option<u64>,
+    /// Seconds an OSD or monitor request may take before it fails with
+    /// `ETIMEDOUT` (answered NOT READY, so initiators try another
+    /// gateway); 0: no limit.
+    pub op_timeout: u64,
 }
 
 impl RbdOptions {
@@ -132,7 +137,9 @@ pub fn rbd_error(spec: &str, op: &str, r: i64) -> io::Error {
         // (EROFS; an image opened read-only never gets that far, writes to
         // a read-only LUN are refused by the SCSI layer): another gateway
         // owns the image.
-        libc::ESHUTDOWN | libc::EROFS => crate::NotAccessible::error(format!(
+        // ETIMEDOUT: the cluster did not answer within `op_timeout`; the
+        // path is as good as down.
+        libc::ESHUTDOWN | libc::EROFS | libc::ETIMEDOUT => crate::NotAccessible::error(format!(
             "rbd {spec}: {op}: {os} (another gateway owns the image)"
         )),
         // Not "LBA out of range" (which InvalidInput means to the SCSI
@@ -229,6 +236,8 @@ impl RbdBackend {
             // See the module docs: acknowledged writes must be stable.
             ("rbd_cache", "false".to_string()),
             ("client_mount_timeout", "30".to_string()),
+            ("rados_osd_op_timeout", o.op_timeout.to_string()),
+            ("rados_mon_op_timeout", o.op_timeout.to_string()),
         ];
         if let Some(k) = &o.keyring {
             let k = k.to_str().ok_or_else(|| {
