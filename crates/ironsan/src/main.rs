@@ -237,6 +237,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             first_portal_tag,
             peer: a.gateway_peer.clone(),
             check_interval_ms: cfg.gateway.as_ref().map_or(1000, |g| g.check_interval_ms),
+            implicit_failover: cfg.gateway.as_ref().is_none_or(|g| g.implicit_failover),
         });
     } else if !a.gateway_peer.is_empty() {
         bail!("--gateway-peer needs --gateway");

@@ -61,6 +61,19 @@ pub const RBD_MAX_BLOCK_NAME_SIZE: usize = 24;
 /// `RBD_MAX_IMAGE_NAME_SIZE`.
 pub const RBD_MAX_IMAGE_NAME_SIZE: usize = 96;
 
+/// `rbd_image_watcher_t`, filled by `rbd_watchers_list`: a client watching
+/// the image header (every client with the image open).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct rbd_image_watcher_t {
+    /// `char *addr`.
+    pub addr: *mut c_char,
+    /// `int64_t id`: the client's global id (`client.<id>`).
+    pub id: i64,
+    /// `uint64_t cookie`.
+    pub cookie: u64,
+}
+
 /// `rbd_image_info_t`, filled by `rbd_stat`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -213,6 +226,12 @@ api! {
         /// `int rbd_lock_break(rbd_image_t image, rbd_lock_mode_t lock_mode,
         /// const char *lock_owner);`
         fn rbd_lock_break(rbd_image_t, rbd_lock_mode_t, *const c_char) -> c_int;
+        /// `int rbd_watchers_list(rbd_image_t image, rbd_image_watcher_t *watchers,
+        /// size_t *max_watchers);`
+        fn rbd_watchers_list(rbd_image_t, *mut rbd_image_watcher_t, *mut usize) -> c_int;
+        /// `void rbd_watchers_list_cleanup(rbd_image_watcher_t *watchers,
+        /// size_t num_watchers);`
+        fn rbd_watchers_list_cleanup(*mut rbd_image_watcher_t, usize);
         /// `int rbd_metadata_get(rbd_image_t image, const char *key, char *value,
         /// size_t *val_len);`
         fn rbd_metadata_get(rbd_image_t, *const c_char, *mut c_char, *mut usize) -> c_int;

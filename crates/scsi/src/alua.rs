@@ -139,6 +139,16 @@ pub trait AluaOwner: Send + Sync + std::fmt::Debug {
     /// may block (it runs on the I/O pool). Returns whether some state
     /// changed, or the sense to answer.
     fn set_target_port_groups(&self, changes: &[(u16, AccessState)]) -> Result<bool, Sense>;
+
+    /// A command came through group `tpg`, which is in `state` (standby
+    /// or unavailable) and refuses it: an initiator tries this path. The
+    /// sense to answer instead of the plain refusal (e.g. ASYMMETRIC ACCESS
+    /// STATE TRANSITION while a transition it set off runs), or `None`.
+    /// Must not block: it runs on the event loop.
+    fn refused_access(&self, tpg: u16, state: AccessState) -> Option<Sense> {
+        let _ = (tpg, state);
+        None
+    }
 }
 
 /// One target port group as configured.
@@ -304,6 +314,12 @@ impl PortGroups {
             .find(|g| g.id == id)
             .map(|g| g.ports.read().clone())
             .unwrap_or_default()
+    }
+
+    /// The sense for a command refused through group `tpg`
+    /// in `state`, when the owner ([`Self::set_owner`]) has one to say.
+    pub(crate) fn owner_refusal(&self, tpg: u16, state: AccessState) -> Option<Sense> {
+        self.owner.get()?.refused_access(tpg, state)
     }
 
     /// Whether SET TARGET PORT GROUPS is supported (TPGS = 11b).

@@ -615,6 +615,7 @@ impl LogicalUnit {
         let access = self.alua.state(cmd.tpg);
         if !access.is_active() {
             if let Some(s) = alua::refusal(access, cdb) {
+                let s = self.alua.owner_refusal(cmd.tpg, access).unwrap_or(s);
                 return Err(Outcome::check(s));
             }
         }

@@ -80,6 +80,8 @@ asc_table! {
     OPERATION_IN_PROGRESS = (0x00, 0x16), "OPERATION IN PROGRESS";
     /// 04/02: the unit needs a START STOP UNIT (START = 1).
     NOT_READY_INIT_REQUIRED = (0x04, 0x02), "LOGICAL UNIT NOT READY, INITIALIZING COMMAND REQUIRED";
+    /// 04/0A: the target port group is changing its access state.
+    NOT_ACCESSIBLE_TRANSITIONING = (0x04, 0x0A), "LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION";
     /// 04/0B: the command came through a target port in the standby state.
     NOT_ACCESSIBLE_STANDBY = (0x04, 0x0B), "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE";
     /// 04/0C: the command came through a target port in the unavailable state.

@@ -286,6 +286,9 @@ pub trait Ownership: Send + Sync {
     fn take_over(&self) -> io::Result<()>;
     /// Stops being the owner (nothing when not).
     fn release(&self) -> io::Result<()>;
+    /// Whether another process owns and is still connected (a dead
+    /// owner's lock stays until broken; false when nobody owns).
+    fn other_owner_alive(&self) -> io::Result<bool>;
     /// A value kept with the storage under `key`, the same for every
     /// gateway (which of them owns it, in their terms).
     fn note(&self, key: &str) -> io::Result<Option<String>>;

@@ -147,6 +147,15 @@ pub struct GatewayConfig {
     /// (a lock lost to a takeover, another gateway taking over).
     #[serde(default = "default_gateway_check_ms")]
     pub check_interval_ms: u64,
+    /// Take the images over when a command reaches this standby gateway
+    /// and the owner is no longer connected to the cluster
+    /// (initiators that fail over without SET TARGET PORT GROUPS).
+    #[serde(default = "yes")]
+    pub implicit_failover: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Another gateway of the same LUs.

@@ -28,14 +28,26 @@
 //!   the recorded owner; each change establishes ASYMMETRIC ACCESS STATE
 //!   CHANGED (2A/06) for every nexus.
 //!
+//! * **implicit failover** (initiators that never send SET TARGET PORT
+//!   GROUPS, e.g. ESXi's default `VMW_SATP_ALUA`, or libiscsi, whose login
+//!   sends TEST UNIT READY): a command this standby gateway refuses sets
+//!   off a probe (at most one per check
+//!   interval, on a thread of its own): when the gateway holding the locks
+//!   is no longer connected to the cluster (its watch on the image has
+//!   expired, `osd_client_watch_timeout`, 30 s by default), the locks are
+//!   taken over as above; commands get ASYMMETRIC ACCESS STATE TRANSITION
+//!   (04/0A) while that runs. A live owner is never taken over implicitly,
+//!   so initiators probing standby paths cannot make the gateways fight.
+//!
 //! At start a gateway takes the locks if nobody holds them (the first one
 //! up becomes the owner). The LUs of a target fail over together (one
 //! group state per target). Reservations are refused (see
 //! [`scsi::LogicalUnit::without_reservations`]): their state would live in
 //! one gateway only.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use scsi::{AccessState, AluaOwner, Asc, LogicalUnit, PortGroups, Sense, SenseKey};
@@ -55,6 +67,18 @@ pub struct Gateway {
     lus: Vec<Weak<LogicalUnit>>,
     /// Serialises takeovers, releases and checks.
     busy: Mutex<()>,
+    /// Take over when a command reaches this standby gateway when the
+    /// owner is gone ([`GatewayConfig::implicit_failover`]).
+    implicit: bool,
+    /// The check interval: also the least time between two probes of the
+    /// owner's liveness set off by refused commands.
+    every: Duration,
+    /// When a refused command last set off a probe.
+    last_probe: Mutex<Option<Instant>>,
+    /// An implicit takeover is running (commands get 04/0A meanwhile).
+    transitioning: AtomicBool,
+    /// This gateway, for the probe thread.
+    me: Weak<Gateway>,
 }
 
 /// What the locks say.
@@ -84,13 +108,19 @@ impl Gateway {
                 lu.backend_kind()
             ));
         }
-        let gw = Arc::new(Gateway {
+        let every = Duration::from_millis(cfg.check_interval_ms);
+        let gw = Arc::new_cyclic(|me| Gateway {
             target: target.to_string(),
             own: cfg.group,
             peers: cfg.peer.iter().map(|p| p.group).collect(),
             pg: Arc::downgrade(pg),
             lus: lus.iter().map(Arc::downgrade).collect(),
             busy: Mutex::new(()),
+            implicit: cfg.implicit_failover,
+            every,
+            last_probe: Mutex::new(None),
+            transitioning: AtomicBool::new(false),
+            me: me.clone(),
         });
         let owner = gw
             .try_acquire()
@@ -99,7 +129,6 @@ impl Gateway {
         tracing::info!(target = %target, group = gw.own, ?owner, "gateway started");
         pg.set_owner(gw.clone());
         let weak = Arc::downgrade(&gw);
-        let every = Duration::from_millis(cfg.check_interval_ms);
         std::thread::Builder::new()
             .name("gateway".into())
             .spawn(move || loop {
@@ -230,6 +259,36 @@ impl Gateway {
         Ok(())
     }
 
+    /// Takes the images over if no other gateway holding them is still
+    /// connected to the cluster (implicit failover).
+    fn take_over_if_owner_gone(&self) {
+        let _g = self.busy.lock();
+        let units = self.units();
+        for lu in &units {
+            match ownership(lu).other_owner_alive() {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(target = %self.target, "gateway: the owner is alive; staying standby");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(target = %self.target, "gateway: cannot tell whether the owner is alive: {e}");
+                    return;
+                }
+            }
+        }
+        self.transitioning.store(true, Ordering::Release);
+        match self.take_over() {
+            Ok(()) => {
+                self.show(Owner::Me, true);
+            }
+            Err(e) => {
+                tracing::error!(target = %self.target, "gateway: implicit take-over failed: {e}")
+            }
+        }
+        self.transitioning.store(false, Ordering::Release);
+    }
+
     /// Gives every lock up.
     fn release(&self) -> std::io::Result<()> {
         for lu in self.units() {
@@ -246,6 +305,40 @@ fn ownership(lu: &LogicalUnit) -> &dyn storage::Ownership {
 }
 
 impl AluaOwner for Gateway {
+    fn refused_access(&self, tpg: u16, state: AccessState) -> Option<Sense> {
+        if tpg != self.own || !self.implicit || state != AccessState::Standby {
+            return None;
+        }
+        if self.transitioning.load(Ordering::Acquire) {
+            return Some(Sense::new(
+                SenseKey::NotReady,
+                Asc::NOT_ACCESSIBLE_TRANSITIONING,
+            ));
+        }
+        {
+            let mut last = self.last_probe.lock();
+            if last.is_some_and(|t| t.elapsed() < self.every) {
+                return None;
+            }
+            *last = Some(Instant::now());
+        }
+        // Cluster calls block: probe on a thread of its own; this command
+        // gets the plain standby answer, later ones 04/0A while a
+        // takeover runs, then the active group serves them.
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("gateway-probe".into())
+            .spawn(move || {
+                if let Some(gw) = me.upgrade() {
+                    gw.take_over_if_owner_gone();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("gateway: cannot start a probe: {e}");
+        }
+        None
+    }
+
     fn set_target_port_groups(&self, changes: &[(u16, AccessState)]) -> Result<bool, Sense> {
         let _g = self.busy.lock();
         let at = |k: usize| (4 + 4 * k) as u16;
@@ -314,6 +407,8 @@ mod tests {
     struct Cluster {
         owner: Option<u32>,
         fenced: HashSet<u32>,
+        /// Clients that died (no longer connected).
+        dead: HashSet<u32>,
         notes: HashMap<String, String>,
     }
 
@@ -381,6 +476,11 @@ mod tests {
             }
             c.owner = Some(self.id);
             Ok(())
+        }
+        fn other_owner_alive(&self) -> io::Result<bool> {
+            let c = self.cluster.lock();
+            Ok(c.owner
+                .is_some_and(|o| o != self.id && !c.dead.contains(&o)))
         }
         fn release(&self) -> io::Result<()> {
             let mut c = self.cluster.lock();
@@ -464,7 +564,8 @@ mod tests {
                 group: peer.0,
                 ports: vec![peer.1],
             }],
-            check_interval_ms: 60_000,
+            check_interval_ms: 100,
+            implicit_failover: true,
         };
         let gw = Gateway::start("iqn.test:gw", &gcfg, &pg, std::slice::from_ref(&lu)).unwrap();
         Gw {
@@ -555,5 +656,42 @@ mod tests {
         assert!(run(&b, &cdb, &list).is_good());
         assert_eq!(b.pg.state(2), AccessState::Standby);
         assert_eq!(cluster.lock().owner, None);
+    }
+
+    /// Waits (bounded) for `f` to hold.
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..200 {
+            if f() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("never: {what}");
+    }
+
+    #[test]
+    fn media_access_takes_over_only_from_a_dead_owner() {
+        let cluster = Arc::new(Mutex::new(Cluster::default()));
+        let data = Arc::new(MemBackend::new(1 << 20));
+        let a = gateway(1, 1, 1, (2, 17), &cluster, &data);
+        let b = gateway(2, 2, 17, (1, 1), &cluster, &data);
+        let block = vec![0x11u8; 512];
+        // A alive: writes through B are refused, however often.
+        for _ in 0..3 {
+            assert_eq!(sense_of(&run(&b, &write10(0), &block)), (0x02, 0x04, 0x0B));
+            std::thread::sleep(Duration::from_millis(120));
+        }
+        assert_eq!(cluster.lock().owner, Some(1));
+        // A dies: the next command through B sets off the takeover.
+        cluster.lock().dead.insert(1);
+        let o = run(&b, &write10(0), &block);
+        assert_eq!(sense_of(&o).0, 0x02, "refused while it takes over");
+        eventually("B active", || b.pg.state(2) == AccessState::ActiveOptimized);
+        // The nexus hears of the change once, then writes.
+        assert_eq!(sense_of(&run(&b, &write10(0), &block)), (0x06, 0x2A, 0x06));
+        assert!(run(&b, &write10(0), &block).is_good());
+        assert!(cluster.lock().fenced.contains(&1));
+        assert!(a.gw.check());
+        assert_eq!(a.pg.state(2), AccessState::ActiveOptimized);
     }
 }

@@ -19,7 +19,7 @@ use std::ffi::{c_char, CStr};
 use std::io;
 use std::ptr;
 
-use rbd_sys::{rbd_lock_mode_t, RBD_LOCK_MODE_EXCLUSIVE};
+use rbd_sys::{rbd_image_watcher_t, rbd_lock_mode_t, RBD_LOCK_MODE_EXCLUSIVE};
 
 use super::{cstring, RbdBackend};
 use crate::Ownership;
@@ -62,7 +62,7 @@ impl RbdBackend {
         Ok(owner != 0)
     }
 
-    /// The clients holding the lock (empty when nobody does).
+    /// The clients holding the lock, by address (empty when nobody does).
     pub fn lock_owners(&self) -> io::Result<Vec<String>> {
         let mut mode: rbd_lock_mode_t = 0;
         let mut owners: [*mut c_char; MAX_OWNERS] = [ptr::null_mut(); MAX_OWNERS];
@@ -87,6 +87,61 @@ impl RbdBackend {
         // SAFETY: the array and count librbd filled, released once.
         unsafe { (self.api.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), n) };
         Ok(list)
+    }
+
+    /// The addresses of the clients watching the image (every client
+    /// that has it open and is still connected: a dead client's watch
+    /// expires after the OSDs' `osd_client_watch_timeout`, 30 s by
+    /// default), as `rbd status` shows them (`127.0.0.1:0/3504330499`).
+    pub fn watchers(&self) -> io::Result<Vec<String>> {
+        let mut cap = 16usize;
+        loop {
+            let empty = rbd_image_watcher_t {
+                addr: ptr::null_mut(),
+                id: 0,
+                cookie: 0,
+            };
+            let mut list = vec![empty; cap];
+            let mut n = cap;
+            // SAFETY: an open image, an array of `n` entries, an out count.
+            let r = unsafe { (self.api.rbd_watchers_list)(self.image, list.as_mut_ptr(), &mut n) };
+            if r == -libc::ERANGE && n > cap && n <= 4096 {
+                cap = n;
+                continue;
+            }
+            if r < 0 {
+                return Err(self.err("rbd_watchers_list", i64::from(r)));
+            }
+            let n = n.min(cap);
+            let addrs = list[..n]
+                .iter()
+                .filter(|w| !w.addr.is_null())
+                // SAFETY: librbd filled `addr` with a C string.
+                .map(|w| {
+                    unsafe { CStr::from_ptr(w.addr) }
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect();
+            // SAFETY: the entries librbd filled, released once.
+            unsafe { (self.api.rbd_watchers_list_cleanup)(list.as_mut_ptr(), n) };
+            return Ok(addrs);
+        }
+    }
+
+    /// Whether another client holds the exclusive lock and is still
+    /// connected to the cluster (it watches the image).
+    pub fn lock_owner_alive(&self) -> io::Result<bool> {
+        if self.is_lock_owner()? {
+            return Ok(false);
+        }
+        let owners = self.lock_owners()?;
+        if owners.is_empty() {
+            return Ok(false);
+        }
+        // librbd names a lock owner by its client's address.
+        let watching = self.watchers()?;
+        Ok(owners.iter().any(|o| watching.contains(o)))
     }
 
     /// Takes the exclusive lock whoever holds it: breaks (and so
@@ -188,6 +243,9 @@ impl Ownership for RbdBackend {
     }
     fn release(&self) -> io::Result<()> {
         self.lock_release()
+    }
+    fn other_owner_alive(&self) -> io::Result<bool> {
+        self.lock_owner_alive()
     }
     fn note(&self, key: &str) -> io::Result<Option<String>> {
         self.metadata_get(key)

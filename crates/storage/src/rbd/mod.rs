@@ -851,7 +851,16 @@ mod live_lock {
         // b can read, cannot take the lock without breaking it, cannot write.
         assert!(!b.lock_acquire().unwrap(), "held by a");
         assert!(!b.is_lock_owner().unwrap());
-        assert_eq!(b.lock_owners().unwrap().len(), 1);
+        let owners = b.lock_owners().unwrap();
+        assert_eq!(owners.len(), 1);
+        eprintln!(
+            "lock owners: {owners:?}, watchers: {:?}",
+            b.watchers().unwrap()
+        );
+        assert!(
+            b.lock_owner_alive().unwrap(),
+            "a holds the lock and watches"
+        );
         let mut back = vec![0u8; 4096];
         b.read_at(&mut back, 0).unwrap();
         assert_eq!(back, data);
