@@ -8,6 +8,8 @@
 #      back, and writes/reads all of a 256 MiB LUN with ironsan bench --verify,
 #   4. compares 4K random reads at depth 32: rbd bench (librbd directly) and
 #      ironsan bench through the target, on the same image, same run,
+#   5. runs two gateways on one image and kills the owner under a multipath
+#      --verify bench, then under a plain client (scripts/gateways.sh),
 # then stops everything by PID. Prints pass/skip/fail per step; exits
 # non-zero when a step failed.
 #
@@ -57,7 +59,9 @@ rbd create --size 64M rbd/conformance
 rbd create --size 64M rbd/scratch
 
 say "1. backend live test"
-if IRONSAN_RBD_TEST=rbd/scratch cargo test -q -p storage --features rbd live 2>&1 | tail -3; then
+rbd create --size 64M rbd/locktest
+if IRONSAN_RBD_TEST=rbd/scratch IRONSAN_RBD_LOCK_TEST=rbd/locktest \
+  cargo test -q -p storage --features rbd live 2>&1 | tail -3; then
   step "backend live test" pass
 else
   step "backend live test" fail
@@ -134,6 +138,18 @@ say "rbd bench:            $(grep '^elapsed:' "$work/rbdbench.txt" || echo '?')"
 say "ironsan bench:        $(grep -E 'IOPS=' "$work/isb.txt" | head -1 || echo '?')"
 say "ironsan bench (pool): $(grep -E 'IOPS=' "$work/isbw.txt" | head -1 || echo '?')"
 step "4K randread Q32 IOPS" "rbd bench ${rbd_iops:-?}, ironsan ${isb_iops:-?} (I/O pool: ${wait_iops:-?})"
+
+if [ -n "$srv" ]; then
+  kill "$srv" 2>/dev/null || true
+  wait "$srv" 2>/dev/null || true
+  srv=
+fi
+say "5. two gateways, one image: failover"
+if scripts/gateways.sh "$bin" 2>&1 | tee "$work/gateways.out" | grep '^gateways: '; then
+  step "gateway failover" "pass ($(grep -o '[0-9]* passed, [0-9]* failed' "$work/gateways.out"))"
+else
+  step "gateway failover" fail
+fi
 
 echo
 echo "ironsan on RBD ($((SECONDS - t_start)) s):"

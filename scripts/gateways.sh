@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Two ironsan gateways serving one RBD image as one LU (docs/GATEWAYS.md),
+# on the cluster of $CEPH_CONF (scripts/rbd.sh starts one and calls this):
+#
+#   1. both gateways report the same LU; the first up owns the image
+#      (active/optimized), the other is standby and refuses I/O (04/0B);
+#   2. explicit failover: `ironsan bench --multipath --verify` writes over
+#      both paths, the owner is killed (-9) mid-run; the bench activates
+#      the standby gateway (SET TARGET PORT GROUPS) and must finish with no
+#      error, and every block must read back right through the survivor;
+#   3. implicit failover: the killed gateway restarts (standby: the
+#      survivor owns the image), the survivor is killed; a plain libiscsi
+#      client (no ALUA) is served by the restarted one within seconds, and
+#      the data reads back right.
+#
+#   scripts/gateways.sh [IRONSAN_BINARY]
+#
+# Environment: GW_PORT (first of two loopback ports, default 17370).
+# Prints "gateways: N passed, M failed"; exits non-zero on a failure.
+set -uo pipefail
+
+bin=${1:-target/release/ironsan}
+[ -n "${CEPH_CONF:-}" ] || {
+  echo "gateways: set CEPH_CONF (scripts/rbd.sh does)" >&2
+  exit 1
+}
+port_a=${GW_PORT:-17370}
+port_b=$((port_a + 1))
+iqn=iqn.2026-12.io.ironsan:gateways
+image=rbd/gateways
+work=$(mktemp -d /tmp/ironsan-gw.XXXXXX)
+url_a=iscsi://127.0.0.1:$port_a/$iqn/0
+url_b=iscsi://127.0.0.1:$port_b/$iqn/0
+pass=0
+fail=0
+pid_a=
+pid_b=
+
+say() { echo "gateways: $*" >&2; }
+step() { # NAME RESULT
+  say "$1: $2"
+  case $2 in
+  pass*) pass=$((pass + 1)) ;;
+  *) fail=$((fail + 1)) ;;
+  esac
+}
+stop() { # PID...
+  for p in "$@"; do
+    [ -n "$p" ] || continue
+    kill "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+}
+cleanup() {
+  stop "$pid_a" "$pid_b"
+  rbd rm "$image" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# gateway NAME PORT GROUP FIRST_TAG PEER_GROUP PEER_TAG: starts one gateway,
+# sets pid_NAME.
+gateway() {
+  local name=$1 port=$2
+  "$bin" --log info serve --listen "127.0.0.1:$port" --target "$iqn" --lun "rbd:$image" \
+    --gateway "$3:$4" --gateway-peer "$5=$6" >>"$work/$name.log" 2>&1 &
+  local pid=$!
+  eval "pid_$name=$pid"
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  tail -5 "$work/$name.log" >&2
+  return 1
+}
+
+# served URL: whether a plain libiscsi client can use the LU through URL.
+served() { iscsi-readcapacity16 "$1" >"$work/rc.txt" 2>&1; }
+
+rbd create --size 256M "$image" || exit 1
+gateway a "$port_a" 1 1 2 17 || exit 1
+gateway b "$port_b" 2 17 1 1 || exit 1
+
+say "1. one LU, A owns it"
+naa_a=$("$bin" inq "$url_a" 2>/dev/null | awk '/Device identifier/ { print $3 }')
+naa_b=$("$bin" inq "$url_b" 2>/dev/null | awk '/Device identifier/ { print $3 }')
+if [ -n "$naa_a" ] && [ "$naa_a" = "$naa_b" ] && served "$url_a" && ! served "$url_b" &&
+  grep -q 0x040b "$work/rc.txt"; then
+  step "same LU ($naa_a), A active, B standby (04/0B)" pass
+else
+  cat "$work/rc.txt" >&2
+  step "same LU, A active, B standby" "fail (NAA '$naa_a' vs '$naa_b')"
+fi
+
+say "2. explicit failover under a multipath --verify bench"
+"$bin" --log warn bench --multipath lqd --rw write --bs 16k --iodepth 16 --verify \
+  "$url_a" "$url_b" >"$work/bench.txt" 2>&1 &
+bench=$!
+# Kill the owner once the bench has been writing for a while.
+sleep 1.5
+kill -9 "$pid_a"
+wait "$pid_a" 2>/dev/null
+pid_a=
+if wait "$bench"; then
+  id=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/bench.txt" | head -1 | cut -d' ' -f2)
+  grep -iE 'path|fail' "$work/bench.txt" | head -6 >&2
+  if [ -n "$id" ] &&
+    "$bin" --log warn bench --rw read --bs 1m --iodepth 8 --verify --verify-id "$id" "$url_b" \
+      >"$work/read.txt" 2>&1; then
+    step "bench survived killing the owner, all blocks good through B" pass
+  else
+    tail -5 "$work/read.txt" >&2
+    step "read back after explicit failover" fail
+  fi
+else
+  tail -20 "$work/bench.txt" >&2
+  step "bench across the owner's death" fail
+  id=
+fi
+
+say "3. implicit failover (no ALUA in the client)"
+gateway a "$port_a" 1 1 2 17 || exit 1
+if served "$url_a"; then
+  step "restarted A is standby while B owns the image" "fail (A served I/O)"
+else
+  step "restarted A is standby while B owns the image" pass
+fi
+kill -9 "$pid_b"
+wait "$pid_b" 2>/dev/null
+pid_b=
+t0=$(date +%s.%N)
+ok=
+for _ in $(seq 60); do
+  if served "$url_a"; then
+    ok=1
+    break
+  fi
+  sleep 0.25
+done
+took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+if [ -n "$ok" ] && [ -n "$id" ] &&
+  "$bin" --log warn bench --rw read --bs 1m --iodepth 8 --verify --verify-id "$id" "$url_a" \
+    >"$work/read2.txt" 2>&1; then
+  step "A took over ${took} s after B died, all blocks good" pass
+else
+  cat "$work/rc.txt" "$work/read2.txt" 2>/dev/null | tail -5 >&2
+  step "implicit take-over" "fail (after ${took} s)"
+fi
+
+say "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
