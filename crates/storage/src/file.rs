@@ -29,6 +29,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::{
     check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Extent, WriteCache,
@@ -38,7 +39,8 @@ use crate::{
 #[derive(Debug)]
 pub struct FileBackend {
     path: PathBuf,
-    plain: File,
+    /// Shared with the large reads in flight ([`BlockBackend::splice_source`]).
+    plain: Arc<File>,
     dsync: File,
     size: AtomicU64,
     write_back: AtomicBool,
@@ -97,7 +99,7 @@ impl FileBackend {
         let in_memory = !block_device && memory_filesystem(&plain);
         Ok(FileBackend {
             path: path.to_path_buf(),
-            plain,
+            plain: Arc::new(plain),
             dsync,
             size: size.into(),
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
@@ -236,6 +238,16 @@ impl BlockBackend for FileBackend {
         // `len` bytes of the spare capacity.
         unsafe { v.set_len(len) };
         Ok(v.freeze())
+    }
+    fn can_splice(&self) -> bool {
+        self.in_memory
+    }
+    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
+        if !self.in_memory {
+            return None;
+        }
+        check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
+        bufpool::FileRange::new(self.plain.clone(), offset, len)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
@@ -584,6 +596,30 @@ mod tests {
         )
         .unwrap();
         assert!(!f.may_block(), "a tmpfs file is served on the event loop");
+        assert!(f.can_splice());
+        f.write_at(&[3u8; 8192], 4096, false).unwrap();
+        let r = f
+            .splice_source(4096, 8192)
+            .expect("tmpfs ranges are spliced");
+        assert_eq!((r.offset(), r.len()), (4096, 8192));
+        assert!(r.read().unwrap().iter().all(|&b| b == 3));
+        assert!(f.splice_source((1 << 20) - 4096, 8192).is_none());
+    }
+
+    #[test]
+    fn files_on_disk_are_not_spliced() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let f = FileBackend::open(
+            &dir.path().join("lun"),
+            Some(1 << 20),
+            WriteCache::WriteBack,
+        )
+        .unwrap();
+        if f.in_memory {
+            return;
+        }
+        assert!(!f.can_splice());
+        assert!(f.splice_source(0, 65536).is_none());
     }
 
     #[test]
