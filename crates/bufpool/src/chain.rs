@@ -6,14 +6,116 @@
 //! with one vectored write. The common case, one segment, holds no vector
 //! and allocates nothing.
 
+//!
+//! A chain may instead stand for a range of an open file
+//! ([`Chain::from_file`], [`FileRange`]): a large read of a file LUN in
+//! memory (tmpfs) that the connection sends with `sendfile(2)` from the page
+//! cache, never copying it through user space. Such a chain has no byte
+//! segments: [`Chain::segments`] and [`Chain::parts`] are empty, and only
+//! code that knows about [`Chain::file`] (the send queue) may take one.
+
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+
 use bytes::Bytes;
 
-/// Bytes in one or more segments, in order.
+/// Bytes in one or more segments, in order; or a range of a file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
     first: Bytes,
     rest: Vec<Bytes>,
     len: usize,
+    file: Option<FileRange>,
+}
+
+/// `len` bytes of an open file from `offset`, to be sent by the kernel
+/// straight from the page cache. The bytes are whatever the file holds when
+/// the kernel reads them, which is later than the moment this is made.
+#[derive(Clone, Debug)]
+pub struct FileRange {
+    file: Arc<File>,
+    offset: u64,
+    len: usize,
+}
+
+impl PartialEq for FileRange {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.file, &o.file) && self.offset == o.offset && self.len == o.len
+    }
+}
+impl Eq for FileRange {}
+
+impl FileRange {
+    /// `len` bytes of `file` from `offset`; `None` when the end would not
+    /// fit in an `off_t`-sized (i64) offset.
+    pub fn new(file: Arc<File>, offset: u64, len: usize) -> Option<Self> {
+        let end = offset.checked_add(len as u64)?;
+        i64::try_from(end).ok()?;
+        Some(FileRange { file, offset, len })
+    }
+
+    /// The file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Offset of the first byte in the file.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes `off .. off + n` of the range.
+    ///
+    /// # Panics
+    /// When the range runs past the end.
+    pub fn slice(&self, off: usize, n: usize) -> FileRange {
+        assert!(
+            off.checked_add(n).is_some_and(|end| end <= self.len),
+            "slice {off}+{n} beyond a file range of {}",
+            self.len
+        );
+        FileRange {
+            file: self.file.clone(),
+            offset: self.offset + off as u64,
+            len: n,
+        }
+    }
+
+    /// The first `n` bytes dropped (they were sent).
+    ///
+    /// # Panics
+    /// When `n` is more than the length.
+    pub fn advance(&mut self, n: usize) {
+        assert!(
+            n <= self.len,
+            "advance {n} beyond a file range of {}",
+            self.len
+        );
+        self.offset += n as u64;
+        self.len -= n;
+    }
+
+    /// Reads the range into a pooled buffer (the copying path, e.g. when a
+    /// data digest must be computed over the bytes sent). End of file
+    /// before the end of the range is `UnexpectedEof`: never short data.
+    pub fn read(&self) -> io::Result<Bytes> {
+        use std::os::unix::fs::FileExt;
+        let mut v = crate::take(self.len);
+        v.resize(self.len, 0);
+        self.file.read_exact_at(&mut v, self.offset)?;
+        Ok(v.freeze())
+    }
 }
 
 impl From<Bytes> for Chain {
@@ -23,6 +125,7 @@ impl From<Bytes> for Chain {
             first: b,
             rest: Vec::new(),
             len,
+            file: None,
         }
     }
 }
@@ -40,6 +143,30 @@ impl Chain {
             first: Bytes::new(),
             rest: Vec::new(),
             len: 0,
+            file: None,
+        }
+    }
+
+    /// A chain standing for `r` (see the module docs).
+    pub fn from_file(r: FileRange) -> Self {
+        Chain {
+            first: Bytes::new(),
+            rest: Vec::new(),
+            len: r.len,
+            file: Some(r),
+        }
+    }
+
+    /// The file range this chain stands for, if it is one.
+    pub fn file(&self) -> Option<&FileRange> {
+        self.file.as_ref()
+    }
+
+    /// The file range this chain stands for, or `Err(self)`.
+    pub fn into_file(self) -> Result<FileRange, Self> {
+        match self.file {
+            Some(r) => Ok(r),
+            None => Err(self),
         }
     }
 
@@ -63,7 +190,11 @@ impl Chain {
     }
 
     /// Appends a segment; empty ones are skipped.
+    ///
+    /// # Panics
+    /// On a chain that stands for a file range.
     pub fn push(&mut self, b: Bytes) {
+        assert!(self.file.is_none(), "push onto a file range");
         if b.is_empty() {
             return;
         }
@@ -97,9 +228,10 @@ impl Chain {
             .chain(self.rest.iter())
     }
 
-    /// The segment when there is at most one, else `Err(self)`.
+    /// The segment when there is at most one, else `Err(self)` (also for
+    /// a file range).
     pub fn into_single(self) -> Result<Bytes, Self> {
-        if self.rest.is_empty() {
+        if self.rest.is_empty() && self.file.is_none() {
             Ok(self.first)
         } else {
             Err(self)
@@ -116,6 +248,9 @@ impl Chain {
             "slice {off}+{n} beyond a chain of {}",
             self.len
         );
+        if let Some(r) = &self.file {
+            return Chain::from_file(r.slice(off, n));
+        }
         let mut out = Chain::new();
         let mut skip = off;
         let mut want = n;
@@ -136,8 +271,12 @@ impl Chain {
     }
 
     /// The bytes as one contiguous buffer: shared when there is one
-    /// segment, copied otherwise.
+    /// segment, copied otherwise. A file range is read (empty on error:
+    /// tests and diagnostics only).
     pub fn contiguous(&self) -> Bytes {
+        if let Some(r) = &self.file {
+            return r.read().unwrap_or_default();
+        }
         if self.rest.is_empty() {
             return self.first.clone();
         }
@@ -187,6 +326,49 @@ mod tests {
     #[should_panic(expected = "beyond a chain")]
     fn slice_past_end_panics() {
         let _ = three().slice(5, 5);
+    }
+
+    #[test]
+    fn file_ranges_slice_and_read() {
+        use std::io::Write;
+        let mut f = tempfile_in_tmp();
+        let data: Vec<u8> = (0..10000u32).map(|i| (i * 31) as u8).collect();
+        f.write_all(&data).unwrap();
+        let f = Arc::new(f);
+        let r = FileRange::new(f.clone(), 100, 9000).unwrap();
+        let c = Chain::from_file(r.clone());
+        assert_eq!(c.len(), 9000);
+        assert_eq!(c.segment_count(), 0);
+        assert_eq!(c.to_vec(), &data[100..9100]);
+        let s = c.slice(1000, 500);
+        assert_eq!(s.file().unwrap().offset(), 1100);
+        assert_eq!(s.to_vec(), &data[1100..1600]);
+        assert!(c.clone().into_single().is_err());
+        assert_eq!(c.into_file().unwrap(), r);
+        let mut a = r.clone();
+        a.advance(8000);
+        assert_eq!((a.offset(), a.len()), (8100, 1000));
+        // Past the end of the file: an error, never short data.
+        let past = FileRange::new(f, 9000, 2000).unwrap();
+        assert!(past.read().is_err());
+        assert!(FileRange::new(Arc::new(tempfile_in_tmp()), u64::MAX, 1).is_none());
+    }
+
+    fn tempfile_in_tmp() -> File {
+        let p = std::env::temp_dir().join(format!(
+            "bufpool-chain-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        let _ = std::fs::remove_file(&p);
+        f
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! [`MAX_POOLED_BYTES`] per thread; anything else is a plain allocation.
 
 mod chain;
-pub use chain::Chain;
+pub use chain::{Chain, FileRange};
 
 use std::cell::RefCell;
 

@@ -6,11 +6,22 @@
 //! [`Bytes`] without copying. [`Outbox::io_slices`] yields the pending bytes
 //! as `IoSlice`s for one `writev`/`sendmsg`, and [`Outbox::advance`] drops
 //! what the kernel took.
+//!
+//! A data segment may also be a range of a file ([`bufpool::FileRange`], a
+//! zero-copy read of a file LUN in memory). It is queued in its place in the
+//! stream, never read here: [`Outbox::io_slices`] stops in front of it, and
+//! once everything before it has gone, [`Outbox::front_file`] hands it to
+//! the driver, which sends it with `sendfile(2)` and calls
+//! [`Outbox::advance`] with what the kernel took, like after a `writev`;
+//! the padding and the next PDUs follow in the arena. A file range under a
+//! data digest is read into memory when queued instead, since the digest
+//! must cover exactly the bytes that go out (and is computed here, before
+//! they do). Queues without file ranges work exactly as before.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-use bufpool::Chain;
+use bufpool::{Chain, FileRange};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::digest::{crc32c_parts, pad_len, PAD};
@@ -56,12 +67,33 @@ fn trailer_of<'a>(
     (t, n)
 }
 
+/// One queued piece of the stream.
+#[derive(Debug)]
+enum Seg {
+    Mem(Bytes),
+    File(FileRange),
+}
+
+impl Seg {
+    fn len(&self) -> usize {
+        match self {
+            Seg::Mem(b) => b.len(),
+            Seg::File(r) => r.len(),
+        }
+    }
+}
+
 /// Pending output of one connection.
 #[derive(Debug, Default)]
 pub struct Outbox {
     pending: BytesMut,
-    queue: VecDeque<Bytes>,
+    queue: VecDeque<Seg>,
     len: usize,
+    /// File ranges in `queue`.
+    files: usize,
+    /// A data segment could not be read when queued: the stream is wrong
+    /// from there on.
+    broken: bool,
 }
 
 impl Outbox {
@@ -71,6 +103,8 @@ impl Outbox {
             pending: BytesMut::with_capacity(64 * 1024),
             queue: VecDeque::new(),
             len: 0,
+            files: 0,
+            broken: false,
         }
     }
 
@@ -104,7 +138,7 @@ impl Outbox {
         // The trailer (padding, digest) is computed before the data is
         // queued, so the buffer is moved rather than shared a second time.
         let (t, n) = trailer(&data, dg);
-        self.queue.push_back(data);
+        self.queue.push_back(Seg::Mem(data));
         self.pending.extend_from_slice(&t[..n]);
         self.len += n;
     }
@@ -112,6 +146,10 @@ impl Outbox {
     /// Queues a PDU whose data segment is `data`, segments shared rather
     /// than copied when large; the data digest runs over all of them.
     pub fn push_chain(&mut self, bhs: &[u8; BHS_LEN], data: Chain, dg: Digests) {
+        let data = match data.into_file() {
+            Ok(r) => return self.push_file(bhs, r, dg),
+            Err(data) => data,
+        };
         let data = match data.into_single() {
             Ok(one) => return self.push_bytes(bhs, one, dg),
             Err(many) => many,
@@ -121,11 +159,56 @@ impl Outbox {
         let len = data.len();
         let (t, n) = trailer_of(data.segments().map(|b| &b[..]), len, dg);
         let (first, rest) = data.into_parts();
-        self.queue.push_back(first);
-        self.queue.extend(rest);
+        self.queue.push_back(Seg::Mem(first));
+        self.queue.extend(rest.into_iter().map(Seg::Mem));
         self.len += len;
         self.pending.extend_from_slice(&t[..n]);
         self.len += n;
+    }
+
+    /// Queues a PDU whose data segment is the file range `r`, to be sent
+    /// by the driver from the file ([`Self::front_file`]). Small ranges,
+    /// and any range under a data digest, are read now and queued as bytes;
+    /// if that read fails (the file shrank) the outbox is
+    /// [broken](Self::is_broken).
+    pub fn push_file(&mut self, bhs: &[u8; BHS_LEN], r: FileRange, dg: Digests) {
+        if dg.data || r.len() <= COPY_THRESHOLD {
+            match r.read() {
+                Ok(b) => self.push_bytes(bhs, b, dg),
+                Err(_) => self.broken = true,
+            }
+            return;
+        }
+        self.push_header(bhs, dg);
+        self.seal();
+        let pad = pad_len(r.len());
+        self.len += r.len() + pad;
+        self.queue.push_back(Seg::File(r));
+        self.files += 1;
+        self.pending.extend_from_slice(&PAD[..pad]);
+    }
+
+    /// True when a data segment could not be read as it was queued: what
+    /// is queued is not the stream the peer was promised, and the
+    /// connection must be closed.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// True when a file range waits in the queue: a write of the slices
+    /// in front of it may tell the kernel more follows (`MSG_MORE`).
+    pub fn has_file(&self) -> bool {
+        self.files > 0
+    }
+
+    /// The file range to send next, when everything queued before it has
+    /// gone (then [`Self::io_slices`] yields nothing).
+    pub fn front_file(&mut self) -> Option<&FileRange> {
+        self.seal();
+        match self.queue.front() {
+            Some(Seg::File(r)) => Some(r),
+            _ => None,
+        }
     }
 
     fn push_header(&mut self, bhs: &[u8; BHS_LEN], dg: Digests) {
@@ -148,16 +231,18 @@ impl Outbox {
     /// after them.
     fn seal(&mut self) {
         if !self.pending.is_empty() {
-            self.queue.push_back(self.pending.split().freeze());
+            self.queue
+                .push_back(Seg::Mem(self.pending.split().freeze()));
         }
     }
 
     /// Fills `out` with up to [`MAX_IOVECS`] slices of pending bytes, in
-    /// order, and returns how many were filled.
+    /// order, up to the first file range, and returns how many were filled.
     pub fn io_slices<'a>(&'a mut self, out: &mut [IoSlice<'a>; MAX_IOVECS]) -> usize {
         self.seal();
         let mut n = 0;
-        for b in self.queue.iter().take(MAX_IOVECS) {
+        for seg in self.queue.iter().take(MAX_IOVECS) {
+            let Seg::Mem(b) = seg else { break };
             out[n] = IoSlice::new(b);
             n += 1;
         }
@@ -174,12 +259,17 @@ impl Outbox {
             let front = self.queue.front_mut().expect("advance beyond queued bytes");
             if front.len() <= n {
                 n -= front.len();
-                if let Some(done) = self.queue.pop_front() {
+                match self.queue.pop_front() {
                     // Sent: a pooled read buffer goes back for reuse.
-                    bufpool::give(done);
+                    Some(Seg::Mem(done)) => bufpool::give(done),
+                    Some(Seg::File(_)) => self.files -= 1,
+                    None => {}
                 }
             } else {
-                front.advance(n);
+                match front {
+                    Seg::Mem(b) => b.advance(n),
+                    Seg::File(r) => r.advance(n),
+                }
                 n = 0;
             }
         }
@@ -188,7 +278,14 @@ impl Outbox {
     /// Everything pending as one contiguous buffer (tests and diagnostics).
     pub fn to_vec(&mut self) -> Vec<u8> {
         self.seal();
-        self.queue.iter().flat_map(|b| b.iter().copied()).collect()
+        let mut v = Vec::with_capacity(self.len);
+        for seg in &self.queue {
+            match seg {
+                Seg::Mem(b) => v.extend_from_slice(b),
+                Seg::File(r) => v.extend_from_slice(&r.read().unwrap_or_default()),
+            }
+        }
+        v
     }
 }
 
@@ -218,6 +315,91 @@ mod tests {
             assert_eq!(one.len(), two.len());
             assert_eq!(one.to_vec(), two.to_vec());
         }
+    }
+
+    fn temp_file(data: &[u8]) -> std::sync::Arc<std::fs::File> {
+        use std::io::Write;
+        let p = std::env::temp_dir().join(format!(
+            "outbox-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        let _ = std::fs::remove_file(&p);
+        f.write_all(data).unwrap();
+        std::sync::Arc::new(f)
+    }
+
+    #[test]
+    fn file_ranges_keep_their_place_in_the_stream() {
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11) as u8).collect();
+        let file = temp_file(&whole);
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[5..8].copy_from_slice(&[0x01, 0x11, 0x71]); // 70001
+        for dg in [
+            Digests::default(),
+            Digests {
+                header: true,
+                data: false,
+            },
+            Digests {
+                header: true,
+                data: true,
+            },
+        ] {
+            let mut want = Outbox::new();
+            want.push(&bhs, b"before", dg);
+            want.push_bytes(&bhs, Bytes::from(whole.clone()), dg);
+            want.push(&bhs, b"after", dg);
+            let mut got = Outbox::new();
+            got.push(&bhs, b"before", dg);
+            let r = FileRange::new(file.clone(), 0, whole.len()).unwrap();
+            got.push_chain(&bhs, Chain::from_file(r), dg);
+            got.push(&bhs, b"after", dg);
+            assert_eq!(got.len(), want.len());
+            assert_eq!(got.has_file(), !dg.data, "a data digest reads the range");
+            let expect = want.to_vec();
+            assert_eq!(got.to_vec(), expect);
+            // Drain as a driver would: slices up to the range, then the
+            // range in odd pieces (short sendfile), then the rest.
+            let mut sent = Vec::new();
+            while !got.is_empty() {
+                if let Some(r) = got.front_file() {
+                    let piece = r.slice(0, r.len().min(9999)).read().unwrap();
+                    sent.extend_from_slice(&piece);
+                    got.advance(piece.len());
+                    continue;
+                }
+                let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+                let n = got.io_slices(&mut iov);
+                assert!(n > 0);
+                // Partial writes: at most 7 bytes of the first slice.
+                let k = iov[0].len().min(7);
+                sent.extend_from_slice(&iov[0][..k]);
+                got.advance(k);
+            }
+            assert_eq!(sent, expect);
+            assert!(!got.has_file() && !got.is_broken());
+        }
+    }
+
+    #[test]
+    fn an_unreadable_range_under_a_digest_breaks_the_outbox() {
+        let file = temp_file(&[1u8; 4096]);
+        let mut o = Outbox::new();
+        let r = FileRange::new(file, 0, 65536).unwrap();
+        let dg = Digests {
+            header: false,
+            data: true,
+        };
+        o.push_chain(&[0u8; BHS_LEN], Chain::from_file(r), dg);
+        assert!(o.is_broken());
     }
 
     #[test]

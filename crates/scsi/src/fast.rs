@@ -25,6 +25,39 @@
 //!
 //! Admitted commands are READ(10/16) and WRITE(10/16); the rarer 6- and
 //! 12-byte forms take the ordinary path.
+//!
+//! # Zero-copy reads
+//!
+//! [`LogicalUnit::zero_copy_read`] uses the same admission for a large
+//! READ on a backend that can hand out a file range
+//! ([`storage::BlockBackend::splice_source`], a file LUN on tmpfs): the
+//! command completes with the range, not the bytes, and the connection
+//! sends it with `sendfile(2)`. The kernel reads the bytes when it sends
+//! them, and (on loopback) the receiver copies them out of the very page
+//! cache pages later still — after the command's range lock is released.
+//! What that allows, and why it is acceptable:
+//!
+//! * A WRITE overlapping the read and started before the initiator got the
+//!   read's status may show up in the data, whole or in part. Such a read
+//!   and write are in flight together, and SAM/SBC give them no order (and
+//!   plain READ and WRITE share their range lock on every path, so a torn
+//!   overlap was possible before too). A write started *after* the status
+//!   reached the initiator never shows: the status rides in the last
+//!   Data-In PDU, and the initiator has the command complete only once it
+//!   has received that PDU's data — copied out of the pages by then.
+//! * COMPARE AND WRITE, ORWRITE and WRITE ATOMIC promise more: no command
+//!   sees their write half done. They are the exclusive range lock holders
+//!   ([`crate::locks`]); the first one on a unit switches zero-copy reads
+//!   off for good (it would be too late for a lock). What remains is the
+//!   narrow window of that first exclusive command against zero-copy reads
+//!   already queued before it: documented, not closed.
+//! * A file shrunk under the LUN (by someone else, or a resize racing the
+//!   read) makes `sendfile` stop short; the status has gone out ahead of
+//!   the data by then, so the connection is dropped rather than sending
+//!   short or made-up data with GOOD status (the initiator retries).
+//! * With DataDigest the CRC must cover the bytes sent, which cannot be
+//!   known before the kernel reads them: the driver asks for zero-copy
+//!   only without data digests.
 
 use std::io;
 
@@ -36,6 +69,10 @@ use crate::locks::OwnedShared;
 use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
 use crate::rw::{fields, no_protection};
 use crate::sense::Asc;
+
+/// Reads of at least this many bytes are served zero-copy when they can
+/// be ([`LogicalUnit::zero_copy_read`]); smaller ones cost less copied.
+pub const ZERO_COPY_MIN: usize = 64 * 1024;
 
 /// What an admitted command does on the backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,6 +159,40 @@ impl LogicalUnit {
             kind,
             _range: range,
         })
+    }
+
+    /// A READ of at least [`ZERO_COPY_MIN`] bytes that the backend can
+    /// serve as a file range, admitted as [`Self::admit_fast`] admits it:
+    /// the range, with the command complete (GOOD). `None`: run it as
+    /// usual. See the module docs for when this is safe; the caller must
+    /// not use it with data digests. Costs nothing measurable for small
+    /// reads and for backends that cannot splice.
+    pub fn zero_copy_read(
+        &self,
+        cmd: &Command<'_>,
+        data_out: &Bytes,
+    ) -> Option<bufpool::FileRange> {
+        if !self.backend.can_splice() || self.locks.exclusive_seen() {
+            return None;
+        }
+        let f = match *cmd.cdb.first()? {
+            op::READ_10 | op::READ_16 => fields(cmd.cdb).ok()?,
+            _ => return None,
+        };
+        if (u64::from(f.len) << self.block_shift) < ZERO_COPY_MIN as u64 {
+            return None;
+        }
+        let io = self.admit_fast(cmd, data_out)?;
+        if io.kind != FastKind::Read {
+            return None;
+        }
+        let r = self.backend.splice_source(io.offset, io.len)?;
+        // Checked again now the range lock is held (module docs).
+        if self.locks.exclusive_seen() {
+            return None;
+        }
+        drop(io);
+        Some(r)
     }
 
     /// The outcome of an admitted command whose backend call returned `r`

@@ -56,7 +56,7 @@ mod vpd;
 mod xcopy;
 
 pub use alua::{AccessState, AluaError, AluaOwner, GroupSpec, PortGroups};
-pub use fast::{FastIo, FastKind};
+pub use fast::{FastIo, FastKind, ZERO_COPY_MIN};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,
     MAX_COMPARE_AND_WRITE_BLOCKS, MAX_LBPPB_EXPONENT, MAX_SERIAL_LEN, MAX_TRANSFER_BYTES,

@@ -48,6 +48,11 @@ pub(crate) struct LbaLocks {
     stripes: [RawRwLock; STRIPES],
     /// log2 of the region size in blocks.
     region_shift: u32,
+    /// Set (for good) before the first exclusive lock is taken: from then
+    /// on reads are never served zero-copy ([`crate::fast`]), as a read
+    /// whose bytes the kernel fetches after its lock is gone could see an
+    /// exclusive holder's write half done.
+    exclusive_seen: std::sync::atomic::AtomicBool,
 }
 
 /// Holds the stripes of one range until dropped.
@@ -64,6 +69,7 @@ impl LbaLocks {
         LbaLocks {
             stripes: [const { RawRwLock::INIT }; STRIPES],
             region_shift: REGION_BYTES_SHIFT.saturating_sub(block_shift),
+            exclusive_seen: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -93,7 +99,18 @@ impl LbaLocks {
 
     /// Locks the range exclusive (read-modify-write commands).
     pub(crate) fn exclusive(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
+        if !self.exclusive_seen() {
+            self.exclusive_seen
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         self.lock(lba, blocks, true)
+    }
+
+    /// True once an exclusive lock has been asked for on this unit.
+    #[inline]
+    pub(crate) fn exclusive_seen(&self) -> bool {
+        self.exclusive_seen
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn lock(&self, lba: u64, blocks: u64, exclusive: bool) -> RangeGuard<'_> {

@@ -29,6 +29,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::{
     check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Extent, WriteCache,
@@ -38,7 +39,8 @@ use crate::{
 #[derive(Debug)]
 pub struct FileBackend {
     path: PathBuf,
-    plain: File,
+    /// Shared with the large reads in flight ([`BlockBackend::splice_source`]).
+    plain: Arc<File>,
     dsync: File,
     size: AtomicU64,
     write_back: AtomicBool,
@@ -97,7 +99,7 @@ impl FileBackend {
         let in_memory = !block_device && memory_filesystem(&plain);
         Ok(FileBackend {
             path: path.to_path_buf(),
-            plain,
+            plain: Arc::new(plain),
             dsync,
             size: size.into(),
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
@@ -225,6 +227,28 @@ impl BlockBackend for FileBackend {
         check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
         self.plain.read_exact_at(buf, offset)
     }
+    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
+        check_range(self.size.load(Ordering::Relaxed), offset, len)?;
+        // A pooled buffer filled by `pread` straight into its spare
+        // capacity: no zeroing first, no allocation in steady state.
+        let mut v = bufpool::take(len);
+        let spare = &mut v.spare_capacity_mut()[..len];
+        pread_exact_uninit(&self.plain, spare, offset)?;
+        // SAFETY: `pread_exact_uninit` returned Ok, so it initialised all
+        // `len` bytes of the spare capacity.
+        unsafe { v.set_len(len) };
+        Ok(v.freeze())
+    }
+    fn can_splice(&self) -> bool {
+        self.in_memory
+    }
+    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
+        if !self.in_memory {
+            return None;
+        }
+        check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
+        bufpool::FileRange::new(self.plain.clone(), offset, len)
+    }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
         if fua || !self.write_back.load(Ordering::Relaxed) {
@@ -330,6 +354,50 @@ impl BlockBackend for FileBackend {
     }
 }
 
+/// Fills all of `buf` from `offset` with `pread(2)`, continuing after short
+/// reads; end of file before `buf` is full is `UnexpectedEof` (the file
+/// shrank under us).
+fn pread_exact_uninit(
+    f: &File,
+    buf: &mut [std::mem::MaybeUninit<u8>],
+    mut offset: u64,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0usize;
+    while done < buf.len() {
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+        let rest = &mut buf[done..];
+        // SAFETY: the kernel writes at most `rest.len()` bytes into `rest`,
+        // which is valid for writes; uninitialised memory is fine to
+        // overwrite.
+        let r = unsafe {
+            libc::pread(
+                f.as_raw_fd(),
+                rest.as_mut_ptr().cast::<libc::c_void>(),
+                rest.len(),
+                off,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "end of file inside the LUN (the file shrank)",
+            ));
+        }
+        done += r as usize;
+        offset += r as u64;
+    }
+    Ok(())
+}
+
 /// Writes all of `bufs` at `offset` with `pwritev(2)`, one system call per
 /// at most `IOV_MAX` buffers, continuing after short writes.
 fn pwritev_all(f: &File, bufs: &[&[u8]], mut offset: u64) -> io::Result<()> {
@@ -401,6 +469,29 @@ mod tests {
         assert_eq!(f.write_cache(), WriteCache::WriteBack);
         f.write_at(&[6u8; 512], 0, false).unwrap();
         f.flush().unwrap();
+    }
+
+    #[test]
+    fn read_bytes_fills_pooled_buffers_and_reports_a_shrunk_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("rb.img");
+        let f = FileBackend::open(&p, Some(1 << 20), WriteCache::WriteBack).unwrap();
+        let pattern: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 1) as u8).collect();
+        f.write_at(&pattern, 4096, false).unwrap();
+        for _ in 0..3 {
+            // A reused (dirty) pooled buffer must be fully overwritten.
+            let b = f.read_bytes(4096, pattern.len()).unwrap();
+            assert_eq!(&b[..], &pattern[..]);
+            bufpool::give(b);
+            let z = f.read_bytes(1 << 19, 4096).unwrap();
+            assert!(z.iter().all(|&x| x == 0));
+            bufpool::give(z);
+        }
+        assert!(f.read_bytes((1 << 20) - 512, 1024).is_err());
+        // Shrunk behind the backend's back: an error, never short data.
+        f.plain.set_len(8192).unwrap();
+        let e = f.read_bytes(4096, 8192).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]
@@ -505,6 +596,30 @@ mod tests {
         )
         .unwrap();
         assert!(!f.may_block(), "a tmpfs file is served on the event loop");
+        assert!(f.can_splice());
+        f.write_at(&[3u8; 8192], 4096, false).unwrap();
+        let r = f
+            .splice_source(4096, 8192)
+            .expect("tmpfs ranges are spliced");
+        assert_eq!((r.offset(), r.len()), (4096, 8192));
+        assert!(r.read().unwrap().iter().all(|&b| b == 3));
+        assert!(f.splice_source((1 << 20) - 4096, 8192).is_none());
+    }
+
+    #[test]
+    fn files_on_disk_are_not_spliced() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let f = FileBackend::open(
+            &dir.path().join("lun"),
+            Some(1 << 20),
+            WriteCache::WriteBack,
+        )
+        .unwrap();
+        if f.in_memory {
+            return;
+        }
+        assert!(!f.can_splice());
+        assert!(f.splice_source(0, 65536).is_none());
     }
 
     #[test]

@@ -95,6 +95,24 @@ pub trait BlockBackend: Send + Sync + 'static {
         self.read_bytes(offset, len).map(bufpool::Chain::from)
     }
 
+    /// True when [`Self::splice_source`] can answer large reads: cheap,
+    /// asked before any other work on the read path.
+    fn can_splice(&self) -> bool {
+        false
+    }
+
+    /// `len` bytes at `offset` as a range of a file the connection may
+    /// send with `sendfile(2)` straight from the page cache, instead of
+    /// reading them here (`None`: use [`Self::read_chain`]). Only for a
+    /// file whose pages are in memory (tmpfs), so that the send never waits
+    /// on a device on the event loop. The bytes are read by the kernel when
+    /// it sends them, after this returns: the caller decides when that is
+    /// acceptable (data digests, writes in flight; see `target::conn`).
+    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
+        let _ = (offset, len);
+        None
+    }
+
     /// Writes `buf` at `offset`; with `fua` the data is stable on return
     /// whatever the cache policy.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;

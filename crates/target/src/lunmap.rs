@@ -332,6 +332,9 @@ pub struct Origin {
     pub initiator_port_name: String,
     /// The LUs of the session's target.
     pub lus: Option<LunSet>,
+    /// Large reads may be answered with a file range sent by `sendfile`
+    /// (`scsi::fast`, zero-copy reads): false under a data digest.
+    pub zero_copy_reads: bool,
 }
 
 const ILLEGAL_REQUEST: u8 = 0x05;
@@ -373,7 +376,17 @@ fn command<'a>(req: &'a ExecRequest, o: &'a Origin) -> scsi::Command<'a> {
 
 /// Runs `req` against `lu` and packs the outcome for the session.
 pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion {
-    let out = lu.execute(&command(req, o));
+    let cmd = command(req, o);
+    if o.zero_copy_reads && req.read {
+        if let Some(r) = lu.zero_copy_read(&cmd, req.data_out.parts().0) {
+            return Completion {
+                data_in: bufpool::Chain::from_file(r),
+                data_out_wanted: req.cdb_data_out,
+                ..Completion::default()
+            };
+        }
+    }
+    let out = lu.execute(&cmd);
     Completion {
         status: out.status,
         sense: out.sense.map(|s| Bytes::from(s.to_bytes())),

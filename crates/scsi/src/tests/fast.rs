@@ -103,3 +103,59 @@ fn backend_errors_finish_as_execute_reports_them() {
     // The range lock went with the command.
     drop(lu.locks.exclusive(0, BLOCKS));
 }
+
+/// A unit over a file in /dev/shm (which can be spliced); `None` without
+/// /dev/shm. The file is unlinked at once.
+fn shm_lu() -> Option<LogicalUnit> {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return None;
+    }
+    let p = shm.join(format!(
+        "scsi-zc-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let size = BLOCKS * u64::from(BS);
+    let b = storage::FileBackend::open(&p, Some(size), storage::WriteCache::WriteBack).unwrap();
+    let _ = std::fs::remove_file(&p);
+    Some(LogicalUnit::new(Arc::new(b), cfg()).unwrap())
+}
+
+#[test]
+fn large_reads_of_a_file_in_memory_are_zero_copy_until_an_exclusive_command() {
+    let Some(lu) = shm_lu() else { return };
+    quiet(&lu);
+    let none = Bytes::new();
+    let blocks = (crate::ZERO_COPY_MIN / BS as usize) as u16;
+    let data = pattern(crate::ZERO_COPY_MIN, 3);
+    good(&run(&lu, &write10(16, blocks), &data));
+    let zc = |cdb: &[u8]| lu.zero_copy_read(&cmd(cdb, &none, N1), &none);
+    let r = zc(&read10(16, blocks)).expect("a large READ(10)");
+    assert_eq!((r.offset(), r.len()), (16 * 512, crate::ZERO_COPY_MIN));
+    assert_eq!(&r.read().unwrap()[..], &data[..]);
+    assert!(zc(&cdb16(op::READ_16, 0, 16, u32::from(blocks))).is_some());
+    // Small, 6/12-byte forms, writes, out of range, protection: not here.
+    assert!(zc(&read10(16, blocks - 1)).is_none());
+    assert!(zc(&cdb12(op::READ_12, 0, 16, u32::from(blocks))).is_none());
+    assert!(zc(&write10(16, blocks)).is_none());
+    assert!(zc(&read10(BLOCKS as u32 - 1, blocks)).is_none());
+    assert!(zc(&cdb10(op::READ_10, 0x20, 16, blocks)).is_none());
+    // A RAM unit shares its memory instead.
+    let mem = mem_lu();
+    quiet(&mem);
+    assert!(mem
+        .zero_copy_read(&cmd(&read10(16, blocks), &none, N1), &none)
+        .is_none());
+    // The first COMPARE AND WRITE switches zero-copy off for good.
+    let bs = BS as usize;
+    let old = pattern(bs, 3);
+    let mut caw = [0u8; 16];
+    caw[0] = 0x89;
+    caw[2..10].copy_from_slice(&16u64.to_be_bytes());
+    caw[13] = 1;
+    let both = [old.clone(), pattern(bs, 9)].concat();
+    good(&run(&lu, &caw, &both));
+    assert!(zc(&read10(16, blocks)).is_none());
+    good(&run(&lu, &read10(16, blocks), &[]));
+}
