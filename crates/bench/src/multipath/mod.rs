@@ -210,6 +210,44 @@ fn read_groups(conn: &mut Connection, lun: u16) -> Result<Option<Groups>, String
     Ok(None)
 }
 
+/// At open, when no path could read the capacity: SET TARGET PORT GROUPS
+/// on a standby or unavailable path (explicit ALUA), then the states and
+/// the capacity through it.
+fn activate_at_open(
+    paths: &mut [Path],
+    lun: u16,
+    a: &mut AluaCtl,
+) -> Result<Option<(String, u64, u32)>, String> {
+    let views: Vec<PathView> = paths.iter().map(view).collect();
+    let Next::Activate { path, tpg } = alua::decide(&views, &a.groups, a.stpg) else {
+        return Ok(None);
+    };
+    let p = &mut paths[path];
+    let Some(c) = p.conn.as_mut() else {
+        return Ok(None);
+    };
+    let e = |e: initiator::Error| format!("{}: {e}", p.name);
+    let list = scsi::stpg_list(tpg, AluaState::ActiveOptimized);
+    let r = c
+        .execute(
+            lun,
+            &scsi::set_target_port_groups(list.len() as u32),
+            DataDir::Write(Bytes::copy_from_slice(&list)),
+        )
+        .map_err(e)?;
+    if r.status != Some(0) {
+        return Ok(None);
+    }
+    p.failovers += 1;
+    if let Some(g) = read_groups(c, lun).map_err(|m| format!("{}: {m}", p.name))? {
+        a.groups = g;
+    }
+    let r = read_capacity(c, lun).map_err(e)?;
+    Ok(scsi::parse_capacity16(&r.data)
+        .filter(|_| r.status == Some(0))
+        .map(|(blocks, bs)| (p.name.clone(), blocks * u64::from(bs), bs)))
+}
+
 impl MultipathEngine {
     /// Logs in on every URL, checks they are one LU and reads the ALUA
     /// target port groups.
@@ -271,10 +309,6 @@ impl MultipathEngine {
         if paths.is_empty() {
             return Err("--multipath: no paths".into());
         }
-        let (_, capacity, bs) = cap.ok_or(
-            "--multipath: no path answered READ CAPACITY (every path is standby or \
-             unavailable)",
-        )?;
         let mut alua = None;
         if tpgs != 0 {
             let p = &mut paths[0];
@@ -289,6 +323,18 @@ impl MultipathEngine {
                 });
             }
         }
+        if cap.is_none() {
+            // Every path is standby or unavailable: activate one (explicit
+            // ALUA) and read the capacity through it, as scsi_dh_alua
+            // activates a path before sd reads the capacity.
+            if let Some(a) = &mut alua {
+                cap = activate_at_open(&mut paths, lun0, a)?;
+            }
+        }
+        let (_, capacity, bs) = cap.ok_or(
+            "--multipath: no path answered READ CAPACITY (every path is standby or \
+             unavailable)",
+        )?;
         let n = paths.len();
         let mut e = MultipathEngine {
             paths,
