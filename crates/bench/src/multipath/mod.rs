@@ -663,29 +663,40 @@ impl MultipathEngine {
             )
     }
 
-    /// Fails every queued I/O when they have been retried for too long.
-    fn expire(&mut self, now: Instant, done: &mut Vec<Done>) {
+    /// Fails the run when queued I/Os have found no usable path for
+    /// [`RETRY_DEADLINE`] (like every path failing): failing them one by
+    /// one would only spin, since the next ones find no path either.
+    fn expire(&self, now: Instant) -> Result<(), String> {
         let Some(since) = self.stuck_since else {
-            return;
+            return Ok(());
         };
-        if now.duration_since(since) < RETRY_DEADLINE || self.pending.is_empty() {
-            return;
+        if now.duration_since(since) < RETRY_DEADLINE
+            || self.pending.is_empty()
+            || self.allowed.iter().any(|&u| u)
+        {
+            return Ok(());
         }
-        let why = if self.last_sense.is_empty() {
-            format!(
-                "no usable path for {} s (no active ALUA group)",
-                RETRY_DEADLINE.as_secs()
-            )
-        } else {
-            self.last_sense.clone()
-        };
-        for (io, _) in self.pending.drain(..) {
-            done.push(Done {
-                slot: io.slot,
-                result: Err(why.clone()),
-                data: None,
-            });
+        let states: Vec<String> = self
+            .path_stats()
+            .iter()
+            .map(|p| {
+                let st = match (&p.failed, &p.state) {
+                    (Some(_), _) => "failed",
+                    (None, Some(s)) => s,
+                    (None, None) => "held back",
+                };
+                format!("{} {st}", p.name)
+            })
+            .collect();
+        let mut why = format!(
+            "no usable path for {} s ({})",
+            RETRY_DEADLINE.as_secs(),
+            states.join(", ")
+        );
+        if !self.last_sense.is_empty() {
+            why += &format!("; last: {}", self.last_sense);
         }
+        Err(why)
     }
 
     /// How long to sleep when nothing is in flight but I/Os wait (for a
@@ -752,10 +763,7 @@ impl Engine for MultipathEngine {
                 self.stuck_since = Some(now);
             }
         }
-        self.expire(now, done);
-        if !done.is_empty() {
-            return Ok(());
-        }
+        self.expire(now)?;
         self.alua_step(now);
         while let Some((io, payload)) = self.pending.pop_front() {
             match self.pick() {
