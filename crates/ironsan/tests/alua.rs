@@ -278,7 +278,7 @@ fn state_changes_are_retried_not_failed() {
     // NOT READY (standby) are sent again, through portal 2.
     let s = Server::start(true, ["active-optimized", "standby"]);
     let id = fill(&s);
-    let v = bench_while(&s, &id, 3, Duration::from_millis(1000), || {
+    let v = bench_while(&s, &id, 4, Duration::from_millis(1000), || {
         s.admin(&["set-alua", "2", "active-optimized"]);
         s.admin(&["set-alua", "1", "standby"]);
     });

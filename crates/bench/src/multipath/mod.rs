@@ -86,6 +86,9 @@ struct AluaCtl {
     stpg: bool,
     /// Consecutive waits, for the back-off.
     waits: u32,
+    /// A condition came back while REPORT TARGET PORT GROUPS was in
+    /// flight: its answer may predate the change, so read once more.
+    again: bool,
 }
 
 /// A LU over several paths.
@@ -320,6 +323,7 @@ impl MultipathEngine {
                     phase: Phase::Stale(Instant::now()),
                     stpg: tpgs & 0b10 != 0,
                     waits: 0,
+                    again: false,
                 });
             }
         }
@@ -537,6 +541,9 @@ impl MultipathEngine {
             }
             return;
         };
+        if matches!(a.phase, Phase::Reading(..)) {
+            a.again = true;
+        }
         if a.phase == Phase::Ready {
             let after = if c == PathCondition::Transitioning {
                 alua::backoff(a.waits)
@@ -560,6 +567,10 @@ impl MultipathEngine {
                     .then(|| scsi::parse_rtpg(&r.data).ok())
                     .flatten();
                 match parsed {
+                    Some(d) if std::mem::take(&mut a.again) => {
+                        a.groups = Groups::from_rtpg(&d);
+                        a.phase = Phase::Stale(now);
+                    }
                     Some(d) => {
                         a.groups = Groups::from_rtpg(&d);
                         let views: Vec<PathView> = self.paths.iter().map(view).collect();
