@@ -60,6 +60,20 @@ pub struct PathStat {
     pub ios: u64,
     /// Why it was dropped, if it was.
     pub failed: Option<String>,
+    /// Its ALUA target port group (VPD 0x83), when the target has ALUA.
+    #[serde(default)]
+    pub group: Option<u16>,
+    /// Its group's asymmetric access state as last reported
+    /// (`active/optimized`, `standby` …), when the target has ALUA.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// I/Os it answered with a condition that is retried (NOT READY
+    /// 04/0A-0C, UNIT ATTENTION 2A/06, 29/xx, 3F/0E).
+    #[serde(default)]
+    pub retries: u64,
+    /// SET TARGET PORT GROUPS sent through it that the target accepted.
+    #[serde(default)]
+    pub failovers: u64,
 }
 
 /// A LUN through the built-in initiator.
@@ -86,6 +100,20 @@ pub fn open_session(
     url: &Url,
     initiator_name: &str,
 ) -> Result<(Connection, u16, u64, u32), String> {
+    let (mut conn, lun) = login_lun(url, initiator_name)?;
+    let r = read_capacity(&mut conn, lun).map_err(|e| format!("{url}: {e}"))?;
+    match (r.status, scsi::parse_capacity16(&r.data)) {
+        (Some(0), Some((blocks, bs))) => Ok((conn, lun, blocks * u64::from(bs), bs)),
+        _ => Err(format!(
+            "{url}: READ CAPACITY(16) failed (status {:?})",
+            r.status
+        )),
+    }
+}
+
+/// Logs in to the URL's target and clears unit attentions (a few TEST UNIT
+/// READYs): (connection, LUN).
+pub fn login_lun(url: &Url, initiator_name: &str) -> Result<(Connection, u16), String> {
     let target = url.target.as_deref().ok_or("URL without a target")?;
     let lun = url.lun.unwrap_or(0);
     let cfg = url.login_config(initiator_name, Some(target));
@@ -98,16 +126,15 @@ pub fn open_session(
             break;
         }
     }
-    let r = conn
-        .execute(lun, &scsi::read_capacity16(), DataDir::Read(32))
-        .map_err(|e| format!("{url}: {e}"))?;
-    match (r.status, scsi::parse_capacity16(&r.data)) {
-        (Some(0), Some((blocks, bs))) => Ok((conn, lun, blocks * u64::from(bs), bs)),
-        _ => Err(format!(
-            "{url}: READ CAPACITY(16) failed (status {:?})",
-            r.status
-        )),
-    }
+    Ok((conn, lun))
+}
+
+/// READ CAPACITY(16), as answered.
+pub fn read_capacity(
+    conn: &mut Connection,
+    lun: u16,
+) -> Result<initiator::TaskResult, initiator::Error> {
+    conn.execute(lun, &scsi::read_capacity16(), DataDir::Read(32))
 }
 
 /// A command's outcome as an I/O result.

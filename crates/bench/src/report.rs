@@ -95,6 +95,12 @@ pub fn text(spec: &JobSpec, r: &RunResult) -> String {
                     p.ios,
                     p.ios as f64 * 100.0 / total as f64
                 );
+                if let (Some(g), Some(st)) = (p.group, &p.state) {
+                    t += &format!(" [group {g} {st}]");
+                }
+                if p.retries > 0 || p.failovers > 0 {
+                    t += &format!(" [retries {}, failovers {}]", p.retries, p.failovers);
+                }
                 if let Some(f) = &p.failed {
                     t += &format!(" [failed: {f}]");
                 }
@@ -209,7 +215,7 @@ pub fn json(spec: &JobSpec, r: &RunResult) -> Value {
             "targets": spec.targets.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
             "series": series,
             "ioengine": r.engine,
-            "paths": r.paths.iter().map(|p| json!({"path": p.name, "ios": p.ios, "failed": p.failed})).collect::<Vec<_>>(),
+            "paths": r.paths.iter().map(|p| json!({"path": p.name, "ios": p.ios, "failed": p.failed, "group": p.group, "state": p.state, "retries": p.retries, "failovers": p.failovers})).collect::<Vec<_>>(),
             "errors": r.error_samples,
             "notes": r.notes,
             "verify": if spec.verify {

@@ -409,8 +409,16 @@ fn run_prepared(
             match paths.iter_mut().find(|q| q.name == p.name) {
                 Some(q) => {
                     q.ios += p.ios;
+                    q.retries += p.retries;
+                    q.failovers += p.failovers;
                     if q.failed.is_none() {
                         q.failed = p.failed;
+                    }
+                    if q.group.is_none() {
+                        q.group = p.group;
+                    }
+                    if p.state.is_some() {
+                        q.state = p.state;
                     }
                 }
                 None => paths.push(p),

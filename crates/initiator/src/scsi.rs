@@ -135,6 +135,231 @@ pub fn sense_code(s: &[u8]) -> Option<(u8, u8, u8)> {
     }
 }
 
+/// MAINTENANCE IN service action and MAINTENANCE OUT service action of the
+/// target port group commands (SPC-4 §6.36, §6.46).
+const SA_TARGET_PORT_GROUPS: u8 = 0x0a;
+
+/// REPORT TARGET PORT GROUPS (SPC-4 §6.36): MAINTENANCE IN (A3h), service
+/// action 0Ah, length-only header format (000b).
+pub fn report_target_port_groups(alloc: u32) -> [u8; 12] {
+    let mut c = [0u8; 12];
+    c[0] = 0xa3;
+    c[1] = SA_TARGET_PORT_GROUPS;
+    c[6..10].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+/// SET TARGET PORT GROUPS (SPC-4 §6.46): MAINTENANCE OUT (A4h), service
+/// action 0Ah, with a parameter list of `len` bytes (see [`stpg_list`]).
+pub fn set_target_port_groups(len: u32) -> [u8; 12] {
+    let mut c = [0u8; 12];
+    c[0] = 0xa4;
+    c[1] = SA_TARGET_PORT_GROUPS;
+    c[6..10].copy_from_slice(&len.to_be_bytes());
+    c
+}
+
+/// The SET TARGET PORT GROUPS parameter list that moves group `tpg` to
+/// `state`: four reserved bytes, then one descriptor (state in byte 0 bits
+/// 3:0, the group in bytes 2–3).
+pub fn stpg_list(tpg: u16, state: AluaState) -> [u8; 8] {
+    let [hi, lo] = tpg.to_be_bytes();
+    [0, 0, 0, 0, state.code() & 0x0f, 0, hi, lo]
+}
+
+/// An asymmetric access state (SPC-4 §6.36.2, table 168).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AluaState {
+    /// 0h: every command at full performance.
+    ActiveOptimized,
+    /// 1h: every command, possibly more slowly.
+    ActiveNonOptimized,
+    /// 2h: management commands only (others NOT READY 04/0B).
+    Standby,
+    /// 3h: identification commands only (others NOT READY 04/0C).
+    Unavailable,
+    /// 4h: logical block dependent.
+    LbaDependent,
+    /// Eh: offline.
+    Offline,
+    /// Fh: changing between states (NOT READY 04/0A meanwhile).
+    Transitioning,
+    /// A reserved code.
+    Unknown(u8),
+}
+
+impl AluaState {
+    /// The state of a 4-bit code.
+    pub fn from_code(c: u8) -> AluaState {
+        match c & 0x0f {
+            0x0 => AluaState::ActiveOptimized,
+            0x1 => AluaState::ActiveNonOptimized,
+            0x2 => AluaState::Standby,
+            0x3 => AluaState::Unavailable,
+            0x4 => AluaState::LbaDependent,
+            0xe => AluaState::Offline,
+            0xf => AluaState::Transitioning,
+            c => AluaState::Unknown(c),
+        }
+    }
+
+    /// The 4-bit code.
+    pub fn code(self) -> u8 {
+        match self {
+            AluaState::ActiveOptimized => 0x0,
+            AluaState::ActiveNonOptimized => 0x1,
+            AluaState::Standby => 0x2,
+            AluaState::Unavailable => 0x3,
+            AluaState::LbaDependent => 0x4,
+            AluaState::Offline => 0xe,
+            AluaState::Transitioning => 0xf,
+            AluaState::Unknown(c) => c & 0x0f,
+        }
+    }
+
+    /// The name hosts show (`multipath -ll`, `sg_rtpg`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AluaState::ActiveOptimized => "active/optimized",
+            AluaState::ActiveNonOptimized => "active/non-optimized",
+            AluaState::Standby => "standby",
+            AluaState::Unavailable => "unavailable",
+            AluaState::LbaDependent => "lba-dependent",
+            AluaState::Offline => "offline",
+            AluaState::Transitioning => "transitioning",
+            AluaState::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// One target port group of REPORT TARGET PORT GROUPS data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TpgDescriptor {
+    /// PREF: the group is preferred.
+    pub preferred: bool,
+    /// Its asymmetric access state.
+    pub state: AluaState,
+    /// The target port group identifier.
+    pub id: u16,
+    /// STATUS CODE (0: no status, 1: altered by STPG, 2: altered implicitly).
+    pub status: u8,
+    /// Relative target port identifiers of its ports.
+    pub ports: Vec<u16>,
+}
+
+/// Why REPORT TARGET PORT GROUPS data could not be parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RtpgError {
+    /// Shorter than its header or than a descriptor it announces.
+    Truncated,
+}
+
+/// Parses REPORT TARGET PORT GROUPS data in the length-only (000b) or the
+/// extended (001b, recognised by FORMAT TYPE in byte 4) header format.
+/// Descriptors beyond the bytes received (a short allocation length) are
+/// an error, never a guess.
+pub fn parse_rtpg(d: &[u8]) -> Result<Vec<TpgDescriptor>, RtpgError> {
+    if d.len() < 4 {
+        return Err(RtpgError::Truncated);
+    }
+    let len = u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize;
+    let end = len.checked_add(4).ok_or(RtpgError::Truncated)?;
+    if end > d.len() {
+        return Err(RtpgError::Truncated);
+    }
+    // The extended header has FORMAT TYPE 001b in byte 4 bits 6:4; a
+    // length-only descriptor has byte 4 = PREF | state, whose bits 6:4
+    // are reserved (zero).
+    let mut i = if end >= 8 && (d[4] >> 4) & 0x07 == 1 {
+        8
+    } else {
+        4
+    };
+    let mut out = Vec::new();
+    while i < end {
+        if i + 8 > end {
+            return Err(RtpgError::Truncated);
+        }
+        let count = usize::from(d[i + 7]);
+        let next = i + 8 + 4 * count;
+        if next > end {
+            return Err(RtpgError::Truncated);
+        }
+        out.push(TpgDescriptor {
+            preferred: d[i] & 0x80 != 0,
+            state: AluaState::from_code(d[i]),
+            id: u16::from_be_bytes([d[i + 2], d[i + 3]]),
+            status: d[i + 5],
+            ports: d[i + 8..next]
+                .chunks_exact(4)
+                .map(|p| u16::from_be_bytes([p[2], p[3]]))
+                .collect(),
+        });
+        i = next;
+    }
+    Ok(out)
+}
+
+/// The TPGS field of standard INQUIRY data (byte 5 bits 5:4): 00b no ALUA,
+/// 01b implicit only, 10b explicit only, 11b both.
+pub fn tpgs(std_inquiry: &[u8]) -> u8 {
+    std_inquiry.get(5).map_or(0, |b| (b >> 4) & 0x03)
+}
+
+/// The target port this VPD page 0x83 came through: (target port group,
+/// relative target port), from the designators of association target port
+/// (1) and type 5h and 4h.
+pub fn target_port_ids(vpd83: &[u8]) -> (Option<u16>, Option<u16>) {
+    let mut tpg = None;
+    let mut rel = None;
+    for (assoc, kind, v) in parse_designators(vpd83) {
+        if assoc != 1 || v.len() < 4 {
+            continue;
+        }
+        let id = u16::from_be_bytes([v[2], v[3]]);
+        match kind {
+            5 => tpg = Some(id),
+            4 => rel = Some(id),
+            _ => {}
+        }
+    }
+    (tpg, rel)
+}
+
+/// A CHECK CONDITION a multipath initiator retries instead of failing the
+/// command: the path's group is not (yet) accessible or the target told of
+/// a change (SPC-4 §5.15.2.4, §5.15.2.6; scsi_dh_alua's choices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathCondition {
+    /// NOT READY 04/0A: asymmetric access state transition.
+    Transitioning,
+    /// NOT READY 04/0B: target port in standby state.
+    Standby,
+    /// NOT READY 04/0C: target port in unavailable state.
+    Unavailable,
+    /// UNIT ATTENTION 2A/06: asymmetric access state changed.
+    StateChanged,
+    /// UNIT ATTENTION 29/xx: power on, reset or I_T nexus loss.
+    Reset,
+    /// UNIT ATTENTION 3F/0E: reported LUNs data changed.
+    LunsChanged,
+}
+
+impl PathCondition {
+    /// The condition of sense data, if it is one to retry.
+    pub fn of_sense(sense: &[u8]) -> Option<PathCondition> {
+        match sense_code(sense)? {
+            (0x2, 0x04, 0x0a) => Some(PathCondition::Transitioning),
+            (0x2, 0x04, 0x0b) => Some(PathCondition::Standby),
+            (0x2, 0x04, 0x0c) => Some(PathCondition::Unavailable),
+            (0x6, 0x2a, 0x06) => Some(PathCondition::StateChanged),
+            (0x6, 0x29, _) => Some(PathCondition::Reset),
+            (0x6, 0x3f, 0x0e) => Some(PathCondition::LunsChanged),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +381,136 @@ mod tests {
             Some((5, 0x21, 0))
         );
         assert_eq!(sense_code(&[0x72, 6, 0x29, 3]), Some((6, 0x29, 3)));
+    }
+
+    #[test]
+    fn target_port_group_cdbs() {
+        assert_eq!(
+            report_target_port_groups(0x1234),
+            [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0, 0]
+        );
+        assert_eq!(
+            set_target_port_groups(8),
+            [0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0]
+        );
+        assert_eq!(
+            stpg_list(0x0102, AluaState::ActiveOptimized),
+            [0, 0, 0, 0, 0, 0, 1, 2]
+        );
+        assert_eq!(stpg_list(2, AluaState::Standby), [0, 0, 0, 0, 2, 0, 0, 2]);
+        for c in 0..16 {
+            assert_eq!(AluaState::from_code(c).code(), c);
+        }
+    }
+
+    #[test]
+    fn parses_rtpg() {
+        // Two groups: 1 active/optimized, preferred, ports 1 and 3, altered
+        // by STPG; 2 standby, port 2.
+        let d = [
+            0, 0, 0, 28, //
+            0x80, 0x0f, 0, 1, 0, 1, 0, 2, 0, 0, 0, 1, 0, 0, 0, 3, //
+            0x02, 0x0f, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2,
+        ];
+        let g = parse_rtpg(&d).unwrap();
+        assert_eq!(
+            g,
+            vec![
+                TpgDescriptor {
+                    preferred: true,
+                    state: AluaState::ActiveOptimized,
+                    id: 1,
+                    status: 1,
+                    ports: vec![1, 3],
+                },
+                TpgDescriptor {
+                    preferred: false,
+                    state: AluaState::Standby,
+                    id: 2,
+                    status: 0,
+                    ports: vec![2],
+                },
+            ]
+        );
+        // The extended header (FORMAT TYPE 001b) carries the same list.
+        let mut ext = vec![0, 0, 0, 16, 0x10, 0, 0, 0];
+        ext.extend_from_slice(&[0x0f, 0x0f, 0, 9, 0, 0, 0, 1, 0, 0, 0, 4]);
+        let g = parse_rtpg(&ext).unwrap();
+        assert_eq!(g.len(), 1);
+        assert_eq!(
+            (g[0].state, g[0].id, g[0].ports.clone()),
+            (AluaState::Transitioning, 9, vec![4])
+        );
+        // Empty list; truncated header, descriptor and port list.
+        assert_eq!(parse_rtpg(&[0, 0, 0, 0]), Ok(vec![]));
+        assert_eq!(parse_rtpg(&[0, 0, 0]), Err(RtpgError::Truncated));
+        assert_eq!(parse_rtpg(&d[..20]), Err(RtpgError::Truncated));
+        let mut short = d[..20].to_vec();
+        short[3] = 16;
+        short[11] = 3; // three ports announced, two present
+        assert_eq!(parse_rtpg(&short), Err(RtpgError::Truncated));
+        assert_eq!(
+            parse_rtpg(&[0xff, 0xff, 0xff, 0xff]),
+            Err(RtpgError::Truncated)
+        );
+    }
+
+    #[test]
+    fn parses_tpgs_and_port_designators() {
+        let mut inq = [0u8; 36];
+        assert_eq!(tpgs(&inq), 0);
+        inq[5] = 0x30;
+        assert_eq!(tpgs(&inq), 3);
+        inq[5] = 0x10;
+        assert_eq!(tpgs(&inq), 1);
+        assert_eq!(tpgs(&[]), 0);
+        // NAA (LU), relative target port 2 and target port group 7 (target port).
+        let vpd = [
+            0, 0x83, 0, 28, //
+            1, 3, 0, 8, 0x60, 1, 2, 3, 4, 5, 6, 7, //
+            0x51, 0x94, 0, 4, 0, 0, 0, 2, //
+            0x51, 0x95, 0, 4, 0, 0, 0, 7,
+        ];
+        assert_eq!(target_port_ids(&vpd), (Some(7), Some(2)));
+        assert_eq!(naa_id(&vpd).as_deref(), Some("naa.6001020304050607"));
+        assert_eq!(target_port_ids(&vpd[..16]), (None, None));
+    }
+
+    #[test]
+    fn path_conditions() {
+        let fixed = |k: u8, a: u8, q: u8| {
+            let mut s = [0u8; 18];
+            s[0] = 0x70;
+            s[2] = k;
+            s[7] = 10;
+            s[12] = a;
+            s[13] = q;
+            s
+        };
+        use PathCondition as P;
+        for (k, a, q, want) in [
+            (2, 4, 0x0a, Some(P::Transitioning)),
+            (2, 4, 0x0b, Some(P::Standby)),
+            (2, 4, 0x0c, Some(P::Unavailable)),
+            (6, 0x2a, 6, Some(P::StateChanged)),
+            (6, 0x29, 0, Some(P::Reset)),
+            (6, 0x29, 7, Some(P::Reset)),
+            (6, 0x3f, 0x0e, Some(P::LunsChanged)),
+            (2, 4, 0x02, None),
+            (6, 0x2a, 1, None),
+            (3, 0x11, 0, None),
+            (5, 0x24, 0, None),
+        ] {
+            assert_eq!(
+                PathCondition::of_sense(&fixed(k, a, q)),
+                want,
+                "{k}/{a:x}/{q:x}"
+            );
+        }
+        assert_eq!(
+            PathCondition::of_sense(&[0x72, 2, 4, 0x0b]),
+            Some(P::Standby)
+        );
+        assert_eq!(PathCondition::of_sense(&[]), None);
     }
 }

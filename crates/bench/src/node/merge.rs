@@ -110,8 +110,13 @@ pub fn merge(results: &[&RunResult], labels: &[String]) -> RunResult {
             match paths.iter_mut().find(|q| q.name == p.name) {
                 Some(q) => {
                     q.ios += p.ios;
+                    q.retries += p.retries;
+                    q.failovers += p.failovers;
                     if q.failed.is_none() {
                         q.failed.clone_from(&p.failed);
+                    }
+                    if q.group.is_none() {
+                        q.group = p.group;
                     }
                 }
                 None => paths.push(p.clone()),
