@@ -83,13 +83,21 @@ gateway a "$port_a" 1 1 2 17 || exit 1
 gateway b "$port_b" 2 17 1 1 || exit 1
 
 say "1. one LU, A owns it"
-naa_a=$("$bin" inq "$url_a" 2>/dev/null | awk '/Device identifier/ { print $3 }')
-naa_b=$("$bin" inq "$url_b" 2>/dev/null | awk '/Device identifier/ { print $3 }')
-if [ -n "$naa_a" ] && [ "$naa_a" = "$naa_b" ] && served "$url_a" && ! served "$url_b" &&
-  grep -q 0x040b "$work/rc.txt"; then
-  step "same LU ($naa_a), A active, B standby (04/0B)" pass
+"$bin" inq "$url_a" >"$work/inq_a.txt" 2>&1
+"$bin" inq "$url_b" >"$work/inq_b.txt" 2>&1
+naa_a=$(awk '/Device identifier/ { print $3 }' "$work/inq_a.txt")
+naa_b=$(awk '/Device identifier/ { print $3 }' "$work/inq_b.txt")
+# REPORT TARGET PORT GROUPS, as `ironsan inq` prints it, through each path.
+grep '^  group' "$work/inq_a.txt" >"$work/rtpg_a.txt"
+grep '^  group' "$work/inq_b.txt" >"$work/rtpg_b.txt"
+cat "$work/inq_b.txt" >&2
+if [ -n "$naa_a" ] && [ "$naa_a" = "$naa_b" ] && cmp -s "$work/rtpg_a.txt" "$work/rtpg_b.txt" &&
+  grep -q 'group 1: active/optimized' "$work/rtpg_a.txt" &&
+  grep -q 'group 2: standby' "$work/rtpg_a.txt" &&
+  served "$url_a" && ! served "$url_b" && grep -q 0x040b "$work/rc.txt"; then
+  step "same LU ($naa_a) and ALUA states on both paths, A active, B standby (04/0B)" pass
 else
-  cat "$work/rc.txt" >&2
+  cat "$work/inq_a.txt" "$work/rc.txt" >&2
   step "same LU, A active, B standby" "fail (NAA '$naa_a' vs '$naa_b')"
 fi
 

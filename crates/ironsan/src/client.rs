@@ -377,6 +377,39 @@ pub fn inq(a: InqArgs) -> Result<()> {
     if let Some(t) = c.tpgt {
         println!("Target portal group: {t}");
     }
+    let tpgs = scsi::tpgs(&inq.data);
+    if tpgs != 0 {
+        let (group, port) = scsi::target_port_ids(&id.data);
+        let mode = match tpgs {
+            1 => "implicit",
+            2 => "explicit",
+            _ => "implicit and explicit",
+        };
+        let here = match (group, port) {
+            (Some(g), Some(p)) => format!(", this path: group {g}, relative port {p}"),
+            _ => String::new(),
+        };
+        println!("ALUA: {mode}{here}");
+        let r = c.execute(
+            lun,
+            &scsi::report_target_port_groups(4096),
+            DataDir::Read(4096),
+        )?;
+        if r.status == Some(0) {
+            if let Ok(groups) = scsi::parse_rtpg(&r.data) {
+                for g in groups {
+                    let ports: Vec<String> = g.ports.iter().map(u16::to_string).collect();
+                    println!(
+                        "  group {}: {}{} (ports {})",
+                        g.id,
+                        g.state.name(),
+                        if g.preferred { ", preferred" } else { "" },
+                        ports.join(", ")
+                    );
+                }
+            }
+        }
+    }
     let _ = c.logout();
     Ok(())
 }

@@ -359,7 +359,7 @@ impl Config {
                 state: scsi::AccessState::Standby,
                 preferred: false,
             };
-            return std::iter::once(own)
+            let mut groups: Vec<scsi::GroupSpec> = std::iter::once(own)
                 .chain(g.peer.iter().map(|p| scsi::GroupSpec {
                     id: p.group,
                     ports: p.ports.clone(),
@@ -367,6 +367,9 @@ impl Config {
                     preferred: false,
                 }))
                 .collect();
+            // In id order: every gateway reports the groups alike.
+            groups.sort_by_key(|g| g.id);
+            return groups;
         }
         if self.alua.group.is_empty() {
             return (1..=self.listen.len())
@@ -1170,8 +1173,8 @@ mod tests {
         assert_eq!((c.portal_tag(1), c.portal_tag(2)), (17, 18));
         assert_eq!(c.group_of_portal(2), 2);
         let g = c.port_groups();
-        assert_eq!((g[0].id, g[0].ports.clone()), (2, vec![17, 18]));
-        assert_eq!((g[1].id, g[1].ports.clone()), (1, vec![1, 2]));
+        assert_eq!((g[0].id, g[0].ports.clone()), (1, vec![1, 2]));
+        assert_eq!((g[1].id, g[1].ports.clone()), (2, vec![17, 18]));
         assert!(g.iter().all(|g| g.state == scsi::AccessState::Standby));
         // Without a gateway the tags are the positions.
         let plain = Config::from_toml(&format!("{base}{rbd}")).unwrap();
