@@ -116,11 +116,10 @@ impl RbdBackend {
             let addrs = list[..n]
                 .iter()
                 .filter(|w| !w.addr.is_null())
-                // SAFETY: librbd filled `addr` with a C string.
                 .map(|w| {
-                    unsafe { CStr::from_ptr(w.addr) }
-                        .to_string_lossy()
-                        .into_owned()
+                    // SAFETY: librbd filled `addr` with a C string.
+                    let addr = unsafe { CStr::from_ptr(w.addr) };
+                    addr.to_string_lossy().into_owned()
                 })
                 .collect();
             // SAFETY: the entries librbd filled, released once.
