@@ -243,19 +243,6 @@ impl Outcome {
     }
 }
 
-/// The reservation commands (SPC-4 §5.13, SPC-2 RESERVE/RELEASE).
-fn is_reservation_opcode(code: u8) -> bool {
-    matches!(
-        code,
-        op::PERSISTENT_RESERVE_IN
-            | op::PERSISTENT_RESERVE_OUT
-            | op::RESERVE_6
-            | op::RESERVE_10
-            | op::RELEASE_6
-            | op::RELEASE_10
-    )
-}
-
 /// GOOD with `v` cut to the allocation length (SPC-4 §4.2.5.6).
 pub(crate) fn data_in(mut v: Vec<u8>, alloc: usize) -> Outcome {
     v.truncate(alloc);
@@ -713,7 +700,7 @@ impl LogicalUnit {
                     crate::opcodes::report_with(cdb, |code, _| {
                         (explicit || code != op::MAINTENANCE_OUT)
                             && (thin || code != op::UNMAP)
-                            && (reservations || !is_reservation_opcode(code))
+                            && (reservations || !pr::is_reservation_opcode(code))
                     })
                 }
                 cdb::SA_REPORT_TARGET_PORT_GROUPS => alua::report(&self.alua, cmd, cdb),
@@ -731,7 +718,7 @@ impl LogicalUnit {
             op::RECEIVE_COPY_RESULTS => xcopy::receive_copy_results(self, cmd, cdb),
             op::START_STOP_UNIT => start_stop_unit(cdb),
             op::PREVENT_ALLOW_MEDIUM_REMOVAL => prevent_allow(cdb),
-            o if is_reservation_opcode(o) && !self.reservations => {
+            o if pr::is_reservation_opcode(o) && !self.reservations => {
                 Outcome::check(Sense::invalid_opcode())
             }
             op::PERSISTENT_RESERVE_IN => pr::persistent_reserve_in(self, cmd, cdb),

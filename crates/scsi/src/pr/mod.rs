@@ -229,15 +229,7 @@ impl Reservations {
         if !self.active.load(Ordering::Acquire) {
             return None;
         }
-        if matches!(
-            cdb[0],
-            op::PERSISTENT_RESERVE_IN
-                | op::PERSISTENT_RESERVE_OUT
-                | op::RESERVE_6
-                | op::RESERVE_10
-                | op::RELEASE_6
-                | op::RELEASE_10
-        ) {
+        if is_reservation_opcode(cdb[0]) {
             return None;
         }
         let inner = self.inner.lock();
@@ -368,4 +360,17 @@ pub(crate) struct Effects {
     pub uas: Vec<(NexusId, Asc)>,
     /// Sessions whose tasks PREEMPT AND ABORT aborts.
     pub aborted: Vec<NexusId>,
+}
+
+/// The reservation commands (SPC-4 §5.13, SPC-2 RESERVE/RELEASE).
+pub(crate) fn is_reservation_opcode(code: u8) -> bool {
+    matches!(
+        code,
+        op::PERSISTENT_RESERVE_IN
+            | op::PERSISTENT_RESERVE_OUT
+            | op::RESERVE_6
+            | op::RESERVE_10
+            | op::RELEASE_6
+            | op::RELEASE_10
+    )
 }
