@@ -113,6 +113,15 @@ pub trait BlockBackend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Writes `data` at `offset` like [`Self::write_at`], taking ownership
+    /// of the buffer: a backend that keeps its data in memory may keep the
+    /// buffer itself instead of copying it (the caller gives up the bytes;
+    /// a backend that keeps them must treat them as immutable, like every
+    /// [`bytes::Bytes`]). The default copies with [`Self::write_at`].
+    fn write_bytes(&self, data: bytes::Bytes, offset: u64, fua: bool) -> io::Result<()> {
+        self.write_at(&data, offset, fua)
+    }
+
     /// Makes every completed write stable.
     fn flush(&self) -> io::Result<()>;
 
