@@ -113,11 +113,13 @@ pub trait BlockBackend: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Writes `data` at `offset` like [`Self::write_at`], taking ownership
+    /// Writes `data` at `offset` like [`Self::write_at`], taking a share
     /// of the buffer: a backend that keeps its data in memory may keep the
-    /// buffer itself instead of copying it (the caller gives up the bytes;
-    /// a backend that keeps them must treat them as immutable, like every
-    /// [`bytes::Bytes`]). The default copies with [`Self::write_at`].
+    /// buffer itself instead of copying it. `data` must be a buffer of its
+    /// own, not a slice of a larger one others use (a receive buffer),
+    /// which keeping would pin whole; other handles to it may still exist
+    /// for a while (it is immutable, as every [`bytes::Bytes`]). The
+    /// default copies with [`Self::write_at`].
     fn write_bytes(&self, data: bytes::Bytes, offset: u64, fua: bool) -> io::Result<()> {
         self.write_at(&data, offset, fua)
     }

@@ -251,25 +251,31 @@ impl BlockBackend for MemBackend {
         });
         Ok(())
     }
-    /// A write of exactly one whole chunk whose buffer nothing else holds
-    /// becomes that chunk as it is (the chunk it replaces goes back to this
-    /// thread's buffer pool when nothing shares it); anything else is
-    /// copied as by [`BlockBackend::write_at`]. A read still holding the
+    /// A write of exactly one whole chunk becomes that chunk as it is (the
+    /// chunk it replaces goes back to this thread's buffer pool when
+    /// nothing shares it); anything else is copied as by
+    /// [`BlockBackend::write_at`]. The adopted buffer is immutable like
+    /// every chunk: while the caller (or a read) still holds it, a later
+    /// write to the chunk copies it first. A read still holding the
     /// replaced chunk keeps it unchanged.
     fn write_bytes(&self, data: Bytes, offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.len(), offset, data.len())?;
         if data.len() != CHUNK as usize || offset & (CHUNK - 1) != 0 {
             return self.write_at(&data, offset, fua);
         }
-        // Only a buffer of its own may become a chunk: a slice of a larger
-        // one (a receive buffer) would pin all of it.
-        let m = match data.try_into_mut() {
-            Ok(m) if m.capacity() == CHUNK as usize => m,
-            Ok(m) => return self.write_at(&m, offset, fua),
-            Err(shared) => return self.write_at(&shared, offset, fua),
+        let chunk = match data.try_into_mut() {
+            // A buffer nobody else holds that is much larger than a chunk
+            // would waste its tail: copied.
+            Ok(m) if m.capacity() > 2 * CHUNK as usize => {
+                return self.write_at(&m, offset, fua);
+            }
+            Ok(m) => m.freeze(),
+            // Shared: a buffer of its own per the contract, still held by
+            // the caller for a moment.
+            Err(shared) => shared,
         };
         let idx = (offset >> CHUNK_SHIFT) as usize;
-        let old = self.chunk_for_write(idx).write().replace(m.freeze());
+        let old = self.chunk_for_write(idx).write().replace(chunk);
         if let Some(old) = old {
             bufpool::give(old);
         }
@@ -495,25 +501,30 @@ mod tests {
             m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(),
             data.as_ptr()
         );
-        // Aligned but still held elsewhere: copied, the caller's bytes stay.
+        // Aligned and still held by the caller: adopted, and a later write
+        // to the chunk copies it first, so the caller's bytes never change.
         let held = data.clone();
         m.write_bytes(data, 2 * CHUNK, false).unwrap();
-        assert_ne!(
+        assert_eq!(
             m.chunk(2).unwrap().read().as_ref().unwrap().as_ptr(),
             held.as_ptr()
         );
         m.write_at(&[9u8; 512], 2 * CHUNK, false).unwrap();
         assert_eq!(held[0], 0);
-        // A slice of a larger buffer is copied, never pinned.
-        let big = Bytes::from(vec![3u8; 2 * CHUNK as usize]);
-        m.write_bytes(big.slice(..CHUNK as usize), 3 * CHUNK, false)
-            .unwrap();
         assert_ne!(
-            m.chunk(3).unwrap().read().as_ref().unwrap().as_ptr(),
-            big.as_ptr()
+            m.chunk(2).unwrap().read().as_ref().unwrap().as_ptr(),
+            held.as_ptr()
         );
-        drop(big);
         let mut b = vec![0u8; 4];
+        m.read_at(&mut b, 2 * CHUNK).unwrap();
+        assert_eq!(b, [9u8; 4]);
+        // A lone buffer far larger than a chunk is copied, not kept.
+        let mut big = BytesMut::with_capacity(4 * CHUNK as usize);
+        big.resize(CHUNK as usize, 3);
+        let big = big.freeze();
+        let ptr = big.as_ptr();
+        m.write_bytes(big, 3 * CHUNK, false).unwrap();
+        assert_ne!(m.chunk(3).unwrap().read().as_ref().unwrap().as_ptr(), ptr);
         m.read_at(&mut b, 3 * CHUNK).unwrap();
         assert_eq!(b, [3u8; 4]);
     }

@@ -181,6 +181,7 @@ fn main() {
                             cdb: r.cdb.as_slice(),
                             data_out: r.data_out.parts().0,
                             data_out_more: r.data_out.parts().1,
+                            data_out_buf: None,
                             nexus: NexusId(1),
                             relative_port: 1,
                             tpg: 1,
