@@ -120,6 +120,7 @@ fn run_cdb(
         cdb,
         data_out,
         data_out_more: more,
+        data_out_buf: None,
         nexus: scsi::NexusId(nexus),
         relative_port: 1,
         tpg: 1,

@@ -67,6 +67,10 @@ pub struct ExecRequest {
     /// The data-out length the CDB itself calls for ([`Host::data_out_len`],
     /// asked once when the command arrived): the basis of write residuals.
     pub cdb_data_out: u32,
+    /// `data_out` is one buffer made for this command (its data segments
+    /// were received into it, [`Session::landing`]), not slices of the
+    /// receive buffer: a backend may keep it.
+    pub data_out_owned: bool,
 }
 
 /// The result of a command, handed back to [`Session::complete`].
@@ -135,14 +139,27 @@ struct R2tState {
 /// buffers.
 const HOLD_MIN: usize = 64 * 1024;
 
+/// Data segments at least this long are received straight into their
+/// command's buffer ([`Session::landing`]).
+pub const LAND_MIN: u32 = 64 * 1024;
+/// Writes of at least [`LAND_MIN`] and at most this many bytes get one
+/// buffer (from the per-thread pool) that all their data-out goes into.
+const LAND_MAX: u32 = 1 << 20;
+
 /// The data-out of one command as it arrives, in order: large segments
-/// held as received, runs of small ones copied into a pooled buffer.
+/// held as received, runs of small ones copied into a pooled buffer; or,
+/// for writes of [`LAND_MIN`]..=[`LAND_MAX`] bytes, all of it in one
+/// buffer (`whole`), large segments received straight into it.
 #[derive(Debug, Default)]
 struct Gather {
     held: Chain,
     small: Option<BytesMut>,
     /// Bytes still to come, for sizing the gather buffer.
     remaining: usize,
+    /// All the data in one buffer (out with the driver while it receives
+    /// a segment into it).
+    whole: Option<BytesMut>,
+    contiguous: bool,
 }
 
 impl Gather {
@@ -153,11 +170,29 @@ impl Gather {
         }
     }
 
+    /// All the data into `buf`, which has room for all of it.
+    fn contiguous(buf: BytesMut) -> Self {
+        Gather {
+            whole: Some(buf),
+            contiguous: true,
+            ..Gather::default()
+        }
+    }
+
     fn len(&self) -> usize {
+        if self.contiguous {
+            return self.whole.as_ref().map_or(0, BytesMut::len);
+        }
         self.held.len() + self.small.as_ref().map_or(0, BytesMut::len)
     }
 
     fn push(&mut self, data: Bytes) {
+        if self.contiguous {
+            if let Some(w) = &mut self.whole {
+                w.extend_from_slice(&data);
+            }
+            return;
+        }
         self.remaining = self.remaining.saturating_sub(data.len());
         if data.len() >= HOLD_MIN {
             self.seal();
@@ -177,6 +212,12 @@ impl Gather {
     }
 
     fn finish(mut self) -> Chain {
+        if self.contiguous {
+            return self
+                .whole
+                .map(|w| Chain::from(w.freeze()))
+                .unwrap_or_default();
+        }
         self.seal();
         self.held
     }
@@ -389,6 +430,60 @@ impl Session {
         // Otherwise outside the window or a duplicate: silently ignored.
     }
 
+    /// Where the driver should receive the data segment of the PDU whose
+    /// header segments are `bhs` (framing limits and header digest already
+    /// checked), instead of into its receive buffer: a large segment of a
+    /// write goes straight into the one buffer of its command's data-out,
+    /// so that it is never copied again. `Some(buf)`: read exactly the
+    /// segment's [`iscsi_wire::frame::data_segment_len`] bytes onto the end
+    /// of `buf` (it has room for them without growing), then pass the PDU
+    /// to [`Self::handle_pdu`] with `buf` as [`RawPdu::landed`] — before
+    /// any other PDU. `None`: receive it as usual.
+    ///
+    /// Only a segment that would be accepted where it lands is given a
+    /// place: a SCSI write command's immediate data, or a Data-Out at the
+    /// next offset its command expects, within the command's length. The
+    /// PDU is still checked in full by [`Self::handle_pdu`]; if it fails
+    /// there, the command fails and the buffer is dropped.
+    pub fn landing(&mut self, bhs: &Bhs) -> Option<BytesMut> {
+        if self.closing || self.params.session_type == SessionType::Discovery {
+            return None;
+        }
+        let dlen = iscsi_wire::frame::data_segment_len(bhs);
+        if dlen < LAND_MIN {
+            return None;
+        }
+        match Pdu::parse(bhs) {
+            Pdu::ScsiCommand(c)
+                if c.write
+                    && !c.read
+                    && self.params.immediate_data
+                    && dlen <= self.params.first_burst
+                    && dlen <= c.edtl
+                    && c.edtl <= LAND_MAX =>
+            {
+                Some(bufpool::take(c.edtl as usize))
+            }
+            Pdu::DataOut(d) => {
+                let Some(Task::Receiving(w)) = self.tasks.get_mut(&d.itt.0) else {
+                    return None;
+                };
+                let fits = d.buffer_offset == w.received
+                    && w.received.checked_add(dlen).is_some_and(|e| e <= w.total);
+                if !fits {
+                    return None;
+                }
+                let b = w.buf.whole.take()?;
+                if b.len() != w.received as usize || b.capacity() - b.len() < dlen as usize {
+                    w.buf.whole = Some(b);
+                    return None;
+                }
+                Some(b)
+            }
+            _ => None,
+        }
+    }
+
     fn dispatch(&mut self, raw: RawPdu, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
         let discovery = self.params.session_type == SessionType::Discovery;
         match Pdu::parse(&raw.bhs) {
@@ -440,7 +535,7 @@ impl Session {
     fn scsi_command(
         &mut self,
         c: ScsiCommand,
-        raw: RawPdu,
+        mut raw: RawPdu,
         host: &dyn Host,
         out: &mut Outbox,
         ev: &mut Vec<Event>,
@@ -453,7 +548,8 @@ impl Session {
             Ok(cdb) => cdb,
             Err(()) => return self.reject(&raw.bhs, reject_reason::INVALID_PDU_FIELD, out),
         };
-        let imm = raw.data.len() as u32;
+        let imm = raw.data_len() as u32;
+        let landed = raw.landed.take();
         if imm > 0
             && (!c.write
                 || !self.params.immediate_data
@@ -503,6 +599,7 @@ impl Session {
             read: c.read,
             write: c.write,
             cdb_data_out,
+            data_out_owned: false,
         };
         // Data the command takes: what the CDB calls for, within EDTL.
         // Immediate or unsolicited data beyond it is accepted and dropped.
@@ -524,7 +621,13 @@ impl Session {
                 },
             );
             let mut req = req;
-            req.data_out = raw.data.slice(..wanted as usize).into();
+            match landed {
+                Some(b) => {
+                    req.data_out = b.freeze().slice(..wanted as usize).into();
+                    req.data_out_owned = true;
+                }
+                None => req.data_out = raw.data.slice(..wanted as usize).into(),
+            }
             ev.push(Event::Execute(req));
             // Unsolicited Data-Out still on its way for this task finds no
             // task and is dropped.
@@ -533,8 +636,20 @@ impl Session {
         // Data arrives in order (DataPDUInOrder=Yes), so the buffer — from
         // the per-thread pool, not zeroed — is filled by appending.
         let total = wanted.max(unsolicited_end);
-        let mut buf = Gather::new(total as usize);
-        buf.push(raw.data);
+        let buf = match landed {
+            // The landing buffer has room for EDTL bytes, total at most.
+            Some(b) => Gather::contiguous(b),
+            None if (LAND_MIN..=LAND_MAX).contains(&total) => {
+                let mut g = Gather::contiguous(bufpool::take(total as usize));
+                g.push(raw.data);
+                g
+            }
+            None => {
+                let mut g = Gather::new(total as usize);
+                g.push(raw.data);
+                g
+            }
+        };
         let mut w = Box::new(WriteState {
             req,
             buf,
@@ -580,7 +695,7 @@ impl Session {
         }
     }
 
-    fn data_out(&mut self, d: DataOut, raw: RawPdu, out: &mut Outbox, ev: &mut Vec<Event>) {
+    fn data_out(&mut self, d: DataOut, mut raw: RawPdu, out: &mut Outbox, ev: &mut Vec<Event>) {
         let w = match self.tasks.remove(&d.itt.0) {
             Some(Task::Receiving(w)) => w,
             Some(t) => {
@@ -594,9 +709,21 @@ impl Session {
             None => return,
         };
         let mut w = w;
-        let len = raw.data.len() as u32;
+        let len = raw.data_len() as u32;
+        let landed = raw.landed.take();
+        let was_landed = landed.is_some();
+        if let Some(b) = landed {
+            // Back from the driver with this segment at its end (checked
+            // below like any other).
+            w.buf.whole = Some(b);
+        }
         let off = d.buffer_offset;
-        let in_range = off == w.received && off.checked_add(len).is_some_and(|e| e <= w.total);
+        // The buffer is only ever out with the driver while it receives
+        // the segment of the PDU it then hands in: anything else between
+        // is out of order.
+        let placed = !w.buf.contiguous || w.buf.whole.is_some();
+        let in_range =
+            placed && off == w.received && off.checked_add(len).is_some_and(|e| e <= w.total);
         let ok = if d.ttt == RESERVED_TAG {
             let ok =
                 in_range && off + len <= w.unsolicited_end && d.data_sn == w.unsolicited_data_sn;
@@ -642,8 +769,12 @@ impl Session {
             return;
         }
         let start = off as usize;
-        debug_assert_eq!(start, w.buf.len(), "in-order data checked above");
-        w.buf.push(raw.data);
+        if was_landed {
+            debug_assert_eq!(start + len as usize, w.buf.len(), "landed at its offset");
+        } else {
+            debug_assert_eq!(start, w.buf.len(), "in-order data checked above");
+            w.buf.push(raw.data);
+        }
         w.received += len;
         if d.ttt != RESERVED_TAG && d.final_ {
             if let Some(pos) = w.r2ts.iter().position(|r| r.ttt == d.ttt) {
@@ -652,6 +783,7 @@ impl Session {
             self.send_r2ts(&mut w, out);
         }
         if w.received == w.total {
+            let owned = w.buf.contiguous;
             let WriteState {
                 mut req,
                 buf,
@@ -666,6 +798,7 @@ impl Session {
             } else {
                 all.slice(0, wanted as usize)
             };
+            req.data_out_owned = owned;
             self.tasks.insert(
                 req.itt.0,
                 Task::Running {

@@ -61,6 +61,73 @@ pub struct RawPdu {
     pub data: Bytes,
     /// False when a data digest was negotiated and did not match.
     pub data_digest_ok: bool,
+    /// The data segment when the receiver read it straight into a buffer
+    /// meant for it (see [`header_len`]) instead of into `data`, which is
+    /// then empty: the segment is the last
+    /// [`data_segment_len`] bytes of this buffer.
+    pub landed: Option<BytesMut>,
+}
+
+impl RawPdu {
+    /// Length of the data segment, wherever it was received.
+    pub fn data_len(&self) -> usize {
+        match &self.landed {
+            Some(_) => data_segment_len(&self.bhs) as usize,
+            None => self.data.len(),
+        }
+    }
+}
+
+/// Returns the length of the header segments (BHS, AHS and header digest)
+/// of the PDU at the start of `buf` once they are all there, with the data
+/// segment length bounded and the header digest checked as by
+/// [`frame_len`] and [`split_pdu`]: a receiver may then read the data
+/// segment elsewhere, and the rest with [`trailer_len`] and
+/// [`data_digest_ok`].
+pub fn header_len(buf: &[u8], lim: &FrameLimits) -> Result<Option<usize>, FrameError> {
+    if buf.len() < BHS_LEN {
+        return Ok(None);
+    }
+    let dlen = data_segment_len(buf);
+    if dlen > lim.max_data_segment {
+        return Err(FrameError::DataSegmentTooLong {
+            len: dlen,
+            max: lim.max_data_segment,
+        });
+    }
+    let ahs_end = BHS_LEN + ahs_len(buf);
+    let total = ahs_end + if lim.header_digest { 4 } else { 0 };
+    if buf.len() < total {
+        return Ok(None);
+    }
+    if lim.header_digest {
+        let want = u32::from_le_bytes(buf[ahs_end..total].try_into().expect("4 bytes"));
+        if crc32c_parts(&[&buf[..ahs_end]]) != want {
+            return Err(FrameError::HeaderDigest);
+        }
+    }
+    Ok(Some(total))
+}
+
+/// Bytes after a data segment of `dlen` bytes: padding and data digest.
+pub fn trailer_len(dlen: usize, lim: &FrameLimits) -> usize {
+    if dlen == 0 {
+        return 0;
+    }
+    pad_len(dlen) + if lim.data_digest { 4 } else { 0 }
+}
+
+/// Checks the data digest of `data` against its `trailer` (padding, then
+/// the digest when negotiated; [`trailer_len`] bytes).
+pub fn data_digest_ok(data: &[u8], trailer: &[u8], lim: &FrameLimits) -> bool {
+    if !lim.data_digest || data.is_empty() {
+        return true;
+    }
+    let pad = pad_len(data.len());
+    let Some(d) = trailer.get(pad..pad + 4) else {
+        return false;
+    };
+    crc32c_parts(&[data, &trailer[..pad]]) == u32::from_le_bytes(d.try_into().expect("4 bytes"))
 }
 
 /// Data segment length field of a BHS (bytes 5..8).
@@ -134,5 +201,6 @@ pub fn split_pdu(buf: &mut BytesMut, len: usize, lim: &FrameLimits) -> Result<Ra
         ahs: whole.slice(BHS_LEN..ahs_end),
         data,
         data_digest_ok,
+        landed: None,
     })
 }

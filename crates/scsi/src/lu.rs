@@ -147,6 +147,13 @@ pub struct Command<'a> {
     /// Data-Out PDUs kept as received). WRITE writes them as they are;
     /// every other command sees them joined to `data_out`.
     pub data_out_more: &'a [Bytes],
+    /// The data-out as one buffer of its own when the transport received
+    /// it so (the same bytes as [`Self::data_out`], with
+    /// [`Self::data_out_more`] empty; never a slice of a larger buffer such
+    /// as a receive buffer): a WRITE hands it to
+    /// [`storage::BlockBackend::write_bytes`], and the backend may keep it
+    /// instead of copying it.
+    pub data_out_buf: Option<&'a Bytes>,
     /// The I_T nexus the command came from.
     pub nexus: NexusId,
     /// Relative target port identifier of the path (VPD 83h, REPORT
@@ -626,6 +633,7 @@ impl LogicalUnit {
             return self.execute(&Command {
                 data_out: &joined,
                 data_out_more: &[],
+                data_out_buf: None,
                 ..*cmd
             });
         }
@@ -655,9 +663,7 @@ impl LogicalUnit {
         };
         let block = match opcode {
             op::READ_10 | op::READ_16 | op::READ_12 | op::READ_6 => rw::read(self, cdb),
-            op::WRITE_10 | op::WRITE_16 | op::WRITE_12 | op::WRITE_6 => {
-                rw::write(self, cdb, cmd.data_out, cmd.data_out_more)
-            }
+            op::WRITE_10 | op::WRITE_16 | op::WRITE_12 | op::WRITE_6 => rw::write(self, cdb, cmd),
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => rw::verify(self, cdb, cmd.data_out),
             op::WRITE_AND_VERIFY_10 | op::WRITE_AND_VERIFY_12 | op::WRITE_AND_VERIFY_16 => {
                 rw::write_and_verify(self, cdb, cmd.data_out)

@@ -29,7 +29,7 @@ use storage::WriteCache;
 
 use crate::cdb::{self, Lba};
 use crate::locks::RangeGuard;
-use crate::lu::{backend_error, LogicalUnit, Outcome};
+use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
 use crate::sense::{Asc, Sense, SenseKey};
 
 /// Verification reads go through a buffer of at most this many bytes.
@@ -222,13 +222,11 @@ fn write_blocks<'l>(
 }
 
 /// WRITE(6/10/12/16) (SBC-3 §5.39–5.42). The data-out may come in
-/// segments (`data_out` then `more`), written with one vectored write.
-pub fn write(
-    lu: &LogicalUnit,
-    cdb: &[u8],
-    data_out: &[u8],
-    more: &[bytes::Bytes],
-) -> Result<Outcome, Sense> {
+/// segments (`data_out` then `more`), written with one vectored write, or
+/// as one buffer of its own (`data_out_buf`), handed to the backend whole
+/// ([`storage::BlockBackend::write_bytes`]).
+pub fn write(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outcome, Sense> {
+    let (data_out, more) = (cmd.data_out, cmd.data_out_more);
     let f = fields(cdb)?;
     no_protection(&f)?;
     lu.check_length(&f)?;
@@ -237,7 +235,18 @@ pub fn write(
     let fua = f.flags & 0x08 != 0;
     let offset = f.lba << lu.block_shift;
     if more.is_empty() {
-        drop(write_blocks(lu, f.lba, lu.received(f.len, data_out)?, fua)?);
+        let data = lu.received(f.len, data_out)?;
+        match cmd.data_out_buf {
+            Some(buf) if !data.is_empty() && buf.len() >= data.len() => {
+                let _range = lu
+                    .locks
+                    .shared(f.lba, (data.len() >> lu.block_shift) as u64);
+                lu.backend
+                    .write_bytes(buf.slice(..data.len()), offset, fua)
+                    .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+            }
+            _ => drop(write_blocks(lu, f.lba, data, fua)?),
+        }
         return Ok(Outcome::good());
     }
     let total = data_out.len() + more.iter().map(bytes::Bytes::len).sum::<usize>();

@@ -36,6 +36,7 @@ fn run(lu: &LogicalUnit, cdb: &[u8], data: &[u8]) -> Outcome {
         cdb,
         data_out: data,
         data_out_more: &[],
+        data_out_buf: None,
         nexus: NexusId(1),
         relative_port: 1,
         tpg: 1,

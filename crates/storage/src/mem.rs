@@ -251,6 +251,36 @@ impl BlockBackend for MemBackend {
         });
         Ok(())
     }
+    /// A write of exactly one whole chunk becomes that chunk as it is (the
+    /// chunk it replaces goes back to this thread's buffer pool when
+    /// nothing shares it); anything else is copied as by
+    /// [`BlockBackend::write_at`]. The adopted buffer is immutable like
+    /// every chunk: while the caller (or a read) still holds it, a later
+    /// write to the chunk copies it first. A read still holding the
+    /// replaced chunk keeps it unchanged.
+    fn write_bytes(&self, data: Bytes, offset: u64, fua: bool) -> io::Result<()> {
+        check_range(self.len(), offset, data.len())?;
+        if data.len() != CHUNK as usize || offset & (CHUNK - 1) != 0 {
+            return self.write_at(&data, offset, fua);
+        }
+        let chunk = match data.try_into_mut() {
+            // A buffer nobody else holds that is much larger than a chunk
+            // would waste its tail: copied.
+            Ok(m) if m.capacity() > 2 * CHUNK as usize => {
+                return self.write_at(&m, offset, fua);
+            }
+            Ok(m) => m.freeze(),
+            // Shared: a buffer of its own per the contract, still held by
+            // the caller for a moment.
+            Err(shared) => shared,
+        };
+        let idx = (offset >> CHUNK_SHIFT) as usize;
+        let old = self.chunk_for_write(idx).write().replace(chunk);
+        if let Some(old) = old {
+            bufpool::give(old);
+        }
+        Ok(())
+    }
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
@@ -426,6 +456,99 @@ mod tests {
         assert_eq!(m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(), ptr);
         assert!(small.to_vec().iter().all(|&b| b == 9));
         assert!(m.read_chain(3 * CHUNK - 100, SHARE_MIN).is_err());
+    }
+
+    #[test]
+    fn whole_chunk_writes_adopt_the_buffer() {
+        let m = MemBackend::new(3 * CHUNK);
+        let mut b = BytesMut::with_capacity(CHUNK as usize);
+        b.resize(CHUNK as usize, 5);
+        let ptr = b.as_ptr();
+        m.write_bytes(b.freeze(), CHUNK, false).unwrap();
+        let held = m.chunk(1).unwrap().read().clone().unwrap();
+        assert_eq!(held.as_ptr(), ptr, "adopted, not copied");
+        drop(held);
+        let mut back = vec![0u8; 8192];
+        m.read_at(&mut back, 2 * CHUNK - 4096).unwrap();
+        assert!(back[..4096].iter().all(|&x| x == 5));
+        assert!(back[4096..].iter().all(|&x| x == 0));
+        // The replaced chunk goes back to the pool, and a later small write
+        // modifies the adopted chunk in place (nothing shares it).
+        m.write_bytes(Bytes::from(vec![6u8; CHUNK as usize]), CHUNK, false)
+            .unwrap();
+        assert_eq!(bufpool::take(CHUNK as usize).as_ptr(), ptr);
+        let now = m.chunk(1).unwrap().read().as_ref().unwrap().as_ptr();
+        m.write_at(&[7u8; 512], CHUNK, false).unwrap();
+        assert_eq!(m.chunk(1).unwrap().read().as_ref().unwrap().as_ptr(), now);
+        assert!(m
+            .write_bytes(Bytes::from(vec![1u8; CHUNK as usize]), 3 * CHUNK, false)
+            .is_err());
+        assert!(m
+            .write_bytes(Bytes::from(vec![1u8; 512]), 3 * CHUNK, false)
+            .is_err());
+    }
+
+    #[test]
+    fn partial_and_shared_buffers_are_copied() {
+        let m = MemBackend::new(4 * CHUNK);
+        // Unaligned: copied across two chunks.
+        let data = Bytes::from((0..CHUNK as u32).map(|i| i as u8).collect::<Vec<u8>>());
+        m.write_bytes(data.clone(), 4096, false).unwrap();
+        let mut back = vec![0u8; CHUNK as usize];
+        m.read_at(&mut back, 4096).unwrap();
+        assert_eq!(back, data[..]);
+        assert_ne!(
+            m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(),
+            data.as_ptr()
+        );
+        // Aligned and still held by the caller: adopted, and a later write
+        // to the chunk copies it first, so the caller's bytes never change.
+        let held = data.clone();
+        m.write_bytes(data, 2 * CHUNK, false).unwrap();
+        assert_eq!(
+            m.chunk(2).unwrap().read().as_ref().unwrap().as_ptr(),
+            held.as_ptr()
+        );
+        m.write_at(&[9u8; 512], 2 * CHUNK, false).unwrap();
+        assert_eq!(held[0], 0);
+        assert_ne!(
+            m.chunk(2).unwrap().read().as_ref().unwrap().as_ptr(),
+            held.as_ptr()
+        );
+        let mut b = vec![0u8; 4];
+        m.read_at(&mut b, 2 * CHUNK).unwrap();
+        assert_eq!(b, [9u8; 4]);
+        // A lone buffer far larger than a chunk is copied, not kept.
+        let mut big = BytesMut::with_capacity(4 * CHUNK as usize);
+        big.resize(CHUNK as usize, 3);
+        let big = big.freeze();
+        let ptr = big.as_ptr();
+        m.write_bytes(big, 3 * CHUNK, false).unwrap();
+        assert_ne!(m.chunk(3).unwrap().read().as_ref().unwrap().as_ptr(), ptr);
+        m.read_at(&mut b, 3 * CHUNK).unwrap();
+        assert_eq!(b, [3u8; 4]);
+    }
+
+    #[test]
+    fn adopting_never_changes_a_chunk_a_read_holds() {
+        let m = MemBackend::new(2 * CHUNK);
+        m.write_at(&vec![1u8; CHUNK as usize], 0, false).unwrap();
+        let held = m.read_chain(0, CHUNK as usize).unwrap();
+        m.write_bytes(Bytes::from(vec![2u8; CHUNK as usize]), 0, false)
+            .unwrap();
+        assert!(held.to_vec().iter().all(|&b| b == 1));
+        let mut now = vec![0u8; 4096];
+        m.read_at(&mut now, 0).unwrap();
+        assert!(now.iter().all(|&b| b == 2));
+        // Shrinking frees an adopted chunk like any other; growing reads
+        // zeros there.
+        m.write_bytes(Bytes::from(vec![4u8; CHUNK as usize]), CHUNK, false)
+            .unwrap();
+        m.resize(CHUNK).unwrap();
+        assert_eq!(m.resident_bytes(), CHUNK);
+        m.resize(2 * CHUNK).unwrap();
+        m.read_at(&mut now, CHUNK).unwrap();
+        assert!(now.iter().all(|&b| b == 0));
     }
 
     #[test]

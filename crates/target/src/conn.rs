@@ -13,14 +13,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::BytesMut;
+use bytes::{BufMut, Bytes, BytesMut};
 use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
 use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
-use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
+use iscsi_wire::frame::{
+    ahs_len, data_digest_ok, data_segment_len, frame_len, header_len, split_pdu, trailer_len,
+    FrameLimits, BHS_LEN,
+};
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
 use iscsi_wire::pdu::{opcode, Itt, LoginReq, LoginResp, Lun, Opcode, SnTriple};
-use iscsi_wire::Outbox;
+use iscsi_wire::{FrameError, Outbox, RawPdu};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
@@ -101,6 +104,8 @@ pub(crate) async fn serve(
         peer,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
         retired: Vec::new(),
+        landing: None,
+        header_first: 0,
         out: Outbox::new(),
     };
     // A connection still logging in has nothing in flight: shutdown ends it.
@@ -245,7 +250,29 @@ struct Conn {
     /// Receive buffers left while still pinned by large Data-Out segments
     /// a write holds (see [`Conn::make_room`]), reused once free.
     retired: Vec<BytesMut>,
+    /// The data segment being received straight into its command's buffer.
+    landing: Option<Landing>,
+    /// After a landed segment, the next read into the receive buffer takes
+    /// only this many bytes (the next basic header and its digest; 0: no
+    /// limit), so that the next large segment is not read into the receive
+    /// buffer only to be copied out again.
+    header_first: usize,
     out: Outbox,
+}
+
+/// A PDU whose data segment is being received into the buffer the session
+/// gave for it ([`Session::landing`]) rather than into the receive buffer.
+struct Landing {
+    bhs: [u8; BHS_LEN],
+    ahs: Bytes,
+    /// The command's buffer; the segment goes onto its end.
+    buf: BytesMut,
+    /// Length of the data segment.
+    len: usize,
+    /// Bytes of it still to read from the socket.
+    left: usize,
+    /// Padding and data digest after it ([`trailer_len`]).
+    trailer: usize,
 }
 
 impl Conn {
@@ -289,6 +316,115 @@ impl Conn {
             self.retired.remove(0);
         }
         self.retired.push(old);
+    }
+
+    /// Reads what the socket has: into the buffer of the data segment
+    /// being landed, exactly up to its end, else into the receive buffer.
+    /// `Ok(0)` at end of stream.
+    fn try_read(&mut self) -> io::Result<usize> {
+        match &mut self.landing {
+            Some(l) if l.left > 0 => {
+                let mut dst = (&mut l.buf).limit(l.left);
+                let n = self.stream.try_read_buf(&mut dst)?;
+                l.left -= n;
+                Ok(n)
+            }
+            l => {
+                // Just what completes the segment's PDU and the next
+                // header, while large segments are landing.
+                let want = match l {
+                    Some(l) => l.trailer + self.header_first,
+                    None => self.header_first,
+                }
+                .saturating_sub(self.rbuf.len());
+                self.make_room();
+                if want > 0 {
+                    self.stream.try_read_buf(&mut (&mut self.rbuf).limit(want))
+                } else {
+                    self.stream.try_read_buf(&mut self.rbuf)
+                }
+            }
+        }
+    }
+
+    /// The next complete PDU received, `Ok(None)` when more bytes are
+    /// needed, `Err(why)` when the stream cannot be framed. A large data
+    /// segment the session has a place for is received straight into it
+    /// (DESIGN.md: data-out lands where it is going): the header is cut off
+    /// the receive buffer, whatever part of the segment is already there
+    /// is copied over, and [`Self::try_read`] reads the rest of it from the
+    /// socket; padding and digest come through the receive buffer.
+    fn next_pdu(
+        &mut self,
+        lim: &FrameLimits,
+        session: &mut Session,
+    ) -> Result<Option<RawPdu>, &'static str> {
+        if let Some(l) = &self.landing {
+            if l.left > 0 {
+                return Ok(None);
+            }
+            if self.rbuf.len() < l.trailer {
+                return Ok(None);
+            }
+            let l = self.landing.take().expect("checked above");
+            let t = self.rbuf.split_to(l.trailer);
+            self.header_first = BHS_LEN + if lim.header_digest { 4 } else { 0 };
+            let ok = data_digest_ok(&l.buf[l.buf.len() - l.len..], &t, lim);
+            return Ok(Some(RawPdu {
+                bhs: l.bhs,
+                ahs: l.ahs,
+                data: Bytes::new(),
+                data_digest_ok: ok,
+                landed: Some(l.buf),
+            }));
+        }
+        let hlen = match header_len(&self.rbuf, lim) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(None),
+            Err(e @ FrameError::HeaderDigest) => {
+                tracing::warn!(error = %e, "bad PDU");
+                return Err("header digest error");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "unframeable PDU");
+                return Err("unframeable PDU");
+            }
+        };
+        let dlen = data_segment_len(&self.rbuf) as usize;
+        if dlen >= iscsi_proto::session::LAND_MIN as usize {
+            let bhs: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("a BHS");
+            if let Some(mut buf) = session.landing(&bhs) {
+                let hdr = self.rbuf.split_to(hlen).freeze();
+                let ahs_end = BHS_LEN + ahs_len(&bhs);
+                let have = dlen.min(self.rbuf.len());
+                buf.extend_from_slice(&self.rbuf.split_to(have));
+                self.landing = Some(Landing {
+                    bhs,
+                    ahs: hdr.slice(BHS_LEN..ahs_end),
+                    buf,
+                    len: dlen,
+                    left: dlen - have,
+                    trailer: trailer_len(dlen, lim),
+                });
+                return self.next_pdu(lim, session);
+            }
+        }
+        let len = match frame_len(&self.rbuf, lim) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                tracing::warn!(error = %e, "unframeable PDU");
+                return Err("unframeable PDU");
+            }
+        };
+        self.header_first = 0;
+        match split_pdu(&mut self.rbuf, len, lim) {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => {
+                tracing::warn!(error = %e, "bad PDU");
+                Err("header digest error")
+            }
+        }
     }
 
     /// Writes everything queued.
@@ -530,20 +666,10 @@ impl Conn {
                     peer: self.peer.ip(),
                 };
                 loop {
-                    let len = match frame_len(&self.rbuf, &lim) {
-                        Ok(Some(n)) => n,
+                    let raw = match self.next_pdu(&lim, &mut session) {
+                        Ok(Some(r)) => r,
                         Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "unframeable PDU");
-                            return "unframeable PDU";
-                        }
-                    };
-                    let raw = match split_pdu(&mut self.rbuf, len, &lim) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "bad PDU");
-                            return "header digest error";
-                        }
+                        Err(why) => return why,
                     };
                     session.handle_pdu(raw, &host, &mut self.out, &mut events);
                     for ev in events.drain(..) {
@@ -593,8 +719,7 @@ impl Conn {
                     if r.is_err() {
                         return "read failed";
                     }
-                    self.make_room();
-                    match self.stream.try_read_buf(&mut self.rbuf) {
+                    match self.try_read() {
                         Ok(0) => return "closed by initiator",
                         Ok(_) => last_rx = Instant::now(),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

@@ -364,6 +364,7 @@ fn command<'a>(req: &'a ExecRequest, o: &'a Origin) -> scsi::Command<'a> {
         cdb: req.cdb.as_slice(),
         data_out,
         data_out_more,
+        data_out_buf: (req.data_out_owned && data_out_more.is_empty()).then_some(data_out),
         nexus: o.nexus,
         relative_port: o.relative_port,
         tpg: o.tpg,

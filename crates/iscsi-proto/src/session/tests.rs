@@ -65,6 +65,7 @@ fn raw(bhs: Bhs, data: &[u8]) -> RawPdu {
         ahs: Bytes::new(),
         data: Bytes::copy_from_slice(data),
         data_digest_ok: true,
+        landed: None,
     }
 }
 
@@ -434,4 +435,121 @@ fn large_data_out_segments_are_held_small_ones_gathered() {
     assert_eq!(segs[1].as_ptr(), big.as_ptr(), "not copied");
     let v = c.to_vec();
     assert_eq!((v[0], v[150], v[200], v[HOLD_MIN + 250]), (2, 3, 1, 4));
+}
+
+/// Receives `data` onto the end of `buf` as the driver does for a landed
+/// segment and hands the PDU in.
+fn landed(bhs: Bhs, mut buf: BytesMut, data: &[u8]) -> RawPdu {
+    buf.extend_from_slice(data);
+    RawPdu {
+        bhs,
+        ahs: Bytes::new(),
+        data: Bytes::new(),
+        data_digest_ok: true,
+        landed: Some(buf),
+    }
+}
+
+#[test]
+fn large_segments_land_in_the_commands_buffer() {
+    const SEG: usize = 256 * 1024;
+    let mut p = params(false);
+    p.first_burst = SEG as u32;
+    p.max_burst = 1 << 20;
+    let mut s = Session::new(p, Limits::default(), Sn(10), Sn(100));
+    let mut out = Outbox::new();
+    // 1 MiB WRITE(10) (2048 blocks) with 256 KiB of immediate data.
+    let c = cmd(1, 10, 0x2a, 2048, 1 << 20, &[1; SEG]);
+    let buf = s.landing(&c.bhs).expect("immediate data lands");
+    assert!(buf.is_empty() && buf.capacity() >= 1 << 20);
+    let base = buf.as_ptr();
+    assert!(run(&mut s, landed(c.bhs, buf, &[1; SEG]), &mut out).is_empty());
+    let Pdu::R2t(r2t) = sent(&mut out)[0].0 else {
+        panic!()
+    };
+    assert_eq!(
+        (r2t.buffer_offset, r2t.desired_len),
+        (SEG as u32, 3 * SEG as u32)
+    );
+    let d = |sn: u32, off: usize, f: bool| DataOut {
+        final_: f,
+        lun: Lun::from_index(0),
+        itt: Itt(1),
+        ttt: r2t.ttt,
+        exp_stat_sn: Sn(0),
+        data_sn: sn,
+        buffer_offset: off as u32,
+    };
+    // Only the next offset, within the command, gets a place.
+    assert!(s.landing(&d(0, 2 * SEG, false).encode(SEG)).is_none());
+    assert!(s.landing(&d(0, SEG, false).encode(4096)).is_none(), "small");
+    let mut over = d(0, 3 * SEG, false).encode(SEG);
+    over[16..20].copy_from_slice(&9u32.to_be_bytes());
+    assert!(s.landing(&over).is_none(), "unknown task");
+    let h = d(0, SEG, false).encode(SEG);
+    let buf = s.landing(&h).expect("data-out lands");
+    assert_eq!(buf.len(), SEG);
+    assert!(run(&mut s, landed(h, buf, &[2; SEG]), &mut out).is_empty());
+    // A small segment in between is copied into the same buffer.
+    assert!(run(
+        &mut s,
+        raw(d(1, 2 * SEG, false).encode(4096), &[3; 4096]),
+        &mut out
+    )
+    .is_empty());
+    let h = d(2, 2 * SEG + 4096, true).encode(SEG - 4096 + SEG);
+    assert!(s.landing(&h).is_some_and(|b| b.len() == 2 * SEG + 4096));
+    // (taken and given back by hand: the real driver always hands it in)
+    let h2 = d(2, 2 * SEG + 4096, true).encode(2 * SEG - 4096);
+    let tail = vec![4u8; 2 * SEG - 4096];
+    let Some(Task::Receiving(w)) = s.tasks.get_mut(&1) else {
+        panic!()
+    };
+    assert!(w.buf.whole.is_none(), "out with the driver");
+    let _ = h;
+    let ev = run(
+        &mut s,
+        RawPdu {
+            bhs: h2,
+            ahs: Bytes::new(),
+            data: Bytes::copy_from_slice(&tail),
+            data_digest_ok: true,
+            landed: None,
+        },
+        &mut out,
+    );
+    assert!(ev.is_empty(), "data with the buffer out is refused");
+    let pdus = sent(&mut out);
+    assert!(matches!(pdus[..], [(Pdu::Reject(_), _), (Pdu::ScsiResponse(r), _)] if r.status == 2));
+
+    // A clean run: the whole data-out is one buffer of its own.
+    let c = cmd(2, 11, 0x2a, 2048, 1 << 20, &[1; SEG]);
+    let buf = s.landing(&c.bhs).unwrap();
+    run(&mut s, landed(c.bhs, buf, &[1; SEG]), &mut out);
+    let Pdu::R2t(r2t) = sent(&mut out)[0].0 else {
+        panic!()
+    };
+    let mut last = Vec::new();
+    for i in 1..4 {
+        let dd = DataOut {
+            final_: i == 3,
+            lun: Lun::from_index(0),
+            itt: Itt(2),
+            ttt: r2t.ttt,
+            exp_stat_sn: Sn(0),
+            data_sn: i - 1,
+            buffer_offset: i * SEG as u32,
+        }
+        .encode(SEG);
+        let buf = s.landing(&dd).unwrap();
+        last = run(&mut s, landed(dd, buf, &[i as u8 + 1; SEG]), &mut out);
+    }
+    let [Event::Execute(req)] = &last[..] else {
+        panic!("{last:?}")
+    };
+    assert!(req.data_out_owned);
+    assert_eq!(req.data_out.segment_count(), 1);
+    let v = req.data_out.to_vec();
+    assert_eq!((v[0], v[SEG], v[2 * SEG], v[(1 << 20) - 1]), (1, 2, 3, 4));
+    let _ = base;
 }

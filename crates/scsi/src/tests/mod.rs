@@ -64,6 +64,7 @@ pub fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId) -> Command<'a> {
         cdb,
         data_out: data,
         data_out_more: &[],
+        data_out_buf: None,
         nexus: n,
         relative_port: 3,
         tpg: 2,
