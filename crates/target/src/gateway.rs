@@ -582,6 +582,7 @@ mod tests {
             cdb,
             data_out,
             data_out_more: &[],
+            data_out_buf: None,
             nexus: NexusId(7),
             relative_port: g.port,
             tpg: g.group,
