@@ -122,6 +122,17 @@ else
 fi
 
 say "4. 4K random reads, depth 32, 256 MiB: rbd bench vs ironsan bench"
+# The `rbd` tool links tcmalloc and librbd allocates on every request:
+# serve with the same allocator (docs/CONFIG.md recommends it for rbd LUNs),
+# so the comparison is of the data paths, not of malloc implementations.
+tcmalloc=$(ls /usr/lib/*-linux-gnu/libtcmalloc.so.4 2>/dev/null | head -1 || true)
+alloc=()
+allocator="glibc malloc"
+if [ -n "$tcmalloc" ]; then
+  alloc=("LD_PRELOAD=$tcmalloc")
+  allocator=tcmalloc
+  serve "${alloc[@]}"
+fi
 rbd bench --io-type read --io-pattern rand --io-size 4K --io-threads 32 --io-total 256M rbd/ironsan \
   >"$work/rbdbench.txt" 2>&1 || step "rbd bench" fail
 rbd_iops=$(awk '/^elapsed:/ { for (i = 1; i <= NF; i++) if ($i == "ops/sec:") print $(i + 1) }' "$work/rbdbench.txt")
@@ -130,14 +141,14 @@ rbd_iops=$(awk '/^elapsed:/ { for (i = 1; i <= NF; i++) if ($i == "ops/sec:") pr
 isb_iops=$(grep -oE 'IOPS=[0-9.]+k?' "$work/isb.txt" | head -1 | cut -d= -f2)
 # The same through the I/O pool (each command waits on a pool thread)
 # instead of completions delivered to the event loop.
-serve IRONSAN_RBD_WAIT=1
+serve IRONSAN_RBD_WAIT=1 "${alloc[@]}"
 "$bin" bench --rw randread --bs 4k --iodepth 32 --size 256M "$url" >"$work/isbw.txt" 2>&1 ||
   step "ironsan bench (pool)" fail
 wait_iops=$(grep -oE 'IOPS=[0-9.]+k?' "$work/isbw.txt" | head -1 | cut -d= -f2)
 say "rbd bench:            $(grep '^elapsed:' "$work/rbdbench.txt" || echo '?')"
 say "ironsan bench:        $(grep -E 'IOPS=' "$work/isb.txt" | head -1 || echo '?')"
 say "ironsan bench (pool): $(grep -E 'IOPS=' "$work/isbw.txt" | head -1 || echo '?')"
-step "4K randread Q32 IOPS" "rbd bench ${rbd_iops:-?}, ironsan ${isb_iops:-?} (I/O pool: ${wait_iops:-?})"
+step "4K randread Q32 IOPS" "rbd bench ${rbd_iops:-?}, ironsan ${isb_iops:-?} (I/O pool: ${wait_iops:-?}; $allocator)"
 
 if [ -n "$srv" ]; then
   kill "$srv" 2>/dev/null || true
