@@ -317,6 +317,20 @@ impl Control {
         Ok(())
     }
 
+    /// A gateway's portals are its ALUA group's ports, which every peer's
+    /// configuration lists: changing them on one gateway only would make
+    /// REPORT TARGET PORT GROUPS differ between paths.
+    fn refuse_portal_change_on_gateway(&self) -> Result<(), ControlError> {
+        if self.shared.targets.iter().any(|t| t.gateway.is_some()) {
+            return Err(ControlError::Invalid(
+                "this process is a gateway: its portals are listed in every peer's configuration; \
+                 change them there and restart"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Binds a new portal on `addr` in ALUA group `alua_group` (default:
     /// its own, id = its group tag) and starts accepting on it. Joining a
     /// configured group adds the port to it (REPORT TARGET PORT GROUPS
@@ -326,6 +340,7 @@ impl Control {
         addr: SocketAddr,
         alua_group: Option<u16>,
     ) -> Result<PortalView, ControlError> {
+        self.refuse_portal_change_on_gateway()?;
         if self.shared.portals.read().iter().any(|p| p.addr == addr) {
             return Err(ControlError::Conflict(format!(
                 "{addr} is a portal already"
@@ -410,6 +425,7 @@ impl Control {
     /// initiators reconnect through another portal). The last portal
     /// cannot be removed.
     pub fn remove_portal(&self, tpgt: u16) -> Result<PortalView, ControlError> {
+        self.refuse_portal_change_on_gateway()?;
         let p = {
             let mut ps = self.shared.portals.write();
             let i = ps
