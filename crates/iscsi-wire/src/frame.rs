@@ -88,13 +88,7 @@ pub fn header_len(buf: &[u8], lim: &FrameLimits) -> Result<Option<usize>, FrameE
     if buf.len() < BHS_LEN {
         return Ok(None);
     }
-    let dlen = data_segment_len(buf);
-    if dlen > lim.max_data_segment {
-        return Err(FrameError::DataSegmentTooLong {
-            len: dlen,
-            max: lim.max_data_segment,
-        });
-    }
+    checked_data_len(buf, lim)?;
     let ahs_end = BHS_LEN + ahs_len(buf);
     let total = ahs_end + if lim.header_digest { 4 } else { 0 };
     if buf.len() < total {
@@ -147,6 +141,15 @@ pub fn frame_len(buf: &[u8], lim: &FrameLimits) -> Result<Option<usize>, FrameEr
     if buf.len() < BHS_LEN {
         return Ok(None);
     }
+    let dlen = checked_data_len(buf, lim)?;
+    let header = BHS_LEN + ahs_len(buf) + if lim.header_digest { 4 } else { 0 };
+    let total = header + dlen + trailer_len(dlen, lim);
+    Ok((buf.len() >= total).then_some(total))
+}
+
+/// The data segment length of the BHS at the start of `buf`, refused when
+/// over the negotiated limit (before anything is allocated for it).
+fn checked_data_len(buf: &[u8], lim: &FrameLimits) -> Result<usize, FrameError> {
     let dlen = data_segment_len(buf);
     if dlen > lim.max_data_segment {
         return Err(FrameError::DataSegmentTooLong {
@@ -154,18 +157,7 @@ pub fn frame_len(buf: &[u8], lim: &FrameLimits) -> Result<Option<usize>, FrameEr
             max: lim.max_data_segment,
         });
     }
-    let dlen = dlen as usize;
-    let mut total = BHS_LEN + ahs_len(buf);
-    if lim.header_digest {
-        total += 4;
-    }
-    if dlen > 0 {
-        total += dlen + pad_len(dlen);
-        if lim.data_digest {
-            total += 4;
-        }
-    }
-    Ok((buf.len() >= total).then_some(total))
+    Ok(dlen as usize)
 }
 
 /// Splits the PDU of `len` bytes (as returned by [`frame_len`]) off the front
