@@ -123,7 +123,9 @@ impl LogicalUnit {
             op::WRITE_10 | op::WRITE_16 => true,
             _ => return None,
         };
-        if !self.ua.is_quiet(cmd.nexus) {
+        // A path that is not active: `execute` answers the refusal (once:
+        // it may set off a gateway's takeover probe, `AluaOwner`).
+        if !self.ua.is_quiet(cmd.nexus) || !self.alua.state(cmd.tpg).is_active() {
             return None;
         }
         // Refused here means answered by `execute`, with its sense data.
