@@ -54,7 +54,7 @@ pub fn stamp(buf: &mut [u8], offset: u64, run_id: u64, seq: u64) {
         s[16..24].copy_from_slice(&run_id.to_le_bytes());
         s[24..32].copy_from_slice(&seq.to_le_bytes());
         fill(sector, run_id, &mut s[FILL]);
-        let crc = crc32c::crc32c(&s[..508]);
+        let crc = iscsi_wire::digest::crc32c(&s[..508]);
         s[508..512].copy_from_slice(&crc.to_le_bytes());
     }
 }
@@ -141,7 +141,7 @@ fn check_sector(s: &[u8], offset: u64, ids: &mut RunIdCheck) -> Result<(), Misma
     let found_id = le(&s[16..24]);
     let seq = le(&s[24..32]);
     let crc = u32::from_le_bytes([s[508], s[509], s[510], s[511]]);
-    let crc_ok = crc32c::crc32c(&s[..508]) == crc;
+    let crc_ok = iscsi_wire::digest::crc32c(&s[..508]) == crc;
     if crc_ok && found_sector != sector {
         let byte = (8..16)
             .find(|&i| s[i] != sector.to_le_bytes()[i - 8])
@@ -186,7 +186,7 @@ fn check_sector(s: &[u8], offset: u64, ids: &mut RunIdCheck) -> Result<(), Misma
     want[16..24].copy_from_slice(&id.to_le_bytes());
     want[24..32].copy_from_slice(&seq.to_le_bytes());
     fill(sector, id, &mut want[FILL]);
-    let wcrc = crc32c::crc32c(&want[..508]);
+    let wcrc = iscsi_wire::digest::crc32c(&want[..508]);
     want[508..512].copy_from_slice(&wcrc.to_le_bytes());
     if let Some(byte) = (0..SECTOR).find(|&i| s[i] != want[i]) {
         let field = match byte {
@@ -203,7 +203,7 @@ fn check_sector(s: &[u8], offset: u64, ids: &mut RunIdCheck) -> Result<(), Misma
             format!(
                 "{field} corrupted (sequence {seq}, stored crc32c {crc:#010x}, computed \
                  {:#010x}): expected {} found {} at that byte",
-                crc32c::crc32c(&s[..508]),
+                iscsi_wire::digest::crc32c(&s[..508]),
                 hex(&want[byte..end]),
                 hex(&s[byte..end])
             ),

@@ -24,7 +24,7 @@ use std::io::IoSlice;
 use bufpool::{Chain, FileRange};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::digest::{crc32c_parts, pad_len, PAD};
+use crate::digest::{crc32c_parts, pad_len, Crc32c, PAD};
 use crate::frame::BHS_LEN;
 
 /// Data segments up to this size are copied next to their header rather
@@ -59,8 +59,10 @@ fn trailer_of<'a>(
     let pad = pad_len(len);
     let mut n = pad;
     if dg.data {
-        let crc = parts.fold(crc32c::crc32c(&[]), crc32c::crc32c_append);
-        let crc = crc32c::crc32c_append(crc, &PAD[..pad]);
+        let mut crc = Crc32c::new();
+        parts.for_each(|p| crc.update(p));
+        crc.update(&PAD[..pad]);
+        let crc = crc.value();
         t[n..n + 4].copy_from_slice(&crc.to_le_bytes());
         n += 4;
     }
