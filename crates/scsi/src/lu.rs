@@ -557,6 +557,16 @@ impl LogicalUnit {
         cdb.first() == Some(&op::EXTENDED_COPY)
     }
 
+    /// Whether the driver should run `cdb`, carrying `data_out` bytes, on
+    /// an I/O thread rather than on its event loop: the backend may block,
+    /// the command is long running, or the write is larger than the
+    /// backend copies cheaply ([`BlockBackend::inline_write_max`]).
+    pub fn runs_off_loop(&self, cdb: &[u8], data_out: usize) -> bool {
+        self.backend.may_block()
+            || self.is_long_running(cdb)
+            || data_out > self.backend.inline_write_max()
+    }
+
     /// The configuration the unit was created with.
     pub fn config(&self) -> &LuConfig {
         &self.cfg

@@ -100,6 +100,9 @@ impl BlockBackend for FaultBackend {
     fn may_block(&self) -> bool {
         self.inner.may_block()
     }
+    fn inline_write_max(&self) -> usize {
+        self.inner.inline_write_max()
+    }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         Self::check(&self.write)?;
         self.inner.write_zeroes(offset, len)

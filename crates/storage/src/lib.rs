@@ -174,6 +174,16 @@ pub trait BlockBackend: Send + Sync + 'static {
         true
     }
 
+    /// The largest write, in bytes, worth running on the event loop of a
+    /// backend that never blocks ([`Self::may_block`] false). A larger one
+    /// costs a long copy (a file in memory copies it into the page cache),
+    /// so the driver runs it on an I/O thread and its loop goes on
+    /// receiving meanwhile, on another core. The default has no limit: the
+    /// RAM backend keeps the received buffer, null drops it.
+    fn inline_write_max(&self) -> usize {
+        usize::MAX
+    }
+
     /// Writes `len` zero bytes at `offset`; the range stays allocated.
     /// Durable like a `write_at` without FUA. The default writes zeros
     /// from a bounded buffer.

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bufpool::Chain;
 use bytes::{BufMut, Bytes, BytesMut};
 use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
 use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
@@ -798,13 +799,26 @@ struct Done {
     op: u8,
     bytes: u32,
     start: Instant,
+    /// The write's data, back to this thread's buffer pool.
+    data_out: Option<Chain>,
 }
 
 impl Done {
     fn finish(self, session: &mut Session, out: &mut Outbox, stats: &mut ConnStats) {
         stats.completed(self.lun, self.op, self.bytes, self.c.status, self.start);
         session.complete(self.itt, self.c, out);
+        if let Some(d) = self.data_out {
+            give_back(d);
+        }
     }
+}
+
+/// Returns a write's buffers to this thread's pool (those the backend kept,
+/// and slices of the receive buffer, are simply dropped).
+fn give_back(data_out: Chain) {
+    let (first, rest) = data_out.into_parts();
+    bufpool::give(first);
+    rest.into_iter().for_each(bufpool::give);
 }
 
 /// What [`execute`] needs from the connection.
@@ -835,14 +849,13 @@ fn execute(
         return session.complete(req.itt, c, out);
     }
     let lu = t.get(req.lun).expect("checked by answer_above_lu").clone();
-    if !lu.may_block() && !lu.is_long_running(req.cdb.as_slice()) {
+    let data_out = if req.write { req.edtl as usize } else { 0 };
+    if !lu.runs_off_loop(req.cdb.as_slice(), data_out) {
         let c = run_on_lu(&lu, &req, env.origin);
         stats.completed(lun, op, req.edtl, c.status, env.start);
         session.complete(req.itt, c, out);
         // A gathered write buffer goes back to this thread's pool.
-        let (first, rest) = req.data_out.into_parts();
-        bufpool::give(first);
-        rest.into_iter().for_each(bufpool::give);
+        give_back(req.data_out);
         return;
     }
     let start = env.start;
@@ -859,6 +872,7 @@ fn execute(
                 op,
                 bytes,
                 start,
+                data_out: None,
             });
         };
         if submit_fast(&lu, &req, env.origin, done).is_ok() {
@@ -876,6 +890,8 @@ fn execute(
             op,
             bytes: req.edtl,
             start,
+            // Back to the loop's pool: the next write lands in it.
+            data_out: Some(req.data_out),
         });
     });
 }
