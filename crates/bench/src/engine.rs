@@ -245,11 +245,16 @@ impl Engine for IscsiEngine {
             let Some((slot, _, _)) = self.inflight.remove(&itt.0) else {
                 continue;
             };
-            done.push(Done {
-                slot,
-                result: task_result(&r),
-                data: self.keep_data.then_some(r.data),
-            });
+            let result = task_result(&r);
+            let data = if self.keep_data {
+                Some(r.data)
+            } else {
+                // A read's buffer goes back to this thread's pool: the
+                // next large read lands in it (initiator::Connection).
+                bufpool::give(r.data);
+                None
+            };
+            done.push(Done { slot, result, data });
         }
         Ok(())
     }

@@ -10,7 +10,11 @@ use iscsi_proto::initiator::{
     LoginProgress, TaskResult,
 };
 use iscsi_proto::params::SessionParams;
-use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
+use iscsi_proto::session::LAND_MIN;
+use iscsi_wire::frame::{
+    ahs_len, data_digest_ok, data_segment_len, frame_len, header_len, split_pdu, trailer_len,
+    FrameLimits, BHS_LEN,
+};
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
 use iscsi_wire::pdu::{Itt, LoginResp, Lun, Opcode, TmfFunction};
 use iscsi_wire::{text, Outbox, RawPdu, Sn};
@@ -38,6 +42,13 @@ pub struct Connection {
     stream: TcpStream,
     session: InitiatorSession,
     rbuf: BytesMut,
+    /// The Data-In segment being received straight into its read's buffer.
+    landing: Option<Landing>,
+    /// After a landed segment, the next read into the receive buffer takes
+    /// only this many bytes (the next basic header and its digest; 0: no
+    /// limit), so that the next large segment is not read into the receive
+    /// buffer only to be copied out of it.
+    header_first: usize,
     out: Outbox,
     lim: FrameLimits,
     events: Vec<InitiatorEvent>,
@@ -48,6 +59,23 @@ pub struct Connection {
     /// Where and how this connection logged in, for [`Connection::reconnect`].
     addr: String,
     cfg: LoginConfig,
+}
+
+/// A Data-In PDU whose data segment is being received into the buffer its
+/// read gave for it ([`InitiatorSession::landing`]) rather than into the
+/// receive buffer: the initiator's side of "data lands where it is going"
+/// (the target's is `target::conn`).
+struct Landing {
+    bhs: [u8; BHS_LEN],
+    ahs: Bytes,
+    /// The read's buffer; the segment goes onto its end.
+    buf: BytesMut,
+    /// Length of the data segment.
+    len: usize,
+    /// Bytes of it still to come from the socket.
+    left: usize,
+    /// Padding and data digest after it.
+    trailer: usize,
 }
 
 impl std::fmt::Debug for Connection {
@@ -85,6 +113,8 @@ impl Connection {
             stream,
             session: InitiatorSession::new(SessionParams::rfc_defaults(), Sn(0), Sn(0), Sn(0)),
             rbuf: BytesMut::with_capacity(512 * 1024),
+            landing: None,
+            header_first: 0,
             out: Outbox::new(),
             lim: FrameLimits::LOGIN,
             events: Vec::new(),
@@ -167,48 +197,117 @@ impl Connection {
     }
 
     fn fill(&mut self) -> Result<(), Error> {
-        if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
-            self.rbuf.reserve(512 * 1024);
-        }
-        let len = self.rbuf.len();
-        let n = socket2::SockRef::from(&self.stream).recv(self.rbuf.spare_capacity_mut())?;
-        if n == 0 {
+        if self.recv(0)? == 0 {
             return Err(Error::Closed);
         }
-        // SAFETY: recv() initialised the first `n` bytes of the spare
-        // capacity, which directly follow the current length.
-        unsafe { self.rbuf.set_len(len + n) };
         Ok(())
     }
 
     /// Reads what the socket has without blocking; `Ok(false)` when it had
     /// nothing.
     fn fill_nonblocking(&mut self) -> Result<bool, Error> {
-        if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
-            self.rbuf.reserve(512 * 1024);
-        }
-        let len = self.rbuf.len();
-        let r = socket2::SockRef::from(&self.stream)
-            .recv_with_flags(self.rbuf.spare_capacity_mut(), libc::MSG_DONTWAIT);
-        match r {
+        match self.recv(libc::MSG_DONTWAIT) {
             Ok(0) => Err(Error::Closed),
-            Ok(n) => {
-                // SAFETY: recv() initialised the first `n` bytes of the spare
-                // capacity, which directly follow the current length.
-                unsafe { self.rbuf.set_len(len + n) };
-                Ok(true)
-            }
+            Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
             Err(e) => Err(e.into()),
         }
     }
 
+    /// One `recv(2)`: into the buffer of the segment being landed, exactly
+    /// up to its end, else into the receive buffer. `Ok(0)` at end of
+    /// stream.
+    fn recv(&mut self, flags: libc::c_int) -> io::Result<usize> {
+        let sock = socket2::SockRef::from(&self.stream);
+        if let Some(l) = self.landing.as_mut().filter(|l| l.left > 0) {
+            let len = l.buf.len();
+            // The session reserved room for the whole segment.
+            let spare = l.buf.spare_capacity_mut();
+            let k = l.left.min(spare.len());
+            let n = sock.recv_with_flags(&mut spare[..k], flags)?;
+            // SAFETY: recv() initialised the first `n` bytes of the spare
+            // capacity, which directly follow the current length.
+            unsafe { l.buf.set_len(len + n) };
+            l.left -= n;
+            return Ok(n);
+        }
+        if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
+            self.rbuf.reserve(512 * 1024);
+        }
+        // Just what completes a landed segment's PDU and the next header.
+        let want = match &self.landing {
+            Some(l) => l.trailer + self.header_first,
+            None => self.header_first,
+        }
+        .saturating_sub(self.rbuf.len());
+        let len = self.rbuf.len();
+        let spare = self.rbuf.spare_capacity_mut();
+        let k = if want > 0 {
+            want.min(spare.len())
+        } else {
+            spare.len()
+        };
+        let n = sock.recv_with_flags(&mut spare[..k], flags)?;
+        // SAFETY: as above.
+        unsafe { self.rbuf.set_len(len + n) };
+        Ok(n)
+    }
+
+    /// The next complete PDU received, `Ok(None)` when more bytes are
+    /// needed. A large Data-In segment the session has a place for is
+    /// received straight into it: the header is cut off the receive buffer,
+    /// whatever part of the segment is already there is copied over, and
+    /// [`Self::recv`] reads the rest from the socket; padding and digest
+    /// come through the receive buffer.
     fn take_pdu(&mut self) -> Result<Option<RawPdu>, Error> {
+        if let Some(l) = &self.landing {
+            if l.left > 0 || self.rbuf.len() < l.trailer {
+                return Ok(None);
+            }
+            let l = self.landing.take().expect("checked above");
+            let t = self.rbuf.split_to(l.trailer);
+            self.header_first = BHS_LEN + if self.lim.header_digest { 4 } else { 0 };
+            let ok = data_digest_ok(&l.buf[l.buf.len() - l.len..], &t, &self.lim);
+            return Ok(Some(RawPdu {
+                bhs: l.bhs,
+                ahs: l.ahs,
+                data: Bytes::new(),
+                data_digest_ok: ok,
+                landed: Some(l.buf),
+            }));
+        }
+        let hlen = match header_len(&self.rbuf, &self.lim) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(Error::Protocol(e.to_string())),
+        };
+        // Bounded by our MaxRecvDataSegmentLength (header_len checked it).
+        let dlen = data_segment_len(&self.rbuf) as usize;
+        if dlen >= LAND_MIN as usize {
+            let bhs: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("a BHS");
+            if let Some(mut buf) = self.session.landing(&bhs) {
+                let hdr = self.rbuf.split_to(hlen).freeze();
+                let have = dlen.min(self.rbuf.len());
+                buf.extend_from_slice(&self.rbuf.split_to(have));
+                self.landing = Some(Landing {
+                    bhs,
+                    ahs: hdr.slice(BHS_LEN..BHS_LEN + ahs_len(&bhs)),
+                    buf,
+                    len: dlen,
+                    left: dlen - have,
+                    trailer: trailer_len(dlen, &self.lim),
+                });
+                return self.take_pdu();
+            }
+        }
         match frame_len(&self.rbuf, &self.lim) {
-            Ok(Some(n)) => split_pdu(&mut self.rbuf, n, &self.lim)
-                .map(Some)
-                .map_err(|e| Error::Protocol(e.to_string())),
+            Ok(Some(n)) => {
+                self.header_first = 0;
+                split_pdu(&mut self.rbuf, n, &self.lim)
+                    .map(Some)
+                    .map_err(|e| Error::Protocol(e.to_string()))
+            }
             Ok(None) => Ok(None),
             Err(e) => Err(Error::Protocol(e.to_string())),
         }

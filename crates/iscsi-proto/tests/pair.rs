@@ -97,6 +97,10 @@ struct Pair {
     tgt: Session,
     ini_lim: FrameLimits,
     tgt_lim: FrameLimits,
+    /// Hand large Data-In segments to the initiator as a connection that
+    /// receives them into the read's buffer does
+    /// ([`InitiatorSession::landing`]).
+    land: bool,
 }
 
 fn connect(cfg: LoginConfig, limits: Limits) -> Pair {
@@ -155,6 +159,7 @@ fn connect(cfg: LoginConfig, limits: Limits) -> Pair {
                     tgt,
                     ini_lim,
                     tgt_lim,
+                    land: false,
                 };
             }
         }
@@ -182,8 +187,15 @@ impl Pair {
                     }
                 }
             }
-            for raw in frames(&mut tgt_out, &self.ini_lim) {
+            for mut raw in frames(&mut tgt_out, &self.ini_lim) {
                 moved = true;
+                if self.land {
+                    if let Some(mut buf) = self.ini.landing(&raw.bhs) {
+                        buf.extend_from_slice(&raw.data);
+                        raw.data = Bytes::new();
+                        raw.landed = Some(buf);
+                    }
+                }
                 self.ini.handle_pdu(raw, ini_out, &mut events);
             }
             if !moved {
@@ -249,16 +261,68 @@ fn window_limits_the_initiator() {
     assert!(p.ini.can_submit());
 }
 
+#[test]
+fn landing_is_offered_only_at_the_offset_a_read_expects() {
+    let mut cfg = LoginConfig::new("iqn.i", Some("iqn.t"), [0x80, 0, 0, 0, 0, 4]);
+    cfg.max_recv_data_segment = 65536;
+    let limits = Limits {
+        max_recv_data_segment: 65536,
+        ..Limits::default()
+    };
+    let mut p = connect(cfg, limits);
+    let want: Vec<u8> = (0..256 * 1024).map(|i| (i * 13 / 5) as u8).collect();
+    p.disk.0.borrow_mut()[..want.len()].copy_from_slice(&want);
+    let mut out = Outbox::new();
+    p.ini.submit(
+        Lun::default(),
+        &rw(0x28, 0, 512),
+        DataDir::Read(want.len() as u32),
+        &mut out,
+    );
+    let mut tgt_out = Outbox::new();
+    for raw in frames(&mut out, &p.tgt_lim) {
+        let mut ev = Vec::new();
+        p.tgt.handle_pdu(raw, &p.disk, &mut tgt_out, &mut ev);
+        for e in ev {
+            if let Event::Execute(r) = e {
+                let c = p.disk.execute(&r);
+                p.tgt.complete(r.itt, c, &mut tgt_out);
+            }
+        }
+    }
+    let pdus = frames(&mut tgt_out, &p.ini_lim);
+    assert_eq!(pdus.len(), 4, "four 64 KiB Data-In");
+    let mut events = Vec::new();
+    for (i, mut raw) in pdus.into_iter().enumerate() {
+        // Another offset than the next one expected: not offered.
+        let mut moved = raw.bhs;
+        moved[40..44].copy_from_slice(&(i as u32 * 65536 + 512).to_be_bytes());
+        assert!(p.ini.landing(&moved).is_none());
+        let mut buf = p.ini.landing(&raw.bhs).expect("offered at its offset");
+        assert_eq!(buf.len(), i * 65536, "the segments so far, in place");
+        assert!(buf.capacity() >= want.len());
+        buf.extend_from_slice(&raw.data);
+        raw.data = Bytes::new();
+        raw.landed = Some(buf);
+        p.ini.handle_pdu(raw, &mut out, &mut events);
+    }
+    let [InitiatorEvent::Done(_, r)] = &events[..] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(r.status, Some(0));
+    assert!(r.data[..] == want[..]);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
     fn data_round_trips_under_any_negotiation(
-        imm: bool, r2t: bool, hd: bool, dd: bool,
-        seg in prop::sample::select(vec![512u32, 1024, 4096, 8192, 65536]),
+        imm: bool, r2t: bool, hd: bool, dd: bool, land: bool,
+        seg in prop::sample::select(vec![512u32, 1024, 4096, 8192, 65536, 65536 + 512]),
         burst in prop::sample::select(vec![512u32, 4096, 65536, 262144]),
         first in prop::sample::select(vec![512u32, 8192, 65536]),
         outstanding in 1u16..4,
-        ops in prop::collection::vec((0u32..1500, 1u16..200, any::<u8>()), 1..8),
+        ops in prop::collection::vec((0u32..1500, 1u16..400, any::<u8>()), 1..8),
     ) {
         let mut cfg = LoginConfig::new("iqn.i", Some("iqn.t"), [0x80, 0, 0, 0, 0, 3]);
         cfg.immediate_data = imm;
@@ -276,6 +340,7 @@ proptest! {
             ..Limits::default()
         };
         let mut p = connect(cfg, limits);
+        p.land = land;
         let mut model = vec![0u8; 1 << 20];
         let mut out = Outbox::new();
         for (lba, blocks, fill) in ops {

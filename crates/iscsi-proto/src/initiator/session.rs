@@ -54,7 +54,13 @@ pub enum InitiatorEvent {
     ProtocolError(String),
 }
 
+use crate::session::LAND_MIN;
 use crate::tags::TagMap;
+
+/// Reads of at most this many bytes get one buffer that their Data-In
+/// segments of [`LAND_MIN`] bytes or more are received into
+/// ([`InitiatorSession::landing`]); larger ones are gathered by copying.
+const LAND_IN_MAX: u32 = 16 << 20;
 
 struct Task {
     lun: Lun,
@@ -326,7 +332,8 @@ impl InitiatorSession {
         match Pdu::parse(&raw.bhs) {
             Pdu::DataIn(d) => {
                 self.note_window(d.sn.exp_cmd_sn, d.sn.max_cmd_sn);
-                self.data_in(d, raw.data, ev)
+                let dlen = iscsi_wire::frame::data_segment_len(&raw.bhs) as usize;
+                self.data_in(d, raw.data, raw.landed.map(|b| (b, dlen)), ev)
             }
             Pdu::ScsiResponse(r) => {
                 self.note_window(r.sn.exp_cmd_sn, r.sn.max_cmd_sn);
@@ -454,21 +461,68 @@ impl InitiatorSession {
         }
     }
 
-    fn data_in(&mut self, d: DataIn, data: Bytes, ev: &mut Vec<InitiatorEvent>) {
+    /// Where to receive the data segment of the PDU whose basic header is
+    /// `bhs`: for a Data-In of at least [`LAND_MIN`] bytes at the offset its
+    /// read expects next, the read's own buffer, the segment to go onto its
+    /// end (the connection reads it from the socket straight there, and
+    /// hands the buffer back in [`RawPdu::landed`]). The PDU is still
+    /// checked in full by [`Self::handle_pdu`]. `None`: receive as usual.
+    pub fn landing(&mut self, bhs: &[u8; iscsi_wire::frame::BHS_LEN]) -> Option<BytesMut> {
+        let dlen = iscsi_wire::frame::data_segment_len(bhs);
+        if dlen < LAND_MIN {
+            return None;
+        }
+        let Pdu::DataIn(d) = Pdu::parse(bhs) else {
+            return None;
+        };
+        let t = self.tasks.get_mut(&d.itt.0)?;
+        let fits = d.buffer_offset == t.received
+            && t.received
+                .checked_add(dlen)
+                .is_some_and(|e| e <= t.read_len);
+        if !fits || t.read_len > LAND_IN_MAX {
+            return None;
+        }
+        if let Some(s) = t.single.take() {
+            t.data_in.extend_from_slice(&s);
+        }
+        if t.data_in.capacity() == 0 {
+            t.data_in = bufpool::take(t.read_len as usize);
+        } else {
+            t.data_in.reserve(t.read_len as usize - t.data_in.len());
+        }
+        Some(std::mem::take(&mut t.data_in))
+    }
+
+    /// A Data-In: its data in `data`, or (`landed`) received onto the end of
+    /// the read's buffer, `dlen` bytes.
+    fn data_in(
+        &mut self,
+        d: DataIn,
+        data: Bytes,
+        landed: Option<(BytesMut, usize)>,
+        ev: &mut Vec<InitiatorEvent>,
+    ) {
         let Some(t) = self.tasks.get_mut(&d.itt.0) else {
             return;
         };
         let off = d.buffer_offset;
-        let end = off.checked_add(data.len() as u32);
-        if off != t.received || end.is_none_or(|e| e > t.read_len) {
+        let n = landed.as_ref().map_or(data.len(), |l| l.1);
+        let end = off.checked_add(n as u32);
+        let in_place = landed
+            .as_ref()
+            .is_none_or(|(b, _)| b.len() == t.received as usize + n);
+        if off != t.received || end.is_none_or(|e| e > t.read_len) || !in_place {
             ev.push(InitiatorEvent::ProtocolError(format!(
                 "Data-In out of order or past EDTL for {:?}",
                 d.itt
             )));
             return;
         }
-        t.received += data.len() as u32;
-        if off == 0 && d.status.is_some() {
+        t.received += n as u32;
+        if let Some((buf, _)) = landed {
+            t.data_in = buf;
+        } else if off == 0 && d.status.is_some() {
             t.single = Some(data);
         } else {
             if let Some(s) = t.single.take() {
