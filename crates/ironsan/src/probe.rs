@@ -6,7 +6,9 @@
 //!   target's code: only the PDU codec is shared.
 //! * `loopback`: a raw TCP request/response probe (fixed-size requests,
 //!   fixed-size replies, a fixed number outstanding): the transport ceiling
-//!   for the same shapes.
+//!   for the same shapes; with `--source-bytes` the replies come from a
+//!   large written region instead of one cached buffer, which shows what
+//!   reading memory (not the cache) costs the same exchange.
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -52,6 +54,11 @@ pub struct LoopArgs {
     /// Seconds to run.
     #[arg(long, default_value_t = 5.0)]
     secs: f64,
+    /// Send the replies from a region of this many bytes, written once and
+    /// walked in order (as a RAM LUN serves sequential reads), instead of
+    /// from one buffer that stays in the cache (as a null responder does).
+    #[arg(long, default_value_t = 0)]
+    source_bytes: usize,
 }
 
 pub fn run(p: Probe) -> Result<()> {
@@ -393,11 +400,20 @@ fn loopback(a: LoopArgs) -> Result<()> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     let (req, resp) = (a.req.max(1), a.resp);
+    // Replies from one buffer (in the cache), or walked through a region
+    // written once (as large as asked, at least 256 replies).
+    let region = if a.source_bytes > 0 {
+        a.source_bytes.max(resp * 256)
+    } else {
+        resp * 256
+    };
     std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = l.accept()?;
         s.set_nodelay(true)?;
         let mut inb = vec![0u8; (1 << 20).max(4 * req)];
-        let out = vec![0u8; resp * 256];
+        let out = vec![0x5au8; region];
+        let walk = region > resp * 256;
+        let mut at = 0;
         let mut have = 0;
         loop {
             let r = s.read(&mut inb[have..])?;
@@ -407,8 +423,14 @@ fn loopback(a: LoopArgs) -> Result<()> {
             have += r;
             let mut n = have / req;
             while n > 0 {
-                let k = n.min(256);
-                s.write_all(&out[..resp * k])?;
+                if at + resp > region {
+                    at = 0;
+                }
+                let k = n.min(256).min((region - at) / resp);
+                s.write_all(&out[at..at + resp * k])?;
+                if walk {
+                    at += resp * k;
+                }
                 n -= k;
             }
             let used = have / req * req;
