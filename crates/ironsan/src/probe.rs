@@ -407,11 +407,12 @@ fn loopback(a: LoopArgs) -> Result<()> {
     } else {
         resp * 256
     };
+    // Written before the clock starts.
+    let out = vec![0x5au8; region];
     std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = l.accept()?;
         s.set_nodelay(true)?;
         let mut inb = vec![0u8; (1 << 20).max(4 * req)];
-        let out = vec![0x5au8; region];
         let walk = region > resp * 256;
         let mut at = 0;
         let mut have = 0;
