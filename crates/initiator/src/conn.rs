@@ -4,17 +4,15 @@ use std::io::{self, IoSlice, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use iscsi_proto::initiator::{
     DataDir, InitiatorEvent, InitiatorLogin, InitiatorSession, LoginConfig, LoginError,
     LoginProgress, TaskResult,
 };
 use iscsi_proto::params::SessionParams;
 use iscsi_proto::session::LAND_MIN;
-use iscsi_wire::frame::{
-    ahs_len, data_digest_ok, data_segment_len, frame_len, header_len, split_pdu, trailer_len,
-    FrameLimits, BHS_LEN,
-};
+use iscsi_wire::frame::{data_segment_len, frame_len, header_len, split_pdu, FrameLimits, BHS_LEN};
+use iscsi_wire::landing::Landing;
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
 use iscsi_wire::pdu::{Itt, LoginResp, Lun, Opcode, TmfFunction};
 use iscsi_wire::{text, Outbox, RawPdu, Sn};
@@ -59,23 +57,6 @@ pub struct Connection {
     /// Where and how this connection logged in, for [`Connection::reconnect`].
     addr: String,
     cfg: LoginConfig,
-}
-
-/// A Data-In PDU whose data segment is being received into the buffer its
-/// read gave for it ([`InitiatorSession::landing`]) rather than into the
-/// receive buffer: the initiator's side of "data lands where it is going"
-/// (the target's is `target::conn`).
-struct Landing {
-    bhs: [u8; BHS_LEN],
-    ahs: Bytes,
-    /// The read's buffer; the segment goes onto its end.
-    buf: BytesMut,
-    /// Length of the data segment.
-    len: usize,
-    /// Bytes of it still to come from the socket.
-    left: usize,
-    /// Padding and data digest after it.
-    trailer: usize,
 }
 
 impl std::fmt::Debug for Connection {
@@ -220,16 +201,14 @@ impl Connection {
     /// stream.
     fn recv(&mut self, flags: libc::c_int) -> io::Result<usize> {
         let sock = socket2::SockRef::from(&self.stream);
-        if let Some(l) = self.landing.as_mut().filter(|l| l.left > 0) {
-            let len = l.buf.len();
-            // The session reserved room for the whole segment.
-            let spare = l.buf.spare_capacity_mut();
-            let k = l.left.min(spare.len());
-            let n = sock.recv_with_flags(&mut spare[..k], flags)?;
-            // SAFETY: recv() initialised the first `n` bytes of the spare
-            // capacity, which directly follow the current length.
-            unsafe { l.buf.set_len(len + n) };
-            l.left -= n;
+        if let Some(l) = self.landing.as_mut().filter(|l| l.left() > 0) {
+            let mut room = l.room();
+            // SAFETY: recv(2) only writes into the slice, and reports how
+            // many of its first bytes it initialised.
+            let n =
+                sock.recv_with_flags(unsafe { room.chunk_mut().as_uninit_slice_mut() }, flags)?;
+            // SAFETY: those `n` bytes are initialised, within the room.
+            unsafe { room.advance_mut(n) };
             return Ok(n);
         }
         if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
@@ -237,7 +216,7 @@ impl Connection {
         }
         // Just what completes a landed segment's PDU and the next header.
         let want = match &self.landing {
-            Some(l) => l.trailer + self.header_first,
+            Some(l) => l.trailer() + self.header_first,
             None => self.header_first,
         }
         .saturating_sub(self.rbuf.len());
@@ -262,20 +241,12 @@ impl Connection {
     /// come through the receive buffer.
     fn take_pdu(&mut self) -> Result<Option<RawPdu>, Error> {
         if let Some(l) = &self.landing {
-            if l.left > 0 || self.rbuf.len() < l.trailer {
+            if l.left() > 0 || self.rbuf.len() < l.trailer() {
                 return Ok(None);
             }
             let l = self.landing.take().expect("checked above");
-            let t = self.rbuf.split_to(l.trailer);
             self.header_first = BHS_LEN + if self.lim.header_digest { 4 } else { 0 };
-            let ok = data_digest_ok(&l.buf[l.buf.len() - l.len..], &t, &self.lim);
-            return Ok(Some(RawPdu {
-                bhs: l.bhs,
-                ahs: l.ahs,
-                data: Bytes::new(),
-                data_digest_ok: ok,
-                landed: Some(l.buf),
-            }));
+            return Ok(Some(l.finish(&mut self.rbuf, &self.lim)));
         }
         let hlen = match header_len(&self.rbuf, &self.lim) {
             Ok(Some(n)) => n,
@@ -286,18 +257,8 @@ impl Connection {
         let dlen = data_segment_len(&self.rbuf) as usize;
         if dlen >= LAND_MIN as usize {
             let bhs: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("a BHS");
-            if let Some(mut buf) = self.session.landing(&bhs) {
-                let hdr = self.rbuf.split_to(hlen).freeze();
-                let have = dlen.min(self.rbuf.len());
-                buf.extend_from_slice(&self.rbuf.split_to(have));
-                self.landing = Some(Landing {
-                    bhs,
-                    ahs: hdr.slice(BHS_LEN..BHS_LEN + ahs_len(&bhs)),
-                    buf,
-                    len: dlen,
-                    left: dlen - have,
-                    trailer: trailer_len(dlen, &self.lim),
-                });
+            if let Some(buf) = self.session.landing(&bhs) {
+                self.landing = Some(Landing::start(&mut self.rbuf, hlen, buf, &self.lim));
                 return self.take_pdu();
             }
         }

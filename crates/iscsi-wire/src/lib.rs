@@ -12,6 +12,7 @@
 
 pub mod digest;
 pub mod frame;
+pub mod landing;
 pub mod outbox;
 pub mod pdu;
 pub mod serial;

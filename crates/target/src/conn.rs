@@ -14,14 +14,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bufpool::Chain;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
 use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
-use iscsi_wire::frame::{
-    ahs_len, data_digest_ok, data_segment_len, frame_len, header_len, split_pdu, trailer_len,
-    FrameLimits, BHS_LEN,
-};
+use iscsi_wire::frame::{data_segment_len, frame_len, header_len, split_pdu, FrameLimits, BHS_LEN};
+use iscsi_wire::landing::Landing;
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
 use iscsi_wire::pdu::{opcode, Itt, LoginReq, LoginResp, Lun, Opcode, SnTriple};
 use iscsi_wire::{FrameError, Outbox, RawPdu};
@@ -261,21 +259,6 @@ struct Conn {
     out: Outbox,
 }
 
-/// A PDU whose data segment is being received into the buffer the session
-/// gave for it ([`Session::landing`]) rather than into the receive buffer.
-struct Landing {
-    bhs: [u8; BHS_LEN],
-    ahs: Bytes,
-    /// The command's buffer; the segment goes onto its end.
-    buf: BytesMut,
-    /// Length of the data segment.
-    len: usize,
-    /// Bytes of it still to read from the socket.
-    left: usize,
-    /// Padding and data digest after it ([`trailer_len`]).
-    trailer: usize,
-}
-
 impl Conn {
     /// Reads more bytes; `Ok(false)` at end of stream.
     async fn fill(&mut self) -> io::Result<bool> {
@@ -324,17 +307,12 @@ impl Conn {
     /// `Ok(0)` at end of stream.
     fn try_read(&mut self) -> io::Result<usize> {
         match &mut self.landing {
-            Some(l) if l.left > 0 => {
-                let mut dst = (&mut l.buf).limit(l.left);
-                let n = self.stream.try_read_buf(&mut dst)?;
-                l.left -= n;
-                Ok(n)
-            }
+            Some(l) if l.left() > 0 => self.stream.try_read_buf(&mut l.room()),
             l => {
                 // Just what completes the segment's PDU and the next
                 // header, while large segments are landing.
                 let want = match l {
-                    Some(l) => l.trailer + self.header_first,
+                    Some(l) => l.trailer() + self.header_first,
                     None => self.header_first,
                 }
                 .saturating_sub(self.rbuf.len());
@@ -361,23 +339,12 @@ impl Conn {
         session: &mut Session,
     ) -> Result<Option<RawPdu>, &'static str> {
         if let Some(l) = &self.landing {
-            if l.left > 0 {
-                return Ok(None);
-            }
-            if self.rbuf.len() < l.trailer {
+            if l.left() > 0 || self.rbuf.len() < l.trailer() {
                 return Ok(None);
             }
             let l = self.landing.take().expect("checked above");
-            let t = self.rbuf.split_to(l.trailer);
             self.header_first = BHS_LEN + if lim.header_digest { 4 } else { 0 };
-            let ok = data_digest_ok(&l.buf[l.buf.len() - l.len..], &t, lim);
-            return Ok(Some(RawPdu {
-                bhs: l.bhs,
-                ahs: l.ahs,
-                data: Bytes::new(),
-                data_digest_ok: ok,
-                landed: Some(l.buf),
-            }));
+            return Ok(Some(l.finish(&mut self.rbuf, lim)));
         }
         let hlen = match header_len(&self.rbuf, lim) {
             Ok(Some(n)) => n,
@@ -394,19 +361,8 @@ impl Conn {
         let dlen = data_segment_len(&self.rbuf) as usize;
         if dlen >= iscsi_proto::session::LAND_MIN as usize {
             let bhs: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("a BHS");
-            if let Some(mut buf) = session.landing(&bhs) {
-                let hdr = self.rbuf.split_to(hlen).freeze();
-                let ahs_end = BHS_LEN + ahs_len(&bhs);
-                let have = dlen.min(self.rbuf.len());
-                buf.extend_from_slice(&self.rbuf.split_to(have));
-                self.landing = Some(Landing {
-                    bhs,
-                    ahs: hdr.slice(BHS_LEN..ahs_end),
-                    buf,
-                    len: dlen,
-                    left: dlen - have,
-                    trailer: trailer_len(dlen, lim),
-                });
+            if let Some(buf) = session.landing(&bhs) {
+                self.landing = Some(Landing::start(&mut self.rbuf, hlen, buf, lim));
                 return self.next_pdu(lim, session);
             }
         }
