@@ -102,7 +102,11 @@ else
 fi
 
 say "2. explicit failover under a multipath --verify bench"
-"$bin" --log warn bench --multipath lqd --rw write --bs 16k --iodepth 16 --verify \
+# Time-based, so the bench is still writing when the owner dies however fast
+# this machine is (sequential writes wrap around the image); it must still
+# have written every block once, for the read-back to check them all.
+blocks=$((256 * 1024 / 16))
+"$bin" --log warn bench --multipath lqd --rw write --bs 16k --iodepth 16 --verify --runtime 10 \
   "$url_a" "$url_b" >"$work/bench.txt" 2>&1 &
 bench=$!
 # Kill the owner once the bench has been writing for a while.
@@ -112,8 +116,16 @@ wait "$pid_a" 2>/dev/null
 pid_a=
 if wait "$bench"; then
   id=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/bench.txt" | head -1 | cut -d' ' -f2)
-  grep -iE 'path|fail' "$work/bench.txt" | head -6 >&2
-  if [ -n "$id" ] &&
+  ios=$(grep -oE '[0-9]+ I/Os in' "$work/bench.txt" | head -1 | cut -d' ' -f1)
+  cat "$work/bench.txt" >&2
+  if [ "${ios:-0}" -lt "$blocks" ]; then
+    step "bench across the owner's death" "fail (${ios:-no} I/Os, fewer than the image's $blocks blocks)"
+    id=
+  elif ! grep -qE 'failed: .*\[group 2 active/optimized\] \[retries [0-9]+, failovers [1-9]' \
+    "$work/bench.txt"; then
+    step "bench across the owner's death" "fail (no failover from A to B in the path stats)"
+    id=
+  elif [ -n "$id" ] &&
     "$bin" --log warn bench --rw read --bs 1m --iodepth 8 --verify --verify-id "$id" "$url_b" \
       >"$work/read.txt" 2>&1; then
     step "bench survived killing the owner, all blocks good through B" pass
