@@ -11,13 +11,17 @@
 //! the segment's end; padding and data digest come through the receive
 //! buffer, and [`Landing::finish`] checks the digest over the bytes as
 //! landed and hands the PDU over with its data in [`RawPdu::landed`].
+//!
+//! With data digests on, the CRC32C is folded in as the bytes arrive: each
+//! call of [`Landing::room`] first takes in what the socket wrote since the
+//! last one, while it is still in the cache, so `finish` only has the last
+//! read's bytes and the padding left, not a second pass over the segment.
 
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::frame::{
-    ahs_len, data_digest_ok, data_segment_len, trailer_len, FrameLimits, RawPdu, BHS_LEN,
-};
+use crate::digest::{pad_len, Crc32c};
+use crate::frame::{ahs_len, data_segment_len, trailer_len, FrameLimits, RawPdu, BHS_LEN};
 
 /// A PDU whose data segment is being received into a buffer of its own.
 #[derive(Debug)]
@@ -32,6 +36,10 @@ pub struct Landing {
     end: usize,
     /// Padding and data digest after the segment ([`trailer_len`]).
     trailer: usize,
+    /// With data digests: the CRC32C of the segment's bytes up to
+    /// `buf[..digested]`.
+    digest: Option<Crc32c>,
+    digested: usize,
 }
 
 impl Landing {
@@ -45,7 +53,8 @@ impl Landing {
         let len = data_segment_len(&bhs) as usize;
         let hdr = rbuf.split_to(hlen).freeze();
         buf.reserve(len);
-        let end = buf.len() + len;
+        let start = buf.len();
+        let end = start + len;
         let have = len.min(rbuf.len());
         buf.extend_from_slice(&rbuf[..have]);
         rbuf.advance(have);
@@ -56,6 +65,16 @@ impl Landing {
             len,
             end,
             trailer: trailer_len(len, lim),
+            digest: (lim.data_digest && len > 0).then(Crc32c::new),
+            digested: start,
+        }
+    }
+
+    /// Takes what landed since the last call into the running digest.
+    fn digest_landed(&mut self) {
+        if let Some(c) = &mut self.digest {
+            c.update(&self.buf[self.digested..]);
+            self.digested = self.buf.len();
         }
     }
 
@@ -71,8 +90,10 @@ impl Landing {
     }
 
     /// Where the next bytes of the segment go: the buffer's room, limited
-    /// to what is left of the segment.
+    /// to what is left of the segment. What the last read put there is
+    /// digested first.
     pub fn room(&mut self) -> Limit<&mut BytesMut> {
+        self.digest_landed();
         let left = self.left();
         (&mut self.buf).limit(left)
     }
@@ -80,10 +101,19 @@ impl Landing {
     /// The PDU, once the whole segment is in ([`Self::left`] is 0) and
     /// `rbuf` starts with its trailer, which is taken off it; the data
     /// digest is checked over the bytes as landed.
-    pub fn finish(self, rbuf: &mut BytesMut, lim: &FrameLimits) -> RawPdu {
+    pub fn finish(mut self, rbuf: &mut BytesMut, lim: &FrameLimits) -> RawPdu {
         debug_assert_eq!(self.left(), 0);
+        debug_assert_eq!(self.digest.is_some(), lim.data_digest && self.len > 0);
         let t = rbuf.split_to(self.trailer);
-        let data_digest_ok = data_digest_ok(&self.buf[self.buf.len() - self.len..], &t, lim);
+        self.digest_landed();
+        let data_digest_ok = match &mut self.digest {
+            None => true,
+            Some(c) => {
+                let pad = pad_len(self.len);
+                c.update(&t[..pad]);
+                t[pad..pad + 4] == c.value().to_le_bytes()
+            }
+        };
         RawPdu {
             bhs: self.bhs,
             ahs: self.ahs,
@@ -130,6 +160,22 @@ mod tests {
         v
     }
 
+    /// Lands the PDU `wire` (header `hlen` bytes) with `first` bytes after
+    /// the header already received and the rest read in pieces of 9999
+    /// bytes; whether its data digest held.
+    fn land(wire: &[u8], hlen: usize, first: usize, lim: &FrameLimits) -> bool {
+        let mut rbuf = BytesMut::from(&wire[..hlen + first]);
+        let mut l = Landing::start(&mut rbuf, hlen, BytesMut::new(), lim);
+        let mut at = hlen + first;
+        while l.left() > 0 {
+            let n = l.left().min(9999);
+            l.room().put_slice(&wire[at..at + n]);
+            at += n;
+        }
+        rbuf.extend_from_slice(&wire[at..]);
+        l.finish(&mut rbuf, lim).data_digest_ok
+    }
+
     #[test]
     fn lands_any_split_and_checks_the_digest() {
         let data: Vec<u8> = (0..70_001u32).map(|i| (i * 7) as u8).collect();
@@ -166,13 +212,32 @@ mod tests {
                 assert!(raw.data_digest_ok && rbuf.is_empty());
             }
             if dd {
-                // A flipped byte fails the digest.
-                let mut bad = wire.clone();
-                bad[hlen + 5] ^= 1;
-                let mut rbuf = BytesMut::from(&bad[..]);
+                // A flipped byte fails the digest, wherever it is (in what
+                // the receive buffer held, in the first, a middle or the
+                // last piece read into the room, in the padding, in the
+                // digest) and however the segment arrived.
+                let seg_end = hlen + data.len();
+                for flip in [
+                    hlen + 5,
+                    hlen + 5000,
+                    hlen + 40_000,
+                    seg_end - 1,
+                    seg_end,
+                    seg_end + 3,
+                ] {
+                    for first in [0, 4096, data.len()] {
+                        let mut bad = wire.clone();
+                        bad[flip] ^= 1;
+                        assert!(
+                            !land(&bad, hlen, first, &lim),
+                            "flip at {flip}, first {first}"
+                        );
+                    }
+                }
+                let mut rbuf = BytesMut::from(&wire[..]);
                 let l = Landing::start(&mut rbuf, hlen, BytesMut::new(), &lim);
                 assert_eq!(l.left(), 0);
-                assert!(!l.finish(&mut rbuf, &lim).data_digest_ok);
+                assert!(l.finish(&mut rbuf, &lim).data_digest_ok);
             }
         }
     }
