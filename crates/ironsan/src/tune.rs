@@ -4,7 +4,7 @@
 //! the initiator-side recipe for its LUNs, named by their NAA ids.
 //! Sources for every command: docs/TUNING.md.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -31,6 +31,10 @@ pub struct TuneArgs {
     /// Initiator name for the recipe's login.
     #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
     initiator: String,
+    /// A LUN file to check (where it lives), as given to `serve --lun
+    /// file:PATH`; repeatable. The --config file's file LUNs are checked too.
+    #[arg(long = "file", value_name = "PATH")]
+    files: Vec<PathBuf>,
 }
 
 /// How a check came out.
@@ -346,6 +350,94 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
     f
 }
 
+/// The mount that holds `path` in a `/proc/mounts` text: its mount point,
+/// file system type and options (the longest mount point that is `path` or
+/// one of its parent directories; octal escapes such as `\040` decoded).
+pub fn mount_of<'a>(mounts: &'a str, path: &Path) -> Option<(PathBuf, &'a str, &'a str)> {
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (_dev, dir, fs, opts) = (w.next()?, w.next()?, w.next()?, w.next()?);
+            Some((PathBuf::from(unescape_mount(dir)), fs, opts))
+        })
+        .filter(|(dir, _, _)| path.starts_with(dir))
+        .max_by_key(|(dir, _, _)| dir.components().count())
+}
+
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], oct) {
+            (b'\\', Some(d)) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where each LUN file lives: a file on tmpfs without huge pages copies
+/// every large write into the page cache 4 KiB page by 4 KiB page;
+/// `huge=within_size` takes it 2 MiB at a time (docs/PERFORMANCE.md: raw
+/// 1 MiB page-cache writes 2.4x, 1 MiB writes to a file LUN 1.4-1.7x end to
+/// end; a raw `pread` loop reads 20-40 % slower from huge pages, end to end
+/// reads of a file LUN were within the noise).
+pub fn check_lun_files(h: &Host, files: &[PathBuf]) -> Vec<Finding> {
+    let Some(mounts) = h.read("/proc/mounts") else {
+        return Vec::new();
+    };
+    let mut f = Vec::new();
+    for p in files {
+        let Some((dir, fs, opts)) = mount_of(&mounts, p) else {
+            continue;
+        };
+        let what = format!("LUN file {}", p.display());
+        if fs != "tmpfs" {
+            f.push(Finding {
+                level: Level::Info,
+                what,
+                now: format!("on {fs} ({})", dir.display()),
+                advice: String::new(),
+            });
+            continue;
+        }
+        let huge = opts
+            .split(',')
+            .find_map(|o| o.strip_prefix("huge="))
+            .unwrap_or("never");
+        f.push(if matches!(huge, "within_size" | "always") {
+            Finding {
+                level: Level::Ok,
+                what,
+                now: format!("on tmpfs {} with huge={huge}", dir.display()),
+                advice: String::new(),
+            }
+        } else {
+            Finding {
+                level: Level::Change,
+                what,
+                now: format!("on tmpfs {} with huge={huge} (4 KiB pages)", dir.display()),
+                advice: format!(
+                    "mount -o remount,huge=within_size {}   # the page cache takes large writes 2 MiB at a time, not per 4 KiB page (1 MiB writes to a file LUN 1.4-1.7x); in /etc/fstab: huge=within_size",
+                    dir.display()
+                ),
+            }
+        });
+    }
+    f
+}
+
 fn which(cmd: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
@@ -628,14 +720,43 @@ pub fn run(a: TuneArgs) -> Result<()> {
             let h = Host {
                 root: a.root.clone(),
             };
-            let ips: Vec<std::net::IpAddr> = match &a.config {
-                Some(p) => target::Config::from_file(p)?
-                    .listen
-                    .iter()
-                    .map(|s| s.ip())
-                    .collect(),
+            let config = a
+                .config
+                .as_deref()
+                .map(target::Config::from_file)
+                .transpose()?;
+            let ips: Vec<std::net::IpAddr> = match &config {
+                Some(c) => c.listen.iter().map(|s| s.ip()).collect(),
                 None => vec![std::net::Ipv4Addr::UNSPECIFIED.into()],
             };
+            let cwd = std::env::current_dir().unwrap_or_default();
+            let files: Vec<PathBuf> = a
+                .files
+                .iter()
+                .cloned()
+                .chain(config.iter().flat_map(|c| {
+                    c.target.iter().flat_map(|t| {
+                        t.lun
+                            .iter()
+                            .filter(|l| l.backend == target::config::BackendKind::File)
+                            .filter_map(|l| l.path.clone())
+                    })
+                }))
+                .map(|p| {
+                    let p = if p.is_absolute() { p } else { cwd.join(p) };
+                    // The file may not exist yet (serve creates it): its
+                    // directory decides where it will live.
+                    std::fs::canonicalize(&p)
+                        .or_else(|_| {
+                            let name = p.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+                            p.parent()
+                                .map(std::fs::canonicalize)
+                                .unwrap_or_else(|| Ok(p.clone()))
+                                .map(|d| d.join(name))
+                        })
+                        .unwrap_or(p)
+                })
+                .collect();
             let ifaces = match run_cmd("ip", &["-o", "addr", "show"]) {
                 Some(out) => interfaces_for(&out, &ips),
                 None => h
@@ -645,7 +766,9 @@ pub fn run(a: TuneArgs) -> Result<()> {
                     .collect(),
             };
             println!("ironsan tune: checking this host for the portals' interfaces {ifaces:?}\n");
-            print_findings(&check_host(&h, &ifaces, a.sessions));
+            let mut findings = check_host(&h, &ifaces, a.sessions);
+            findings.extend(check_lun_files(&h, &files));
+            print_findings(&findings);
             println!("\nPersist sysctl changes in /etc/sysctl.d/90-ironsan.conf; see docs/TUNING.md for why each one matters.");
             Ok(())
         }
@@ -761,6 +884,44 @@ mod tests {
         let nofile = get("open files (RLIMIT_NOFILE)");
         assert_eq!((nofile.level, nofile.now.as_str()), (Level::Change, "1024"));
         assert!(nofile.advice.contains("ulimit -n 4096"));
+    }
+
+    #[test]
+    fn lun_files_on_tmpfs_want_huge_pages() {
+        let d = tempfile::tempdir().unwrap();
+        let mounts = "/dev/vda / ext4 rw,relatime 0 0\n\
+            tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0\n\
+            tmpfs /srv/luns tmpfs rw,relatime,size=4194304k,huge=within_size 0 0\n\
+            tmpfs /srv/my\\040disks tmpfs rw,huge=advise 0 0\n";
+        std::fs::create_dir_all(d.path().join("proc")).unwrap();
+        std::fs::write(d.path().join("proc/mounts"), mounts).unwrap();
+        let h = Host {
+            root: d.path().to_path_buf(),
+        };
+        let files: Vec<PathBuf> = [
+            "/dev/shm/a.img",
+            "/srv/luns/b.img",
+            "/srv/luns2/c.img",
+            "/srv/my disks/d.img",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let f = check_lun_files(&h, &files);
+        let lv: Vec<Level> = f.iter().map(|x| x.level).collect();
+        assert_eq!(
+            lv,
+            [Level::Change, Level::Ok, Level::Info, Level::Change],
+            "{f:?}"
+        );
+        assert!(f[0]
+            .advice
+            .starts_with("mount -o remount,huge=within_size /dev/shm "));
+        assert_eq!(f[1].now, "on tmpfs /srv/luns with huge=within_size");
+        // /srv/luns2 is not under /srv/luns: the root file system holds it.
+        assert_eq!(f[2].now, "on ext4 (/)");
+        assert!(f[3].now.contains("huge=advise"), "{:?}", f[3]);
+        assert!(f[3].advice.contains("/srv/my disks"));
     }
 
     fn facts() -> TargetFacts {
