@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +51,27 @@ class Targets:
         self.a = a
         self.procs = []
         self.cleanup = []
+        self.mounts = []
         self.urls = {}
+        self.tmpfs_kind = "/dev/shm"
+
+    def file_dir(self, work):
+        """Where the file LUNs (tgt's and ironsan's) live: a tmpfs of our own
+        mounted with huge=within_size, the setting `ironsan tune` recommends
+        for LUN files on tmpfs (the page cache then takes a large write 2 MiB
+        at a time instead of per 4 KiB page), or `work` when it cannot be
+        mounted (not root) or --tmpfs-4k asks for the kernel's default."""
+        if self.a.tmpfs_4k or work != "/dev/shm":
+            return work
+        d = tempfile.mkdtemp(prefix="sbs-tmpfs-")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3G,huge=within_size", "sbs-tmpfs", d],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if r.returncode != 0:
+            os.rmdir(d)
+            return work
+        self.mounts.append(d)
+        self.tmpfs_kind = "a tmpfs mounted huge=within_size"
+        return d
 
     def start(self):
         a = self.a
@@ -70,8 +91,9 @@ class Targets:
         wait_port(p)
         self.urls["ceiling"] = f"iscsi://127.0.0.1:{p}/iqn.2026-11.io.ironsan:null/0"
         # tgt with a 1 GiB file LUN on tmpfs.
+        files = self.file_dir(work)
         p = free_port()
-        img = os.path.join(work, "sbs_tgt.img")
+        img = os.path.join(files, "sbs_tgt.img")
         subprocess.run(["truncate", "-s", "1G", img], check=True)
         self.cleanup.append(img)
         ctl = f"sbs{p}"
@@ -87,7 +109,7 @@ class Targets:
         self.urls["tgt"] = f"iscsi://127.0.0.1:{p}/{TGT_IQN}/1"
         # ironsan: RAM, null and file (tmpfs) LUNs.
         p = free_port()
-        fimg = os.path.join(work, "sbs_ironsan.img")
+        fimg = os.path.join(files, "sbs_ironsan.img")
         self.cleanup.append(fimg)
         args = [a.ironsan, "--log", "warn", "serve", "--listen", f"127.0.0.1:{p}", "--target", IRONSAN_IQN,
                 "--lun", "mem:1G", "--lun", "null:1G", "--lun", f"file:{fimg}:1G", "--queue-depth", "128"]
@@ -108,6 +130,12 @@ class Targets:
         for f in self.cleanup:
             try:
                 os.remove(f)
+            except OSError:
+                pass
+        for d in self.mounts:
+            subprocess.run(["umount", d], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                os.rmdir(d)
             except OSError:
                 pass
 
@@ -180,19 +208,25 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--digests", action="store_true", help="also measure with header (and our data) digests")
     ap.add_argument("--own-ceiling", action="store_true", help="use ironsan's probe even if ../shared is present")
+    ap.add_argument("--tmpfs-4k", action="store_true",
+                    help="file LUNs on /dev/shm (4 KiB pages) instead of a tmpfs mounted huge=within_size")
     ap.add_argument("--markdown", help="write the table here too")
     ap.add_argument("--only", action="append", default=[],
                     help="run only the rows whose name contains this (repeatable; quick checks)")
     a = ap.parse_args()
 
     t = Targets(a)
-    t.start()
-    # Reads must measure data that was written, not never-written space
-    # (which a RAM LUN or a sparse file serves without touching memory):
-    # every target except the null ones is filled once, sequentially.
-    for name in ["tgt", "ironsan RAM", "ironsan file"]:
-        subprocess.run([a.ironsan, "--log", "error", "bench", "--rw", "write", "--bs", "1m", "--iodepth", "8",
-                        t.urls[name]], stdout=subprocess.DEVNULL, check=True)
+    try:
+        t.start()
+        # Reads must measure data that was written, not never-written space
+        # (which a RAM LUN or a sparse file serves without touching memory):
+        # every target except the null ones is filled once, sequentially.
+        for name in ["tgt", "ironsan RAM", "ironsan file"]:
+            subprocess.run([a.ironsan, "--log", "error", "bench", "--rw", "write", "--bs", "1m", "--iodepth", "8",
+                            t.urls[name]], stdout=subprocess.DEVNULL, check=True)
+    except BaseException:
+        t.stop()
+        raise
     names = ["ceiling", "tgt", "ironsan RAM", "ironsan file", "ironsan null"]
     s = a.secs
     tests = [
@@ -243,7 +277,7 @@ def main():
     finally:
         t.stop()
 
-    lines = table(results, lb, modes, t.ceiling_kind, a)
+    lines = table(results, lb, modes, t.ceiling_kind, t.tmpfs_kind, a)
     print("\n".join(lines))
     if a.markdown:
         with open(a.markdown, "w") as f:
@@ -264,9 +298,10 @@ def ratio(x, y):
     return f"{x / y:.2f}" if x and y else "n/a"
 
 
-def table(results, lb, modes, ceiling_kind, a):
+def table(results, lb, modes, ceiling_kind, tmpfs_kind, a):
     out = []
     out.append(f"ceiling: {ceiling_kind}; tgt: Debian tgt, 1 GiB file LUN on tmpfs; ironsan: RAM, file (tmpfs) and null LUNs")
+    out.append(f"file LUNs (tgt's and ironsan's) on {tmpfs_kind}")
     out.append(f"best of {a.rounds} rounds of {a.secs} s, targets alternating; IOPS in K, bandwidth in MB/s (10^6)")
     out.append("")
     out.append("| test | ceiling | tgt | ironsan RAM | ironsan file | ironsan null | ironsan/ceiling | tgt/ceiling | ironsan/tgt | file/RAM |")
