@@ -10,7 +10,11 @@
 //! back to the pool it came from, and no lock is involved.
 //!
 //! Buffers are pooled by power-of-two capacity from 4 KiB to 1 MiB, at most
-//! [`MAX_POOLED_BYTES`] per thread; anything else is a plain allocation.
+//! [`MAX_POOLED_BYTES`] per thread and [`MAX_CLASS_BYTES`] per capacity;
+//! anything else is a plain allocation. The second bound keeps one size
+//! from taking the whole pool: without it, a burst of 4 KiB I/O left the
+//! pool full of 4 KiB buffers, and every 1 MiB write after it allocated
+//! (and faulted in) a fresh 1 MiB buffer.
 
 mod chain;
 pub use chain::{Chain, FileRange};
@@ -26,6 +30,8 @@ const MAX_CLASS: usize = 1 << 20;
 const CLASSES: usize = 9; // 4K, 8K, …, 1M
 /// Bytes a thread keeps in its pool at most.
 pub const MAX_POOLED_BYTES: usize = 32 << 20;
+/// Bytes a thread keeps in its pool at most of one capacity.
+pub const MAX_CLASS_BYTES: usize = MAX_POOLED_BYTES / 4;
 
 struct Pool {
     free: [Vec<BytesMut>; CLASSES],
@@ -34,6 +40,15 @@ struct Pool {
 
 thread_local! {
     static POOL: RefCell<Pool> = RefCell::new(Pool { free: Default::default(), bytes: 0 });
+}
+
+/// Bytes in this thread's pool now, per capacity from 4 KiB up
+/// (for tests and benchmarks).
+pub fn pooled() -> [usize; CLASSES] {
+    POOL.with(|p| {
+        let p = p.borrow();
+        std::array::from_fn(|c| p.free[c].len() * (MIN_CLASS << c))
+    })
 }
 
 fn class_of(cap: usize) -> Option<usize> {
@@ -72,7 +87,7 @@ pub fn give(b: Bytes) {
     m.clear();
     POOL.with(|p| {
         let mut p = p.borrow_mut();
-        if p.bytes + cap <= MAX_POOLED_BYTES {
+        if p.bytes + cap <= MAX_POOLED_BYTES && (p.free[c].len() + 1) * cap <= MAX_CLASS_BYTES {
             p.bytes += cap;
             p.free[c].push(m);
         }
@@ -100,5 +115,30 @@ mod tests {
         // Odd sizes are not pooled.
         give(Bytes::from(vec![0u8; 5000]));
         assert!(take(100).capacity() >= 100);
+    }
+
+    #[test]
+    fn one_size_cannot_take_the_whole_pool() {
+        // Far more 4 KiB buffers than the pool keeps come back.
+        for _ in 0..2 * MAX_POOLED_BYTES / 4096 {
+            give(Bytes::from(BytesMut::with_capacity(4096)));
+        }
+        assert_eq!(pooled()[0], MAX_CLASS_BYTES);
+        // A 1 MiB buffer still finds room, and comes back out.
+        let mut big = BytesMut::with_capacity(1 << 20);
+        big.extend_from_slice(&[7; 1 << 20]);
+        let ptr = big.as_ptr();
+        give(big.freeze());
+        assert_eq!(pooled()[CLASSES - 1], 1 << 20);
+        assert_eq!(take(1 << 20).as_ptr(), ptr);
+        // The whole pool stays within its bound.
+        for c in 0..CLASSES {
+            for _ in 0..MAX_CLASS_BYTES / (MIN_CLASS << c) + 1 {
+                give(Bytes::from(BytesMut::with_capacity(MIN_CLASS << c)));
+            }
+        }
+        let p = pooled();
+        assert!(p.iter().sum::<usize>() <= MAX_POOLED_BYTES, "{p:?}");
+        assert!(p.iter().all(|&b| b <= MAX_CLASS_BYTES), "{p:?}");
     }
 }
