@@ -41,6 +41,13 @@ pub enum Cdb {
     Long(Box<[u8]>),
 }
 
+impl Default for Cdb {
+    /// Sixteen zero bytes (TEST UNIT READY).
+    fn default() -> Self {
+        Cdb::Short([0; 16])
+    }
+}
+
 impl Cdb {
     /// The CDB bytes.
     pub fn as_slice(&self) -> &[u8] {
@@ -52,7 +59,7 @@ impl Cdb {
 }
 
 /// A SCSI command ready to run: all its data-out has arrived.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ExecRequest {
     pub itt: Itt,
     pub lun: Lun,
@@ -138,6 +145,12 @@ struct R2tState {
 /// one buffer, so that a trickle of tiny segments cannot pin many receive
 /// buffers.
 const HOLD_MIN: usize = 64 * 1024;
+
+/// Write states a session keeps for reuse (DESIGN.md: no allocation per
+/// I/O): a write that waits for Data-Out takes one, with its R2T queue,
+/// instead of allocating them; as many as were ever waiting at once, up
+/// to this many.
+const SPARE_WRITES_MAX: usize = 64;
 
 /// Data segments at least this long are received straight into their
 /// command's buffer ([`Session::landing`]).
@@ -269,6 +282,10 @@ pub struct Session {
     in_flight: u32,
     held: BTreeMap<u32, RawPdu>,
     tasks: TagMap<Task>,
+    /// Boxes, not values: the box a waiting write lives in
+    /// (`Task::Receiving`) is the allocation being reused.
+    #[allow(clippy::vec_box)]
+    spare_writes: Vec<Box<WriteState>>,
     next_ttt: u32,
     text_in: Continuation,
     text_out: Option<(Itt, Vec<u8>, usize, u32)>,
@@ -309,6 +326,7 @@ impl Session {
             in_flight: 0,
             held: BTreeMap::new(),
             tasks: TagMap::default(),
+            spare_writes: Vec::new(),
             next_ttt: 1,
             text_in: Continuation::default(),
             text_out: None,
@@ -650,7 +668,7 @@ impl Session {
                 g
             }
         };
-        let mut w = Box::new(WriteState {
+        let mut w = self.write_state(WriteState {
             req,
             buf,
             wanted,
@@ -665,6 +683,21 @@ impl Session {
         });
         self.send_r2ts(&mut w, out);
         self.tasks.insert(c.itt.0, Task::Receiving(w));
+    }
+
+    /// `ws` in a box, a spare one when there is one (its R2T queue's room
+    /// kept).
+    fn write_state(&mut self, mut ws: WriteState) -> Box<WriteState> {
+        match self.spare_writes.pop() {
+            Some(mut b) => {
+                let mut r2ts = std::mem::take(&mut b.r2ts);
+                r2ts.clear();
+                ws.r2ts = r2ts;
+                *b = ws;
+                b
+            }
+            None => Box::new(ws),
+        }
     }
 
     fn send_r2ts(&mut self, w: &mut WriteState, out: &mut Outbox) {
@@ -784,14 +817,12 @@ impl Session {
         }
         if w.received == w.total {
             let owned = w.buf.contiguous;
-            let WriteState {
-                mut req,
-                buf,
-                r2t_sn,
-                counted,
-                wanted,
-                ..
-            } = *w;
+            let mut req = std::mem::take(&mut w.req);
+            let buf = std::mem::take(&mut w.buf);
+            let (r2t_sn, counted, wanted) = (w.r2t_sn, w.counted, w.wanted);
+            if self.spare_writes.len() < SPARE_WRITES_MAX {
+                self.spare_writes.push(w);
+            }
             let all = buf.finish();
             req.data_out = if all.len() == wanted as usize {
                 all

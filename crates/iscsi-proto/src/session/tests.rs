@@ -553,3 +553,75 @@ fn large_segments_land_in_the_commands_buffer() {
     assert_eq!((v[0], v[SEG], v[2 * SEG], v[(1 << 20) - 1]), (1, 2, 3, 4));
     let _ = base;
 }
+
+#[test]
+fn reused_write_states_start_clean() {
+    // Write 1 completes and leaves its state (and R2T queue) for reuse;
+    // write 2 takes it over and must see nothing of write 1: a fresh
+    // R2TSN, its own data, and write 1's TTT refused.
+    let mut s = session(true);
+    let mut out = Outbox::new();
+    let data_out = |itt: u32, ttt: u32, sn: u32, off: u32| DataOut {
+        final_: true,
+        lun: Lun::from_index(0),
+        itt: Itt(itt),
+        ttt,
+        exp_stat_sn: Sn(0),
+        data_sn: sn,
+        buffer_offset: off,
+    };
+    let r2t_of = |out: &mut Outbox| match sent(out)[..] {
+        [(Pdu::R2t(r), _)] => r,
+        ref p => panic!("{p:?}"),
+    };
+    assert!(run(&mut s, cmd(1, 10, 0x2a, 1, 512, &[]), &mut out).is_empty());
+    let r1 = r2t_of(&mut out);
+    let ev = run(
+        &mut s,
+        raw(data_out(1, r1.ttt, 0, 0).encode(512), &[1; 512]),
+        &mut out,
+    );
+    assert!(matches!(&ev[..], [Event::Execute(r)] if r.data_out.to_vec() == [1; 512]));
+    assert_eq!(s.spare_writes.len(), 1, "write 1's state kept for reuse");
+
+    assert!(run(&mut s, cmd(2, 11, 0x2a, 1, 512, &[]), &mut out).is_empty());
+    assert!(s.spare_writes.is_empty(), "write 2 took it");
+    let r2 = r2t_of(&mut out);
+    assert_eq!((r2.r2t_sn, r2.buffer_offset, r2.desired_len), (0, 0, 512));
+    assert_ne!(r2.ttt, r1.ttt);
+    // Write 1's TTT is not write 2's: refused, and write 2 fails.
+    let ev = run(
+        &mut s,
+        raw(data_out(2, r1.ttt, 0, 0).encode(512), &[9; 512]),
+        &mut out,
+    );
+    assert!(ev.is_empty());
+    let pdus = sent(&mut out);
+    assert!(matches!(pdus[0].0, Pdu::Reject(_)), "{pdus:?}");
+    assert!(matches!(pdus[1].0, Pdu::ScsiResponse(r) if r.status == 2));
+
+    // Several waiting at once, completed out of order, each with its data.
+    for itt in 3..6u32 {
+        assert!(run(&mut s, cmd(itt, 9 + itt, 0x2a, 1, 512, &[]), &mut out).is_empty());
+    }
+    let r2ts: Vec<R2t> = sent(&mut out)
+        .into_iter()
+        .map(|(p, _)| match p {
+            Pdu::R2t(r) => r,
+            p => panic!("{p:?}"),
+        })
+        .collect();
+    for r in r2ts.iter().rev() {
+        let byte = r.itt.0 as u8;
+        let ev = run(
+            &mut s,
+            raw(data_out(r.itt.0, r.ttt, 0, 0).encode(512), &[byte; 512]),
+            &mut out,
+        );
+        let [Event::Execute(req)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!((req.itt, req.data_out.to_vec()), (r.itt, vec![byte; 512]));
+    }
+    assert_eq!(s.spare_writes.len(), 3);
+}
