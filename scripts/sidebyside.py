@@ -127,13 +127,20 @@ class Targets:
                 pr.wait(10)
             except subprocess.TimeoutExpired:
                 pr.kill()
+                pr.wait()
         for f in self.cleanup:
             try:
                 os.remove(f)
             except OSError:
                 pass
         for d in self.mounts:
-            subprocess.run(["umount", d], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # A target that just exited may still hold its file for a moment.
+            for _ in range(20):
+                if subprocess.run(["umount", d], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+                    break
+                time.sleep(0.25)
+            else:
+                subprocess.run(["umount", "-l", d], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 os.rmdir(d)
             except OSError:
