@@ -10,7 +10,7 @@
 use bytes::{Bytes, BytesMut};
 use thiserror::Error;
 
-use crate::digest::{crc32c_parts, pad_len};
+use crate::digest::{crc32c_parts, pad_len, Crc32c};
 
 /// Length of the basic header segment.
 pub const BHS_LEN: usize = 48;
@@ -83,7 +83,7 @@ impl RawPdu {
 /// segment length bounded and the header digest checked as by
 /// [`frame_len`] and [`split_pdu`]: a receiver may then read the data
 /// segment elsewhere, and the rest with [`trailer_len`] and
-/// [`data_digest_ok`].
+/// [`trailer_digest_ok`].
 pub fn header_len(buf: &[u8], lim: &FrameLimits) -> Result<Option<usize>, FrameError> {
     if buf.len() < BHS_LEN {
         return Ok(None);
@@ -111,17 +111,16 @@ pub fn trailer_len(dlen: usize, lim: &FrameLimits) -> usize {
     pad_len(dlen) + if lim.data_digest { 4 } else { 0 }
 }
 
-/// Checks the data digest of `data` against its `trailer` (padding, then
-/// the digest when negotiated; [`trailer_len`] bytes).
-pub fn data_digest_ok(data: &[u8], trailer: &[u8], lim: &FrameLimits) -> bool {
-    if !lim.data_digest || data.is_empty() {
-        return true;
-    }
-    let pad = pad_len(data.len());
+/// Checks the data digest of a data segment of `dlen` bytes, all of which
+/// `crc` has taken in (as they arrived), against its `trailer` (padding,
+/// then the digest; [`trailer_len`] bytes with data digests on).
+pub fn trailer_digest_ok(mut crc: Crc32c, dlen: usize, trailer: &[u8]) -> bool {
+    let pad = pad_len(dlen);
     let Some(d) = trailer.get(pad..pad + 4) else {
         return false;
     };
-    crc32c_parts(&[data, &trailer[..pad]]) == u32::from_le_bytes(d.try_into().expect("4 bytes"))
+    crc.update(&trailer[..pad]);
+    crc.value().to_le_bytes() == d
 }
 
 /// Data segment length field of a BHS (bytes 5..8).

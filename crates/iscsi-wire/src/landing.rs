@@ -20,8 +20,10 @@
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::digest::{pad_len, Crc32c};
-use crate::frame::{ahs_len, data_segment_len, trailer_len, FrameLimits, RawPdu, BHS_LEN};
+use crate::digest::Crc32c;
+use crate::frame::{
+    ahs_len, data_segment_len, trailer_digest_ok, trailer_len, FrameLimits, RawPdu, BHS_LEN,
+};
 
 /// A PDU whose data segment is being received into a buffer of its own.
 #[derive(Debug)]
@@ -72,9 +74,12 @@ impl Landing {
 
     /// Takes what landed since the last call into the running digest.
     fn digest_landed(&mut self) {
-        if let Some(c) = &mut self.digest {
-            c.update(&self.buf[self.digested..]);
-            self.digested = self.buf.len();
+        match &mut self.digest {
+            Some(c) if self.digested < self.buf.len() => {
+                c.update(&self.buf[self.digested..]);
+                self.digested = self.buf.len();
+            }
+            _ => {}
         }
     }
 
@@ -106,14 +111,9 @@ impl Landing {
         debug_assert_eq!(self.digest.is_some(), lim.data_digest && self.len > 0);
         let t = rbuf.split_to(self.trailer);
         self.digest_landed();
-        let data_digest_ok = match &mut self.digest {
-            None => true,
-            Some(c) => {
-                let pad = pad_len(self.len);
-                c.update(&t[..pad]);
-                t[pad..pad + 4] == c.value().to_le_bytes()
-            }
-        };
+        let data_digest_ok = self
+            .digest
+            .is_none_or(|c| trailer_digest_ok(c, self.len, &t));
         RawPdu {
             bhs: self.bhs,
             ahs: self.ahs,
