@@ -438,6 +438,18 @@ pub fn check_lun_files(h: &Host, files: &[PathBuf]) -> Vec<Finding> {
     f
 }
 
+/// `path` with links resolved, for finding its mount. A LUN file may not
+/// exist yet (serve creates it): then its directory decides where it will
+/// live; a path that cannot be resolved at all is taken as it is.
+fn where_it_lives(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => std::fs::canonicalize(dir).map(|d| d.join(name)),
+            _ => Ok(path.to_path_buf()),
+        })
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
 fn which(cmd: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
@@ -742,20 +754,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
                             .filter_map(|l| l.path.clone())
                     })
                 }))
-                .map(|p| {
-                    let p = if p.is_absolute() { p } else { cwd.join(p) };
-                    // The file may not exist yet (serve creates it): its
-                    // directory decides where it will live.
-                    std::fs::canonicalize(&p)
-                        .or_else(|_| {
-                            let name = p.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-                            p.parent()
-                                .map(std::fs::canonicalize)
-                                .unwrap_or_else(|| Ok(p.clone()))
-                                .map(|d| d.join(name))
-                        })
-                        .unwrap_or(p)
-                })
+                .map(|p| where_it_lives(&cwd.join(p)))
                 .collect();
             let ifaces = match run_cmd("ip", &["-o", "addr", "show"]) {
                 Some(out) => interfaces_for(&out, &ips),
