@@ -78,6 +78,12 @@ fn open(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
                 let sock = socket2::SockRef::from(&s);
                 let _ = sock.set_recv_buffer_size(1 << 20);
                 let _ = sock.set_send_buffer_size(1 << 20);
+                // As the target does (`iscsi_wire::tcp`: BBR's pacing slows
+                // the bursts of writes); a kernel without it keeps its own.
+                let _ = iscsi_wire::tcp::set_congestion(
+                    std::os::fd::AsFd::as_fd(&s),
+                    iscsi_wire::tcp::DEFAULT_CONGESTION,
+                );
                 return Ok(s);
             }
             Err(e) => last = Some(e),

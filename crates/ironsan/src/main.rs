@@ -88,6 +88,9 @@ struct ServeArgs {
     /// Command window per session, 1..=8192 (MaxCmdSN - ExpCmdSN + 1).
     #[arg(long, value_name = "N")]
     queue_depth: Option<u32>,
+    /// TCP congestion control of every connection (default cubic; "system": the kernel's default).
+    #[arg(long, value_name = "NAME")]
+    tcp_congestion: Option<String>,
     /// Header and data digests (CRC32C): off, allowed or required.
     #[arg(long, value_name = "POLICY", value_parser = parse_digest)]
     digest: Option<DigestConfig>,
@@ -253,6 +256,9 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     }
     if let Some(q) = a.queue_depth {
         cfg.limits.queue_depth = q;
+    }
+    if let Some(c) = &a.tcp_congestion {
+        cfg.limits.tcp_congestion.clone_from(c);
     }
     if let Some(d) = a.digest {
         cfg.limits.header_digest = d;

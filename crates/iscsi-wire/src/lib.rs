@@ -16,6 +16,7 @@ pub mod landing;
 pub mod outbox;
 pub mod pdu;
 pub mod serial;
+pub mod tcp;
 pub mod text;
 
 pub use frame::{FrameError, FrameLimits, RawPdu};

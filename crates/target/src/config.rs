@@ -216,6 +216,9 @@ pub struct LimitsConfig {
     pub data_digest: DigestConfig,
     /// Socket send and receive buffer size in bytes (0: the OS default).
     pub socket_buffer: u32,
+    /// TCP congestion control of every connection ("system": the kernel's
+    /// default; see `iscsi_wire::tcp` for why it is not left to the kernel).
+    pub tcp_congestion: String,
     /// Connections at once, logging in or logged in (0: no limit). More
     /// are closed at once.
     pub max_connections: usize,
@@ -238,6 +241,7 @@ impl Default for LimitsConfig {
             header_digest: DigestConfig::Allowed,
             data_digest: DigestConfig::Allowed,
             socket_buffer: 1 << 20,
+            tcp_congestion: iscsi_wire::tcp::DEFAULT_CONGESTION.into(),
             max_connections: 4096,
             max_sessions: 1024,
         }
@@ -846,6 +850,8 @@ impl Config {
         if l.socket_buffer > 64 << 20 {
             return inv("limits.socket_buffer: at most 64 MiB".into());
         }
+        iscsi_wire::tcp::check_congestion_name(&l.tcp_congestion)
+            .map_err(|m| ConfigError::Invalid(format!("limits.tcp_congestion: {m}")))?;
         if self.workers.is_some_and(|w| !(1..=256).contains(&w)) {
             return inv("workers: must be 1..=256".into());
         }

@@ -98,6 +98,7 @@ pub(crate) async fn serve(
         let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
         let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
     }
+    set_congestion(&stream, &shared.tcp_congestion);
     let mut c = Conn {
         stream,
         peer,
@@ -710,6 +711,18 @@ impl Conn {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Asks for the configured congestion control (`iscsi_wire::tcp`). A kernel
+/// without it is reported once; the connection goes on with the default.
+fn set_congestion(stream: &TcpStream, name: &str) {
+    use std::os::fd::AsFd;
+    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Err(e) = iscsi_wire::tcp::set_congestion(stream.as_fd(), name) {
+        if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(error = %e, congestion = name, "cannot set the TCP congestion control; connections keep the kernel default (limits.tcp_congestion)");
         }
     }
 }

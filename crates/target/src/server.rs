@@ -88,6 +88,8 @@ pub(crate) struct Shared {
     pub limits: Limits,
     pub access: crate::access::AccessControl,
     pub socket_buffer: u32,
+    /// Congestion control asked for on every connection.
+    pub tcp_congestion: String,
     pub login_timeout: Duration,
     pub nop_interval: Duration,
     pub nop_timeout: Duration,
@@ -263,6 +265,7 @@ impl Server {
             access: crate::access::AccessControl::from_config(&cfg).map_err(|e| e.to_string())?,
             limits: cfg.limits(),
             socket_buffer: cfg.limits.socket_buffer,
+            tcp_congestion: cfg.limits.tcp_congestion.clone(),
             login_timeout: Duration::from_secs(cfg.timeouts.login.max(1)),
             nop_interval: Duration::from_secs(cfg.timeouts.nop_interval),
             nop_timeout: Duration::from_secs(cfg.timeouts.nop_timeout.max(1)),

@@ -149,3 +149,57 @@ fn per_target_session_limit() {
     assert_eq!((r.status_class, r.status_detail), (3, 2));
     assert!(one.ping());
 }
+
+/// The target's end of an accepted connection, found among this process's
+/// descriptors (the server runs in the test process) by its peer address.
+fn server_side_congestion(client: &TcpStream) -> Option<String> {
+    use std::mem::ManuallyDrop;
+    use std::os::fd::{AsFd, FromRawFd};
+    let me = client.local_addr().ok()?;
+    for e in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: the descriptor is only borrowed (ManuallyDrop never closes
+        // it); on a descriptor that is not a socket the calls merely fail.
+        let s = ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd) });
+        if s.peer_addr().ok() == Some(me) {
+            return iscsi_wire::tcp::congestion(s.as_fd()).ok();
+        }
+    }
+    None
+}
+
+#[test]
+fn connections_use_the_configured_congestion_control() {
+    // reno is built into every kernel; the default (cubic) may not be.
+    for (extra, want) in [
+        ("[limits]\ntcp_congestion = \"reno\"", Some("reno")),
+        ("", None),
+    ] {
+        let (addrs, _stop) = start(config(LUN, extra));
+        let mut c = Client::connect(addrs[0]);
+        c.login_normal([0x80, 0, 0, 0, 0x56, 1], &[]);
+        let got = server_side_congestion(&c.s).expect("the target's socket is in this process");
+        match want {
+            Some(w) => assert_eq!(got, w),
+            None => {
+                // The default asks for cubic; a kernel without it keeps its own.
+                let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+                    .unwrap_or_default();
+                assert!(
+                    got == iscsi_wire::tcp::DEFAULT_CONGESTION || got == system.trim(),
+                    "default connection runs {got}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bad_congestion_control_name_is_refused_at_start() {
+    let text =
+        format!("[limits]\ntcp_congestion = \"no such\"\n[[target]]\nname = \"{IQN}\"\n{LUN}");
+    let e = target::Config::from_toml(&text).unwrap_err().to_string();
+    assert!(e.contains("tcp_congestion"), "{e}");
+}
