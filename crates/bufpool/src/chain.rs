@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::FileMap;
+
 /// Bytes in one or more segments, in order; or a range of a file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
@@ -32,11 +34,16 @@ pub struct Chain {
 /// `len` bytes of an open file from `offset`, to be sent by the kernel
 /// straight from the page cache. The bytes are whatever the file holds when
 /// the kernel reads them, which is later than the moment this is made.
+///
+/// A range may also carry a mapping of the file ([`FileRange::with_map`],
+/// [`FileMap`]): then the kernel copies it from the mapping in the same
+/// vectored write as the headers around it, instead of by `sendfile`.
 #[derive(Clone, Debug)]
 pub struct FileRange {
     file: Arc<File>,
     offset: u64,
     len: usize,
+    map: Option<Arc<FileMap>>,
 }
 
 impl PartialEq for FileRange {
@@ -52,7 +59,41 @@ impl FileRange {
     pub fn new(file: Arc<File>, offset: u64, len: usize) -> Option<Self> {
         let end = offset.checked_add(len as u64)?;
         i64::try_from(end).ok()?;
-        Some(FileRange { file, offset, len })
+        Some(FileRange {
+            file,
+            offset,
+            len,
+            map: None,
+        })
+    }
+
+    /// The range, to be sent from `map` (a mapping of the same file) when
+    /// it lies inside it; `None` when it does not.
+    pub fn with_map(mut self, map: Arc<FileMap>) -> Option<Self> {
+        let end = usize::try_from(self.offset).ok()?.checked_add(self.len)?;
+        if end > map.len() {
+            return None;
+        }
+        self.map = Some(map);
+        Some(self)
+    }
+
+    /// True when the range is sent from a mapping ([`Self::kernel_bytes`]).
+    pub fn is_mapped(&self) -> bool {
+        self.map.is_some()
+    }
+
+    /// The range's bytes in the mapping it carries.
+    ///
+    /// # Safety
+    /// As [`FileMap::kernel_slice`]: hand them to the kernel, never read
+    /// them in user space.
+    pub unsafe fn kernel_bytes(&self) -> Option<&[u8]> {
+        let m = self.map.as_ref()?;
+        // SAFETY: passed on to our caller; `with_map` checked the offset
+        // fits a usize and the range lies inside the mapping, and slicing
+        // and advancing only shrink it.
+        unsafe { m.kernel_slice(self.offset as usize, self.len) }
     }
 
     /// The file.
@@ -89,6 +130,7 @@ impl FileRange {
             file: self.file.clone(),
             offset: self.offset + off as u64,
             len: n,
+            map: self.map.clone(),
         }
     }
 

@@ -17,7 +17,9 @@
 //! (and faulted in) a fresh 1 MiB buffer.
 
 mod chain;
+mod filemap;
 pub use chain::{Chain, FileRange};
+pub use filemap::FileMap;
 
 use std::cell::RefCell;
 

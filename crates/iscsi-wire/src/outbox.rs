@@ -17,6 +17,12 @@
 //! data digest is read into memory when queued instead, since the digest
 //! must cover exactly the bytes that go out (and is computed here, before
 //! they do). Queues without file ranges work exactly as before.
+//!
+//! A file range that carries a mapping of its file ([`FileRange::with_map`])
+//! is not held back: [`Outbox::io_slices`] yields its bytes in the mapping
+//! like any other slice, for the kernel to copy in the same `writev` as
+//! the headers around it. Those bytes are only ever handed to the kernel,
+//! never read here (see [`bufpool::FileMap`]).
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -91,7 +97,7 @@ pub struct Outbox {
     pending: BytesMut,
     queue: VecDeque<Seg>,
     len: usize,
-    /// File ranges in `queue`.
+    /// File ranges in `queue` that go by `sendfile` (not mapped).
     files: usize,
     /// A data segment could not be read when queued: the stream is wrong
     /// from there on.
@@ -185,8 +191,8 @@ impl Outbox {
         self.seal();
         let pad = pad_len(r.len());
         self.len += r.len() + pad;
+        self.files += usize::from(!r.is_mapped());
         self.queue.push_back(Seg::File(r));
-        self.files += 1;
         self.pending.extend_from_slice(&PAD[..pad]);
     }
 
@@ -203,12 +209,13 @@ impl Outbox {
         self.files > 0
     }
 
-    /// The file range to send next, when everything queued before it has
-    /// gone (then [`Self::io_slices`] yields nothing).
+    /// The file range to send next with `sendfile`, when everything queued
+    /// before it has gone (then [`Self::io_slices`] yields nothing). Mapped
+    /// ranges are never returned: [`Self::io_slices`] yields them.
     pub fn front_file(&mut self) -> Option<&FileRange> {
         self.seal();
         match self.queue.front() {
-            Some(Seg::File(r)) => Some(r),
+            Some(Seg::File(r)) if !r.is_mapped() => Some(r),
             _ => None,
         }
     }
@@ -239,12 +246,22 @@ impl Outbox {
     }
 
     /// Fills `out` with up to [`MAX_IOVECS`] slices of pending bytes, in
-    /// order, up to the first file range, and returns how many were filled.
+    /// order, up to the first file range that is not mapped, and returns
+    /// how many were filled. The slices are for the kernel only: those of a
+    /// mapped range must not be read in user space.
     pub fn io_slices<'a>(&'a mut self, out: &mut [IoSlice<'a>; MAX_IOVECS]) -> usize {
         self.seal();
         let mut n = 0;
         for seg in self.queue.iter().take(MAX_IOVECS) {
-            let Seg::Mem(b) = seg else { break };
+            let b = match seg {
+                Seg::Mem(b) => &b[..],
+                // SAFETY: these slices go to the kernel (the contract
+                // above), which refuses pages a shrunk file no longer has.
+                Seg::File(r) => match unsafe { r.kernel_bytes() } {
+                    Some(b) => b,
+                    None => break,
+                },
+            };
             out[n] = IoSlice::new(b);
             n += 1;
         }
@@ -264,7 +281,7 @@ impl Outbox {
                 match self.queue.pop_front() {
                     // Sent: a pooled read buffer goes back for reuse.
                     Some(Seg::Mem(done)) => bufpool::give(done),
-                    Some(Seg::File(_)) => self.files -= 1,
+                    Some(Seg::File(r)) => self.files -= usize::from(!r.is_mapped()),
                     None => {}
                 }
             } else {
@@ -389,6 +406,75 @@ mod tests {
             assert_eq!(sent, expect);
             assert!(!got.has_file() && !got.is_broken());
         }
+    }
+
+    #[test]
+    fn mapped_file_ranges_go_in_the_vectored_write() {
+        use std::io::{Read, Write};
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11) as u8).collect();
+        let file = temp_file(&whole);
+        let map = std::sync::Arc::new(bufpool::FileMap::new(&file, whole.len()).unwrap());
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[5..8].copy_from_slice(&[0x01, 0x11, 0x71]); // 70001
+        let dg = Digests {
+            header: true,
+            data: false,
+        };
+        let mut want = Outbox::new();
+        want.push(&bhs, b"before", dg);
+        want.push_bytes(&bhs, Bytes::from(whole.clone()), dg);
+        want.push(&bhs, b"after", dg);
+        let expect = want.to_vec();
+        let mut got = Outbox::new();
+        got.push(&bhs, b"before", dg);
+        let r = FileRange::new(file.clone(), 0, whole.len()).unwrap();
+        assert!(
+            r.clone()
+                .with_map(std::sync::Arc::new(
+                    bufpool::FileMap::new(&file, whole.len() - 1).unwrap()
+                ))
+                .is_none(),
+            "a mapping too short is not used"
+        );
+        let r = r.with_map(map).unwrap();
+        got.push_chain(&bhs, Chain::from_file(r), dg);
+        got.push(&bhs, b"after", dg);
+        assert_eq!(got.len(), want.len());
+        assert!(!got.has_file(), "nothing left for sendfile");
+        assert!(got.front_file().is_none());
+        // Drained by the kernel (the mapped bytes must not be read here),
+        // through a socket small enough for partial writes.
+        let (mut rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.set_nonblocking(true).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            rx.read_to_end(&mut v).unwrap();
+            v
+        });
+        let mut tx = tx;
+        let mut writes = 0;
+        while !got.is_empty() {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let n = got.io_slices(&mut iov);
+            if writes == 0 {
+                // Headers and "before"; the range; padding, header, "after".
+                assert_eq!(n, 3, "the range is in the first vectored write");
+            }
+            match tx.write_vectored(&iov[..n]) {
+                Ok(w) => {
+                    writes += 1;
+                    got.advance(w);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+            if got.is_empty() {
+                break;
+            }
+        }
+        drop(tx);
+        assert_eq!(reader.join().unwrap(), expect);
+        assert!(writes >= 1);
     }
 
     #[test]

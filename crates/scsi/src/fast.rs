@@ -32,9 +32,12 @@
 //! READ on a backend that can hand out a file range
 //! ([`storage::BlockBackend::splice_source`], a file LUN on tmpfs): the
 //! command completes with the range, not the bytes, and the connection
-//! sends it with `sendfile(2)`. The kernel reads the bytes when it sends
-//! them, and (on loopback) the receiver copies them out of the very page
-//! cache pages later still — after the command's range lock is released.
+//! sends it: when every page of it is in the page cache, from the backend's
+//! mapping of the file in the same `writev` as its header (the kernel
+//! copies the bytes as it sends them; [`bufpool::FileMap`]), otherwise with
+//! `sendfile(2)`, after which (on loopback) the receiver copies them out of
+//! the very page cache pages later still. Either way the bytes are read
+//! after the command's range lock is released.
 //! What that allows, and why it is acceptable:
 //!
 //! * A WRITE overlapping the read and started before the initiator got the
@@ -52,9 +55,13 @@
 //!   narrow window of that first exclusive command against zero-copy reads
 //!   already queued before it: documented, not closed.
 //! * A file shrunk under the LUN (by someone else, or a resize racing the
-//!   read) makes `sendfile` stop short; the status has gone out ahead of
-//!   the data by then, so the connection is dropped rather than sending
-//!   short or made-up data with GOOD status (the initiator retries).
+//!   read) makes `sendfile` stop short, and the kernel refuses to copy the
+//!   mapping's pages past the new end (`EFAULT`); the status has gone out
+//!   ahead of the data by then, so the connection is dropped rather than
+//!   sending short or made-up data with GOOD status (the initiator
+//!   retries). A hole punched (UNMAP) between the residency check and the
+//!   send is read through the mapping as zeros, which allocates that page
+//!   again: the data is right, the file a page less sparse.
 //! * With DataDigest the CRC must cover the bytes sent, which cannot be
 //!   known before the kernel reads them: the driver asks for zero-copy
 //!   only without data digests.

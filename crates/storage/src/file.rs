@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::{
     check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Extent, WriteCache,
@@ -65,6 +65,17 @@ pub struct FileBackend {
     /// the filesystem writes one file at a time anyway (inode lock), and
     /// threads queued here sleep, where on the inode lock they spin.
     large_writes: Mutex<()>,
+    /// A file in memory mapped whole, from which large reads of written
+    /// pages are sent ([`BlockBackend::splice_source`], [`bufpool::FileMap`]);
+    /// replaced when the LUN is resized.
+    map: RwLock<Option<Arc<bufpool::FileMap>>>,
+}
+
+/// A mapping of the first `size` bytes of `f`, if it can be made (if not,
+/// large reads go by sendfile).
+fn map_file(f: &File, size: u64) -> Option<Arc<bufpool::FileMap>> {
+    let len = usize::try_from(size).ok()?;
+    bufpool::FileMap::new(f, len).ok().map(Arc::new)
 }
 
 impl FileBackend {
@@ -117,6 +128,11 @@ impl FileBackend {
             .custom_flags(libc::O_DSYNC)
             .open(path)?;
         let in_memory = !block_device && memory_filesystem(&plain);
+        let map = if in_memory {
+            map_file(&plain, size)
+        } else {
+            None
+        };
         Ok(FileBackend {
             path: path.to_path_buf(),
             plain: Arc::new(plain),
@@ -127,6 +143,7 @@ impl FileBackend {
             in_memory,
             fs_block,
             large_writes: Mutex::new(()),
+            map: RwLock::new(map),
         })
     }
 
@@ -243,6 +260,12 @@ impl BlockBackend for FileBackend {
         } else {
             self.plain.set_len(new_size)?;
             self.plain.sync_all()?;
+            if self.in_memory {
+                // Reads in flight keep the old mapping; any of its pages
+                // past a smaller end are refused to the kernel (EFAULT),
+                // which ends that connection as a short sendfile does.
+                *self.map.write() = map_file(&self.plain, new_size);
+            }
         }
         self.size.store(new_size, Ordering::Relaxed);
         Ok(())
@@ -271,7 +294,18 @@ impl BlockBackend for FileBackend {
             return None;
         }
         check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
-        bufpool::FileRange::new(self.plain.clone(), offset, len)
+        let r = bufpool::FileRange::new(self.plain.clone(), offset, len)?;
+        // Written pages go from the mapping; a range with a hole goes by
+        // sendfile, which reads holes as the zero page where a read through
+        // the mapping would allocate them.
+        let map = self.map.read().clone();
+        match map {
+            Some(m) if m.resident(usize::try_from(offset).ok()?, len) => {
+                let plain = r.clone();
+                Some(r.with_map(m).unwrap_or(plain))
+            }
+            _ => Some(r),
+        }
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
@@ -629,7 +663,18 @@ mod tests {
             .expect("tmpfs ranges are spliced");
         assert_eq!((r.offset(), r.len()), (4096, 8192));
         assert!(r.read().unwrap().iter().all(|&b| b == 3));
+        assert!(r.is_mapped(), "written pages are sent from the mapping");
         assert!(f.splice_source((1 << 20) - 4096, 8192).is_none());
+        // A range with a hole goes by sendfile, and asking did not fill it.
+        let holed = f.splice_source(0, 65536).unwrap();
+        assert!(!holed.is_mapped());
+        assert!(!f.allocation(65536, 4096).unwrap().allocated);
+        // Resized: the new space is mapped too once written.
+        f.resize(2 << 20).unwrap();
+        f.write_at(&[4u8; 65536], 1 << 20, false).unwrap();
+        let grown = f.splice_source(1 << 20, 65536).unwrap();
+        assert!(grown.is_mapped());
+        assert!(grown.read().unwrap().iter().all(|&b| b == 4));
     }
 
     #[test]

@@ -396,12 +396,14 @@ impl Conn {
 
     /// Writes what the socket takes without waiting.
     ///
-    /// A file range in the queue (a zero-copy read, `scsi::fast`) goes with
-    /// `sendfile(2)` once everything before it has been written; the
+    /// A file range in the queue (a zero-copy read, `scsi::fast`) goes in
+    /// the `writev` from the file's mapping when it has one; otherwise with
+    /// `sendfile(2)` once everything before it has been written, and the
     /// `writev` in front of it says `MSG_MORE`, so that a header is not sent
     /// in a packet of its own. A range that ends early (the file shrank
-    /// after its status was queued ahead of it) closes the connection:
-    /// short or made-up data must never go out under GOOD status.
+    /// after its status was queued ahead of it: `sendfile` stops short, the
+    /// `writev` fails with `EFAULT`) closes the connection: short or
+    /// made-up data must never go out under GOOD status.
     fn try_flush(&mut self) -> io::Result<()> {
         if self.out.is_broken() {
             return Err(io::Error::other("a read's file shrank before it was sent"));
@@ -435,6 +437,11 @@ impl Conn {
                 Ok(w) => self.out.advance(w),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    return Err(io::Error::other(
+                        "a read's file shrank before it was sent (mapped pages refused)",
+                    ))
+                }
                 Err(e) => return Err(e),
             }
         }
