@@ -136,6 +136,50 @@ pub fn interfaces_for(ip_o_addr: &str, ips: &[std::net::IpAddr]) -> Vec<String> 
     out
 }
 
+/// Congestion controls that pace every burst ([`iscsi_wire::tcp`]).
+const PACING_CONGESTION: [&str; 3] = ["bbr", "bbr2", "bbr3"];
+
+/// The kernel's default TCP congestion control, and whether the one
+/// ironsan's connections ask for is there.
+fn congestion_check(h: &Host) -> Option<Finding> {
+    use iscsi_wire::tcp::DEFAULT_CONGESTION;
+    let what = "net.ipv4.tcp_congestion_control".to_string();
+    let now = h.read("/proc/sys/net/ipv4/tcp_congestion_control")?;
+    let available = h
+        .read("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    if !available
+        .split_whitespace()
+        .any(|c| c == DEFAULT_CONGESTION)
+    {
+        return Some(Finding {
+            level: Level::Change,
+            what,
+            now: format!("{now} (available: {available})"),
+            advice: format!(
+                "modprobe tcp_{DEFAULT_CONGESTION}   # ironsan's connections ask for {DEFAULT_CONGESTION} (limits.tcp_congestion) and keep {now} without it"
+            ),
+        });
+    }
+    Some(if PACING_CONGESTION.contains(&now.as_str()) {
+        Finding {
+            level: Level::Info,
+            what,
+            now,
+            advice: format!(
+                "ironsan's own connections use {DEFAULT_CONGESTION} (limits.tcp_congestion); on initiator hosts, whose writes BBR would pace: sysctl -w net.ipv4.tcp_congestion_control={DEFAULT_CONGESTION}"
+            ),
+        }
+    } else {
+        Finding {
+            level: Level::Ok,
+            what,
+            now,
+            advice: String::new(),
+        }
+    })
+}
+
 /// The host checks, from files under `h` and the interfaces `ifaces`.
 pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
     let mut f = Vec::new();
@@ -187,6 +231,7 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
             });
         }
     }
+    f.extend(congestion_check(h));
     for i in ifaces {
         let mtu = h.read(&format!("/sys/class/net/{i}/mtu"));
         if let Some(m) = mtu.and_then(|m| m.parse::<u32>().ok()) {
@@ -804,6 +849,11 @@ mod tests {
         w("proc/sys/net/core/wmem_max", "4194304\n");
         w("proc/sys/net/ipv4/tcp_rmem", "4096\t131072\t6291456\n");
         w("proc/sys/net/ipv4/tcp_wmem", "4096\t16384\t65536\n");
+        w("proc/sys/net/ipv4/tcp_congestion_control", "bbr\n");
+        w(
+            "proc/sys/net/ipv4/tcp_available_congestion_control",
+            "reno bbr cubic\n",
+        );
         w("sys/class/net/eth0/mtu", "1500\n");
         w("sys/class/net/eth1/mtu", "9000\n");
         w("sys/class/net/eth1/device/numa_node", "1\n");
@@ -874,6 +924,11 @@ mod tests {
         assert!(get("net.ipv4.tcp_wmem")
             .advice
             .contains("\"4096 16384 1048576\""));
+        let cc = get("net.ipv4.tcp_congestion_control");
+        assert_eq!((cc.level, cc.now.as_str()), (Level::Info, "bbr"));
+        assert!(cc
+            .advice
+            .contains("sysctl -w net.ipv4.tcp_congestion_control=cubic"));
         assert_eq!(get("MTU of eth0").level, Level::Change);
         assert!(get("MTU of eth0").advice.contains("mtu 9000"));
         assert_eq!(get("MTU of eth1").level, Level::Ok);
@@ -883,6 +938,25 @@ mod tests {
         let nofile = get("open files (RLIMIT_NOFILE)");
         assert_eq!((nofile.level, nofile.now.as_str()), (Level::Change, "1024"));
         assert!(nofile.advice.contains("ulimit -n 4096"));
+    }
+
+    #[test]
+    fn congestion_control_is_ok_unless_it_paces_or_cubic_is_missing() {
+        let d = fixture();
+        let h = Host {
+            root: d.path().to_path_buf(),
+        };
+        let w = |s: &str, avail: &str| {
+            let p = d.path().join("proc/sys/net/ipv4");
+            std::fs::write(p.join("tcp_congestion_control"), s).unwrap();
+            std::fs::write(p.join("tcp_available_congestion_control"), avail).unwrap();
+        };
+        w("cubic\n", "reno cubic\n");
+        assert_eq!(congestion_check(&h).unwrap().level, Level::Ok);
+        w("bbr\n", "reno bbr\n");
+        let f = congestion_check(&h).unwrap();
+        assert_eq!(f.level, Level::Change);
+        assert!(f.advice.starts_with("modprobe tcp_cubic"), "{f:?}");
     }
 
     #[test]
