@@ -38,12 +38,16 @@ use crate::{
 };
 
 /// Writes larger than this to a file in memory run on an I/O thread
-/// ([`BlockBackend::inline_write_max`]): copying 1 MiB into tmpfs costs
-/// ~100 µs of the event loop, which meanwhile could be receiving the next
-/// one on the other core (1 MiB writes Q8: target loop saturated, the
-/// machine half idle). Up to this size the hand-off costs more than the
-/// copy.
-const INLINE_WRITE_MAX: usize = 256 * 1024;
+/// ([`BlockBackend::inline_write_max`]), so that a copy of several MiB into
+/// tmpfs does not hold up the event loop's other connections. Up to 1 MiB
+/// the copy runs on the event loop, from the buffer the data just landed
+/// in (still in that core's cache): 1 MiB writes Q8 to a file on a huge-page
+/// tmpfs ran 10-20 % faster so than handed to an I/O thread (ironsan bench
+/// 2513-4021 vs 2158-3915 MB/s, qemu-img 2177-2585 vs 1443-2088, nine
+/// alternating rounds; docs/PERFORMANCE.md, "Sixth session"). The fourth
+/// session had measured the opposite with 256 KiB while our initiator's
+/// sends were still paced by BBR, which left the machine half idle.
+const INLINE_WRITE_MAX: usize = 1 << 20;
 
 /// A store backed by a file or block device.
 #[derive(Debug)]

@@ -163,12 +163,13 @@ fn large_reads_of_a_file_in_memory_are_zero_copy_until_an_exclusive_command() {
 #[test]
 fn large_writes_to_a_file_in_memory_run_off_the_event_loop() {
     let Some(lu) = shm_lu() else { return };
-    let (small, large) = (4096, 1 << 20);
+    let (small, one_mib, large) = (4096, 1 << 20, 4 << 20);
     assert!(!lu.runs_off_loop(&write10(0, 8), small));
-    assert!(lu.runs_off_loop(&write10(0, 2048), large));
+    assert!(!lu.runs_off_loop(&write10(0, 2048), one_mib));
+    assert!(lu.runs_off_loop(&write10(0, 8192), large));
     // Reads carry no data-out; EXTENDED COPY always goes off the loop.
     assert!(!lu.runs_off_loop(&read10(0, 2048), 0));
     assert!(lu.runs_off_loop(&[op::EXTENDED_COPY], 0));
     // The RAM unit keeps the received buffer: nothing to copy.
-    assert!(!mem_lu().runs_off_loop(&write10(0, 2048), large));
+    assert!(!mem_lu().runs_off_loop(&write10(0, 8192), large));
 }
