@@ -84,9 +84,17 @@ pub fn take(len: usize) -> BytesMut {
 /// has a pooled size; otherwise it is simply dropped.
 pub fn give(b: Bytes) {
     let Ok(mut m) = b.try_into_mut() else { return };
+    m.clear();
+    // A read sent as several Data-In PDUs comes back slice by slice, and
+    // only the last, whose view starts inside the buffer, is unique: take
+    // the rest of the buffer back (without this, every 1 MiB file read
+    // under data digests allocated and faulted in a fresh buffer).
+    let mut want = m.capacity().max(MIN_CLASS / 2) * 2;
+    while want <= MAX_CLASS && m.try_reclaim(want) {
+        want *= 2;
+    }
     let cap = m.capacity();
     let Some(c) = class_of(cap) else { return };
-    m.clear();
     POOL.with(|p| {
         let mut p = p.borrow_mut();
         if p.bytes + cap <= MAX_POOLED_BYTES && (p.free[c].len() + 1) * cap <= MAX_CLASS_BYTES {
@@ -117,6 +125,30 @@ mod tests {
         // Odd sizes are not pooled.
         give(Bytes::from(vec![0u8; 5000]));
         assert!(take(100).capacity() >= 100);
+    }
+
+    #[test]
+    fn a_buffer_sent_in_slices_comes_back_whole() {
+        let mut a = take(1 << 20);
+        a.extend_from_slice(&vec![5u8; 1 << 20]);
+        let ptr = a.as_ptr();
+        let whole = a.freeze();
+        let parts: Vec<Bytes> = (0..4)
+            .map(|i| whole.slice(i << 18..(i + 1) << 18))
+            .collect();
+        drop(whole);
+        // Given back in order, as the send queue does: only the last one
+        // is unique, and it brings back the whole buffer.
+        for p in parts {
+            give(p);
+        }
+        let b = take(1 << 20);
+        assert_eq!(b.as_ptr(), ptr, "the 1 MiB buffer came back");
+        assert!(b.capacity() >= 1 << 20);
+        // Empty and odd buffers are dropped, not pooled (nor looped on).
+        give(Bytes::new());
+        give(Bytes::from(Vec::with_capacity(0)));
+        give(Bytes::from(vec![1u8; 100]).slice(100..));
     }
 
     #[test]
