@@ -153,17 +153,7 @@ mod tests {
     use std::os::unix::fs::FileExt;
 
     fn shm_file(tag: &str) -> Option<File> {
-        let p = std::path::Path::new("/dev/shm")
-            .join(format!("bufpool-filemap-{tag}-{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .ok()?;
-        let _ = std::fs::remove_file(&p);
-        Some(f)
+        crate::unlinked_file(std::path::Path::new("/dev/shm"), tag).ok()
     }
 
     #[test]

@@ -104,6 +104,25 @@ pub fn give(b: Bytes) {
     });
 }
 
+/// A file of its own in `dir`, already unlinked (tests of file ranges
+/// and mappings).
+#[cfg(test)]
+fn unlinked_file(dir: &std::path::Path, tag: &str) -> std::io::Result<std::fs::File> {
+    let p = dir.join(format!(
+        "bufpool-{tag}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)?;
+    let _ = std::fs::remove_file(&p);
+    Ok(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
