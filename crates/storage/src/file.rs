@@ -304,10 +304,8 @@ impl BlockBackend for FileBackend {
         // the mapping would allocate them.
         let map = self.map.read().clone();
         match map {
-            Some(m) if m.resident(usize::try_from(offset).ok()?, len) => {
-                let plain = r.clone();
-                Some(r.with_map(m).unwrap_or(plain))
-            }
+            // Resident pages lie inside the mapping, so `with_map` takes it.
+            Some(m) if m.resident(usize::try_from(offset).ok()?, len) => r.with_map(m),
             _ => Some(r),
         }
     }
