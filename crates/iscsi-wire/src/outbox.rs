@@ -355,12 +355,28 @@ mod tests {
         std::sync::Arc::new(f)
     }
 
+    /// A 70001-byte data segment between two small PDUs: the stream as it
+    /// must go out (the segment in memory) and an outbox with the segment
+    /// queued as the range `r` of a file holding it.
+    fn around_a_range(whole: &[u8], r: FileRange, dg: Digests) -> (Vec<u8>, Outbox) {
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[5..8].copy_from_slice(&[0x01, 0x11, 0x71]); // 70001
+        let mut want = Outbox::new();
+        want.push(&bhs, b"before", dg);
+        want.push_bytes(&bhs, Bytes::copy_from_slice(whole), dg);
+        want.push(&bhs, b"after", dg);
+        let mut got = Outbox::new();
+        got.push(&bhs, b"before", dg);
+        got.push_chain(&bhs, Chain::from_file(r), dg);
+        got.push(&bhs, b"after", dg);
+        assert_eq!(got.len(), want.len());
+        (want.to_vec(), got)
+    }
+
     #[test]
     fn file_ranges_keep_their_place_in_the_stream() {
         let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11) as u8).collect();
         let file = temp_file(&whole);
-        let mut bhs = [0u8; BHS_LEN];
-        bhs[5..8].copy_from_slice(&[0x01, 0x11, 0x71]); // 70001
         for dg in [
             Digests::default(),
             Digests {
@@ -372,18 +388,9 @@ mod tests {
                 data: true,
             },
         ] {
-            let mut want = Outbox::new();
-            want.push(&bhs, b"before", dg);
-            want.push_bytes(&bhs, Bytes::from(whole.clone()), dg);
-            want.push(&bhs, b"after", dg);
-            let mut got = Outbox::new();
-            got.push(&bhs, b"before", dg);
             let r = FileRange::new(file.clone(), 0, whole.len()).unwrap();
-            got.push_chain(&bhs, Chain::from_file(r), dg);
-            got.push(&bhs, b"after", dg);
-            assert_eq!(got.len(), want.len());
+            let (expect, mut got) = around_a_range(&whole, r, dg);
             assert_eq!(got.has_file(), !dg.data, "a data digest reads the range");
-            let expect = want.to_vec();
             assert_eq!(got.to_vec(), expect);
             // Drain as a driver would: slices up to the range, then the
             // range in odd pieces (short sendfile), then the rest.
@@ -414,19 +421,10 @@ mod tests {
         let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11) as u8).collect();
         let file = temp_file(&whole);
         let map = std::sync::Arc::new(bufpool::FileMap::new(&file, whole.len()).unwrap());
-        let mut bhs = [0u8; BHS_LEN];
-        bhs[5..8].copy_from_slice(&[0x01, 0x11, 0x71]); // 70001
         let dg = Digests {
             header: true,
             data: false,
         };
-        let mut want = Outbox::new();
-        want.push(&bhs, b"before", dg);
-        want.push_bytes(&bhs, Bytes::from(whole.clone()), dg);
-        want.push(&bhs, b"after", dg);
-        let expect = want.to_vec();
-        let mut got = Outbox::new();
-        got.push(&bhs, b"before", dg);
         let r = FileRange::new(file.clone(), 0, whole.len()).unwrap();
         assert!(
             r.clone()
@@ -437,21 +435,18 @@ mod tests {
             "a mapping too short is not used"
         );
         let r = r.with_map(map).unwrap();
-        got.push_chain(&bhs, Chain::from_file(r), dg);
-        got.push(&bhs, b"after", dg);
-        assert_eq!(got.len(), want.len());
+        let (expect, mut got) = around_a_range(&whole, r, dg);
         assert!(!got.has_file(), "nothing left for sendfile");
         assert!(got.front_file().is_none());
         // Drained by the kernel (the mapped bytes must not be read here),
         // through a socket small enough for partial writes.
-        let (mut rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (mut rx, mut tx) = std::os::unix::net::UnixStream::pair().unwrap();
         tx.set_nonblocking(true).unwrap();
         let reader = std::thread::spawn(move || {
             let mut v = Vec::new();
             rx.read_to_end(&mut v).unwrap();
             v
         });
-        let mut tx = tx;
         let mut writes = 0;
         while !got.is_empty() {
             let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
@@ -467,9 +462,6 @@ mod tests {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(e) => panic!("{e}"),
-            }
-            if got.is_empty() {
-                break;
             }
         }
         drop(tx);
