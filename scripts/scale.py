@@ -5,7 +5,8 @@
    one session's.
 2. One session with a command window of 8192 and 8192 commands in flight.
 3. Target RSS with 64 idle sessions (logged in, no I/O): under 64 MiB
-   beyond LUN memory (null LUN: no LUN memory at all).
+   beyond LUN memory (null LUN: no LUN memory at all); and their CPU:
+   under 2 % of a core (connections busy-poll only right after work).
 4. With --soak SECONDS: RSS sampled every 10 s under full load; the last
    samples must not exceed the first by more than 10 %.
 
@@ -14,6 +15,7 @@ Usage: scale.py --ironsan target/release/ironsan [--secs 5] [--soak 600]
 
 import argparse
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -37,6 +39,13 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def cpu_secs(pid):
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def login(port, isid):
@@ -120,6 +129,12 @@ def main():
         good = idle < 64 * 1024
         ok &= good
         print(f"RSS with 64 idle sessions: {idle / 1024:.1f} MiB (at start {base / 1024:.1f} MiB) -> {'met' if good else 'MISSED'}")
+        c0, t0 = cpu_secs(srv.pid), time.time()
+        time.sleep(3)
+        busy = (cpu_secs(srv.pid) - c0) / (time.time() - t0)
+        good = busy < 0.02
+        ok &= good
+        print(f"CPU with 64 idle sessions: {busy * 100:.2f} % of a core -> {'met' if good else 'MISSED'}")
         for s in socks:
             s.close()
         if a.soak:

@@ -91,6 +91,9 @@ struct ServeArgs {
     /// TCP congestion control of every connection (default cubic; "system": the kernel's default).
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
+    /// Microseconds a connection polls its socket before it sleeps (default 50; 0: never polls).
+    #[arg(long, value_name = "US")]
+    busy_poll_us: Option<u32>,
     /// Header and data digests (CRC32C): off, allowed or required.
     #[arg(long, value_name = "POLICY", value_parser = parse_digest)]
     digest: Option<DigestConfig>,
@@ -259,6 +262,9 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     }
     if let Some(c) = &a.tcp_congestion {
         cfg.limits.tcp_congestion.clone_from(c);
+    }
+    if let Some(us) = a.busy_poll_us {
+        cfg.limits.busy_poll_us = us;
     }
     if let Some(d) = a.digest {
         cfg.limits.header_digest = d;

@@ -192,6 +192,13 @@ fn default_listen() -> Vec<SocketAddr> {
     vec![DEFAULT_LISTEN.parse().expect("valid default")]
 }
 
+/// Default of [`LimitsConfig::busy_poll_us`] (docs/PERFORMANCE.md,
+/// seventh session: enough to catch the next request of a client that
+/// answers at once, on 2 cores over loopback).
+pub const DEFAULT_BUSY_POLL_US: u32 = 50;
+/// Largest [`LimitsConfig::busy_poll_us`].
+pub const MAX_BUSY_POLL_US: u32 = 10_000;
+
 /// Negotiation limits (RFC 7143 §13).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -219,6 +226,12 @@ pub struct LimitsConfig {
     /// TCP congestion control of every connection ("system": the kernel's
     /// default; see `iscsi_wire::tcp` for why it is not left to the kernel).
     pub tcp_congestion: String,
+    /// Microseconds a connection keeps polling its socket, without
+    /// sleeping, after it ran out of work (0: sleep at once). Waking a
+    /// sleeping thread costs tens of microseconds on virtual machines;
+    /// polling through the gap between one batch of commands and the next
+    /// saves the wake-up on both sides. At most 10000.
+    pub busy_poll_us: u32,
     /// Connections at once, logging in or logged in (0: no limit). More
     /// are closed at once.
     pub max_connections: usize,
@@ -242,6 +255,7 @@ impl Default for LimitsConfig {
             data_digest: DigestConfig::Allowed,
             socket_buffer: 1 << 20,
             tcp_congestion: iscsi_wire::tcp::DEFAULT_CONGESTION.into(),
+            busy_poll_us: DEFAULT_BUSY_POLL_US,
             max_connections: 4096,
             max_sessions: 1024,
         }
@@ -849,6 +863,9 @@ impl Config {
         }
         if l.socket_buffer > 64 << 20 {
             return inv("limits.socket_buffer: at most 64 MiB".into());
+        }
+        if l.busy_poll_us > MAX_BUSY_POLL_US {
+            return inv(format!("limits.busy_poll_us: at most {MAX_BUSY_POLL_US}"));
         }
         iscsi_wire::tcp::check_congestion_name(&l.tcp_congestion)
             .map_err(|m| ConfigError::Invalid(format!("limits.tcp_congestion: {m}")))?;

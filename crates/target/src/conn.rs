@@ -307,8 +307,13 @@ impl Conn {
     /// being landed, exactly up to its end, else into the receive buffer.
     /// `Ok(0)` at end of stream.
     fn try_read(&mut self) -> io::Result<usize> {
+        self.read_into_place(ReadVia::Tokio)
+    }
+
+    /// [`Self::try_read`] through `via`.
+    fn read_into_place(&mut self, via: ReadVia) -> io::Result<usize> {
         match &mut self.landing {
-            Some(l) if l.left() > 0 => self.stream.try_read_buf(&mut l.room()),
+            Some(l) if l.left() > 0 => via.read(&self.stream, &mut l.room()),
             l => {
                 // Just what completes the segment's PDU and the next
                 // header, while large segments are landing.
@@ -319,9 +324,9 @@ impl Conn {
                 .saturating_sub(self.rbuf.len());
                 self.make_room();
                 if want > 0 {
-                    self.stream.try_read_buf(&mut (&mut self.rbuf).limit(want))
+                    via.read(&self.stream, &mut (&mut self.rbuf).limit(want))
                 } else {
-                    self.stream.try_read_buf(&mut self.rbuf)
+                    via.read(&self.stream, &mut self.rbuf)
                 }
             }
         }
@@ -672,6 +677,7 @@ impl Conn {
             }
             let want_read = !stopping && self.out.len() < OUTPUT_HIGH_WATER;
             let want_write = !self.out.is_empty();
+            let busy_poll = want_read && !want_write && !shared.busy_poll.is_zero();
             tokio::select! {
                 biased;
                 Some(d) = rx.recv() => {
@@ -717,6 +723,18 @@ impl Conn {
                         ping_sent = Instant::now();
                     }
                 }
+                // Last: every other source is looked at between two polls.
+                r = poll_socket(&self.stream, shared.busy_poll), if busy_poll => {
+                    if r.is_err() {
+                        return "read failed";
+                    }
+                    match self.read_into_place(ReadVia::Recv) {
+                        Ok(0) => return "closed by initiator",
+                        Ok(_) => last_rx = Instant::now(),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(_) => return "read failed",
+                    }
+                }
             }
         }
     }
@@ -731,6 +749,69 @@ fn set_congestion(stream: &TcpStream, name: &str) {
         if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(error = %e, congestion = name, "cannot set the TCP congestion control; connections keep the kernel default (limits.tcp_congestion)");
         }
+    }
+}
+
+/// Resolves as soon as the socket has bytes (or its end) to read, trying
+/// without sleeping for up to `budget`, then never: the busy-poll of an
+/// idle connection (`limits.busy_poll_us`).
+///
+/// Sleeping until the socket is readable costs a wake-up on both sides
+/// when the next command comes a few microseconds later: the initiator's
+/// send has to wake this thread, and on virtual machines that costs tens
+/// of microseconds of both (docs/PERFORMANCE.md, seventh session). Between
+/// two tries the event loop runs its other connections and, in the
+/// connection's `select!`, every other source of work is looked at first.
+/// Polling costs CPU only for `budget` after the connection's last work, so
+/// idle connections still sleep.
+async fn poll_socket(stream: &TcpStream, budget: std::time::Duration) -> io::Result<()> {
+    let start = Instant::now();
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    loop {
+        // A peek: tokio's readiness is left alone (the reader that follows
+        // is a plain recv(2) too), and nothing is consumed.
+        match socket2::SockRef::from(stream)
+            .recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if start.elapsed() >= budget {
+            return std::future::pending().await;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// How [`Conn::read_into_place`] reads the socket.
+#[derive(Clone, Copy)]
+enum ReadVia {
+    /// Tokio's `try_read`, which clears the socket's readiness on
+    /// `WouldBlock` (so that the loop waits for it again) and does not even
+    /// try while it believes the socket is not readable.
+    Tokio,
+    /// A plain non-blocking `recv(2)`, for polling: it tries whatever tokio
+    /// believes, and leaves tokio's readiness as it is (a stale "readable"
+    /// costs one `WouldBlock` later).
+    Recv,
+}
+
+impl ReadVia {
+    /// Reads into the spare room of `buf`.
+    fn read(self, stream: &TcpStream, buf: &mut impl BufMut) -> io::Result<usize> {
+        if let ReadVia::Tokio = self {
+            return stream.try_read_buf(buf);
+        }
+        let room = buf.chunk_mut();
+        // SAFETY: recv(2) only writes into the slice (writing uninitialised
+        // memory is fine), and reports how many of its first bytes it wrote.
+        let n = socket2::SockRef::from(stream)
+            .recv_with_flags(unsafe { room.as_uninit_slice_mut() }, libc::MSG_DONTWAIT)?;
+        // SAFETY: those `n` bytes are initialised and within the spare room.
+        unsafe { buf.advance_mut(n) };
+        Ok(n)
     }
 }
 

@@ -90,6 +90,8 @@ pub(crate) struct Shared {
     pub socket_buffer: u32,
     /// Congestion control asked for on every connection.
     pub tcp_congestion: String,
+    /// How long a connection polls its socket before it sleeps.
+    pub busy_poll: Duration,
     pub login_timeout: Duration,
     pub nop_interval: Duration,
     pub nop_timeout: Duration,
@@ -266,6 +268,7 @@ impl Server {
             limits: cfg.limits(),
             socket_buffer: cfg.limits.socket_buffer,
             tcp_congestion: cfg.limits.tcp_congestion.clone(),
+            busy_poll: Duration::from_micros(u64::from(cfg.limits.busy_poll_us)),
             login_timeout: Duration::from_secs(cfg.timeouts.login.max(1)),
             nop_interval: Duration::from_secs(cfg.timeouts.nop_interval),
             nop_timeout: Duration::from_secs(cfg.timeouts.nop_timeout.max(1)),

@@ -203,3 +203,53 @@ fn a_bad_congestion_control_name_is_refused_at_start() {
     let e = target::Config::from_toml(&text).unwrap_err().to_string();
     assert!(e.contains("tcp_congestion"), "{e}");
 }
+
+#[test]
+fn a_busy_polling_connection_still_sees_its_session_reinstated() {
+    // 10 ms of polling and a command about every millisecond: the
+    // connection never runs out of its budget, and must still look at the
+    // other sources of its loop (here: its session taken over by a new
+    // login with the same ISID, which closes it).
+    let (a, _s) = start(config(LUN, "[limits]\nbusy_poll_us = 10000"));
+    let addr = a[0];
+    let busy = std::thread::spawn(move || {
+        let mut c = Client::connect(addr);
+        c.login_normal([0x80, 0, 0, 0, 0x57, 1], &[]);
+        let t0 = Instant::now();
+        let mut answered = 0u32;
+        while t0.elapsed() < Duration::from_secs(20) {
+            c.cmd(&[0; 6], 0, false, false, true, &[]);
+            if c.recv().is_none() {
+                return Some(answered);
+            }
+            answered += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut b = Client::connect(addr);
+    b.login_normal([0x80, 0, 0, 0, 0x57, 1], &[]);
+    let answered = busy
+        .join()
+        .unwrap()
+        .expect("the old connection is closed when its session is reinstated");
+    assert!(
+        answered > 20,
+        "only {answered} commands before the takeover"
+    );
+    let (st, _, _) = b.command(&[0; 6], 0, false, &[], 0);
+    assert_eq!(
+        st, 2,
+        "the new session learns of the takeover (unit attention)"
+    );
+}
+
+#[test]
+fn connections_serve_without_busy_polling_too() {
+    let (a, _s) = start(config(LUN, "[limits]\nbusy_poll_us = 0"));
+    io_time(a[0], 200, 9);
+    let text = format!("[limits]\nbusy_poll_us = 10001\n[[target]]\nname = \"{IQN}\"\n{LUN}");
+    let e = target::Config::from_toml(&text).unwrap_err().to_string();
+    assert!(e.contains("busy_poll_us"), "{e}");
+}
