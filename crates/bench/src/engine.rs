@@ -151,8 +151,15 @@ pub fn task_result(r: &initiator::TaskResult) -> Result<(), String> {
 
 impl IscsiEngine {
     /// Logs in to the URL's target and reads the LUN's capacity.
-    pub fn open(url: &Url, initiator_name: &str, keep_data: bool) -> Result<IscsiEngine, String> {
-        let (conn, lun, capacity, bs) = open_session(url, initiator_name)?;
+    /// `busy_poll`: see [`Connection::set_busy_poll`].
+    pub fn open(
+        url: &Url,
+        initiator_name: &str,
+        keep_data: bool,
+        busy_poll: std::time::Duration,
+    ) -> Result<IscsiEngine, String> {
+        let (mut conn, lun, capacity, bs) = open_session(url, initiator_name)?;
+        conn.set_busy_poll(busy_poll);
         Ok(IscsiEngine {
             conn,
             lun,

@@ -223,6 +223,7 @@ impl Args {
             verify: false,
             verify_id: None,
             share: Default::default(),
+            busy_poll: std::time::Duration::ZERO,
         };
         s.validate().map_err(|e| {
             e.replace("--bs", "-r")

@@ -132,7 +132,12 @@ pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
     };
     match &spec.targets[0] {
         TargetSpec::Iscsi(u) if spec.targets.len() == 1 => Ok(plain(
-            Box::new(IscsiEngine::open(u, &spec.initiator, keep_data)?),
+            Box::new(IscsiEngine::open(
+                u,
+                &spec.initiator,
+                keep_data,
+                spec.busy_poll,
+            )?),
             "iscsi",
         )),
         TargetSpec::Iscsi(_) => {
@@ -151,6 +156,7 @@ pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
                     &spec.initiator,
                     keep_data,
                     policy,
+                    spec.busy_poll,
                 )?),
                 "multipath",
             ))

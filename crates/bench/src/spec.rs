@@ -163,6 +163,10 @@ pub struct JobSpec {
     /// This run's share of a multi-node run (default: the whole run).
     #[serde(default)]
     pub share: Share,
+    /// iSCSI engines poll their sockets this long before sleeping
+    /// (`initiator::Connection::set_busy_poll`; zero: never).
+    #[serde(default)]
+    pub busy_poll: Duration,
 }
 
 /// A node's share of a multi-node run: its jobs are numbers
@@ -285,6 +289,17 @@ impl JobSpec {
                 return Err(format!("--size {s} is smaller than --bs {}", self.bs));
             }
         }
+        if self.busy_poll > Duration::from_secs(1) {
+            return Err("--busy-poll: at most 1s".into());
+        }
+        if !self.busy_poll.is_zero()
+            && self
+                .targets
+                .iter()
+                .any(|t| matches!(t, TargetSpec::File(_)))
+        {
+            return Err("--busy-poll is for iscsi:// targets (files and devices use their engine's own waiting)".into());
+        }
         if self.targets.len() > 1 && self.multipath.is_none() {
             return Err(
                 "several targets: give --multipath rr[:N] or lqd (they must be one LU)".into(),
@@ -355,6 +370,7 @@ mod tests {
             verify: false,
             verify_id: None,
             share: Share::default(),
+            busy_poll: std::time::Duration::ZERO,
         }
     }
 
@@ -368,6 +384,10 @@ mod tests {
             (Box::new(|s| s.numjobs = 0), "--numjobs"),
             (Box::new(|s| s.rwmixread = 101), "--rwmixread"),
             (Box::new(|s| s.offset = 100), "--offset"),
+            (
+                Box::new(|s| s.busy_poll = Duration::from_micros(50)),
+                "--busy-poll",
+            ),
             (Box::new(|s| s.size = Some(10)), "--size"),
             (
                 Box::new(|s| s.targets.push(TargetSpec::File("/y".into()))),

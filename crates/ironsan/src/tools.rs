@@ -97,6 +97,7 @@ pub fn cdm(a: CdmArgs) -> Result<()> {
         verify: false,
         verify_id: None,
         share: Default::default(),
+        busy_poll: std::time::Duration::ZERO,
     };
     cdm::validate(&base, &o).map_err(anyhow::Error::msg)?;
     let name = a.targets.join(" ");

@@ -205,6 +205,42 @@ fn multipath_round_robin_and_least_queue_depth() {
 }
 
 #[test]
+fn busy_polling_one_path_and_several() {
+    let s = Server::start(2, &["mem:32M"]);
+    let (a, b) = (s.url(0, 0), s.url(1, 0));
+    for rw in ["randread", "randwrite"] {
+        let v = json(&[
+            "bench",
+            "--busy-poll",
+            "200us",
+            "--rw",
+            rw,
+            "--runtime",
+            "1",
+            &a,
+        ]);
+        fio_shape(&v, rw.trim_start_matches("rand"));
+    }
+    let v = json(&[
+        "bench",
+        "--busy-poll",
+        "1ms",
+        "--multipath",
+        "rr",
+        "--runtime",
+        "1",
+        &a,
+        &b,
+    ]);
+    fio_shape(&v, "read");
+    let paths = v["ironsan"]["paths"].as_array().unwrap();
+    assert!(
+        paths.iter().all(|p| p["ios"].as_u64().unwrap() > 0),
+        "{paths:?}"
+    );
+}
+
+#[test]
 fn multipath_refuses_different_lus() {
     let s = Server::start(2, &["mem:8M", "mem:8M"]);
     refused(
@@ -576,6 +612,8 @@ fn bad_arguments_are_refused_before_any_io() {
     refused(&["bench", u, u], "--multipath");
     refused(&["bench", "--multipath", "rr", u, "/tmp/x"], "--multipath");
     refused(&["bench", "--runtime", "soon", u], "--runtime");
+    refused(&["bench", "--busy-poll", "2s", u], "--busy-poll");
+    refused(&["bench", "--busy-poll", "50us", "/tmp/x"], "--busy-poll");
     refused(&["cdm", "--profile", "cdm7", u], "--profile");
     refused(&["cdm", "--passes", "0", u], "--passes");
     refused(&["cdm", "--size", "100k", u], "--size");

@@ -115,6 +115,8 @@ pub struct MultipathEngine {
     last_sense: String,
     /// No I/O before this instant (NOT READY without ALUA).
     hold_until: Option<Instant>,
+    /// How long to poll the busy paths' sockets before sleeping in poll(2).
+    busy_poll: Duration,
 }
 
 /// What one path reported at open.
@@ -259,6 +261,7 @@ impl MultipathEngine {
         initiator_name: &str,
         keep_data: bool,
         policy: Multipath,
+        busy_poll: Duration,
     ) -> Result<MultipathEngine, String> {
         let mut paths = Vec::new();
         let mut first: Option<(String, String)> = None;
@@ -266,7 +269,8 @@ impl MultipathEngine {
         let mut lun0 = 0;
         let mut tpgs = 0;
         for url in urls {
-            let o = open_path(url, initiator_name)?;
+            let mut o = open_path(url, initiator_name)?;
+            o.conn.set_busy_poll(busy_poll);
             match &first {
                 None => {
                     first = Some((url.to_string(), o.naa.clone()));
@@ -358,6 +362,7 @@ impl MultipathEngine {
             stuck_since: None,
             last_sense: String::new(),
             hold_until: None,
+            busy_poll,
         };
         if let Some(a) = &mut e.alua {
             // The states just read: ready when a path is active, else the
@@ -830,14 +835,22 @@ impl Engine for MultipathEngine {
                 Ok(())
             };
         }
-        // SAFETY: `pollfds` is a valid array of `len` pollfd structures that
-        // lives across the call.
-        let n = unsafe {
-            libc::poll(
-                self.pollfds.as_mut_ptr(),
-                self.pollfds.len() as libc::nfds_t,
-                STALL_MS,
-            )
+        // Busy-polling (Connection::set_busy_poll) first, then sleeping.
+        let spin_start = Instant::now();
+        let n = loop {
+            let spinning = spin_start.elapsed() < self.busy_poll;
+            // SAFETY: `pollfds` is a valid array of `len` pollfd structures
+            // that lives across the call.
+            let n = unsafe {
+                libc::poll(
+                    self.pollfds.as_mut_ptr(),
+                    self.pollfds.len() as libc::nfds_t,
+                    if spinning { 0 } else { STALL_MS },
+                )
+            };
+            if n != 0 || !spinning {
+                break n;
+            }
         };
         if n < 0 {
             let e = std::io::Error::last_os_error();

@@ -384,6 +384,7 @@ mod tests {
             verify: true,
             verify_id: None,
             share: Share::default(),
+            busy_poll: std::time::Duration::ZERO,
         }
     }
 

@@ -392,6 +392,7 @@ mod tests {
             verify: false,
             verify_id: None,
             share: Share::default(),
+            busy_poll: std::time::Duration::ZERO,
         }
     }
 
