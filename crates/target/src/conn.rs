@@ -30,6 +30,9 @@ use crate::lunmap::{answer_above_lu, run_on_lu, submit_fast, LunTable, Origin, T
 use crate::server::{AbortRequests, Portal, SessionEntry, SessionKey, Shared};
 use crate::stats::{ConnStats, SessionInfo, PUBLISH_EVERY};
 
+/// How often an idle connection publishes its stats and checks whether to
+/// ping (`PUBLISH_EVERY` while it works).
+const IDLE_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Stop reading while this much output is queued.
 const OUTPUT_HIGH_WATER: usize = 8 << 20;
 /// Read buffer headroom.
@@ -613,9 +616,16 @@ impl Conn {
         let (tx, mut rx) = mpsc::unbounded_channel::<Done>();
         let mut events = Vec::new();
         let mut last_rx = Instant::now();
+        // The last bytes read or command finished by an I/O thread: the
+        // connection busy-polls until `shared.busy_poll` after it.
+        let mut last_work = last_rx;
         let mut ping_sent = Instant::now();
-        let mut tick = tokio::time::interval(PUBLISH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Stats publishing and NOP-In pings: every PUBLISH_EVERY while the
+        // connection works, every IDLE_TICK once it has been idle that long
+        // (each wake-up costs tens of microseconds on a VM: 64 idle sessions
+        // cost 64 of them a second, not 640).
+        let tick = tokio::time::sleep(PUBLISH_EVERY);
+        tokio::pin!(tick);
         let mut stopping = false;
         let mut closing: Option<&'static str> = None;
         loop {
@@ -677,7 +687,13 @@ impl Conn {
             }
             let want_read = !stopping && self.out.len() < OUTPUT_HIGH_WATER;
             let want_write = !self.out.is_empty();
-            let busy_poll = want_read && !want_write && !shared.busy_poll.is_zero();
+            let now = Instant::now();
+            let poll_until = last_work + shared.busy_poll;
+            let busy_poll = want_read && !want_write && now < poll_until;
+            if now - last_work < PUBLISH_EVERY && tick.deadline().into_std() > now + PUBLISH_EVERY {
+                // Work again after an idle spell: publish at the usual pace.
+                tick.as_mut().reset((now + PUBLISH_EVERY).into());
+            }
             tokio::select! {
                 biased;
                 Some(d) = rx.recv() => {
@@ -685,6 +701,7 @@ impl Conn {
                     while let Ok(d) = rx.try_recv() {
                         d.finish(&mut session, &mut self.out, stats);
                     }
+                    last_work = Instant::now();
                 }
                 r = self.stream.readable(), if want_read => {
                     if r.is_err() {
@@ -692,7 +709,10 @@ impl Conn {
                     }
                     match self.try_read() {
                         Ok(0) => return "closed by initiator",
-                        Ok(_) => last_rx = Instant::now(),
+                        Ok(_) => {
+                            last_rx = Instant::now();
+                            last_work = last_rx;
+                        }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(_) => return "read failed",
                     }
@@ -701,6 +721,8 @@ impl Conn {
                     if r.is_err() {
                         return "write failed";
                     }
+                    // Answers are going out: the next command may follow.
+                    last_work = Instant::now();
                 }
                 _ = kill.notified() => return "session ended by the target (reinstated or access revoked)",
                 _ = aborts.notify.notified() => {
@@ -711,7 +733,10 @@ impl Conn {
                     }
                 }
                 _ = shutdown.changed(), if !stopping => stopping = true,
-                _ = tick.tick() => {
+                _ = &mut tick => {
+                    let now = Instant::now();
+                    let next = if now - last_work >= IDLE_TICK { IDLE_TICK } else { PUBLISH_EVERY };
+                    tick.as_mut().reset((now + next).into());
                     stats.publish();
                     if session.ping_outstanding() {
                         if ping_sent.elapsed() > shared.nop_timeout {
@@ -724,13 +749,16 @@ impl Conn {
                     }
                 }
                 // Last: every other source is looked at between two polls.
-                r = poll_socket(&self.stream, shared.busy_poll), if busy_poll => {
+                r = poll_socket(&self.stream, poll_until), if busy_poll => {
                     if r.is_err() {
                         return "read failed";
                     }
                     match self.read_into_place(ReadVia::Recv) {
                         Ok(0) => return "closed by initiator",
-                        Ok(_) => last_rx = Instant::now(),
+                        Ok(_) => {
+                            last_rx = Instant::now();
+                            last_work = last_rx;
+                        }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(_) => return "read failed",
                     }
@@ -753,8 +781,8 @@ fn set_congestion(stream: &TcpStream, name: &str) {
 }
 
 /// Resolves as soon as the socket has bytes (or its end) to read, trying
-/// without sleeping for up to `budget`, then never: the busy-poll of an
-/// idle connection (`limits.busy_poll_us`).
+/// without sleeping until `deadline`, then never: the busy-poll of a
+/// connection that just worked (`limits.busy_poll_us`).
 ///
 /// Sleeping until the socket is readable costs a wake-up on both sides
 /// when the next command comes a few microseconds later: the initiator's
@@ -762,10 +790,10 @@ fn set_congestion(stream: &TcpStream, name: &str) {
 /// of microseconds of both (docs/PERFORMANCE.md, seventh session). Between
 /// two tries the event loop runs its other connections and, in the
 /// connection's `select!`, every other source of work is looked at first.
-/// Polling costs CPU only for `budget` after the connection's last work, so
-/// idle connections still sleep.
-async fn poll_socket(stream: &TcpStream, budget: std::time::Duration) -> io::Result<()> {
-    let start = Instant::now();
+/// The deadline is `limits.busy_poll_us` after the connection's last work
+/// (bytes read, a command finished by an I/O thread), so idle connections
+/// sleep, whatever else (timers) wakes them.
+async fn poll_socket(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
     loop {
         // A peek: tokio's readiness is left alone (the reader that follows
@@ -778,7 +806,7 @@ async fn poll_socket(stream: &TcpStream, budget: std::time::Duration) -> io::Res
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        if start.elapsed() >= budget {
+        if Instant::now() >= deadline {
             return std::future::pending().await;
         }
         tokio::task::yield_now().await;

@@ -253,3 +253,32 @@ fn connections_serve_without_busy_polling_too() {
     let e = target::Config::from_toml(&text).unwrap_err().to_string();
     assert!(e.contains("busy_poll_us"), "{e}");
 }
+
+#[test]
+fn an_idle_initiator_is_pinged_and_dropped_when_it_does_not_answer() {
+    // Idle connections look at their timers once a second (not every
+    // 100 ms): the ping still goes out, and the drop still follows.
+    let (a, _s) = start(config(LUN, "[timeouts]\nnop_interval = 1\nnop_timeout = 1"));
+    let mut c = Client::connect(a[0]);
+    c.login_normal([0x80, 0, 0, 0, 0x58, 1], &[]);
+    let t0 = Instant::now();
+    let r = c
+        .recv_within(Duration::from_secs(5))
+        .expect("a NOP-In ping within 5 s");
+    let Pdu::NopIn(n) = Pdu::parse(&r.bhs) else {
+        panic!("expected a NOP-In, got opcode {:#x}", r.bhs[0] & 0x3f);
+    };
+    assert_eq!(
+        n.itt.0, RESERVED_TAG,
+        "a ping of the target's own (RFC 7143 §11.19)"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "pinged after {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        c.closed_within(Duration::from_secs(5)),
+        "unanswered ping: connection dropped"
+    );
+}
