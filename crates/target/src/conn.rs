@@ -616,9 +616,11 @@ impl Conn {
         let (tx, mut rx) = mpsc::unbounded_channel::<Done>();
         let mut events = Vec::new();
         let mut last_rx = Instant::now();
-        // The last bytes read or command finished by an I/O thread: the
-        // connection busy-polls until `shared.busy_poll` after it.
+        // When the connection last finished handling what it was woken for
+        // (bytes read, answers sent, commands finished by I/O threads): it
+        // busy-polls until `shared.busy_poll` after that.
         let mut last_work = last_rx;
+        let mut worked = false;
         let mut ping_sent = Instant::now();
         // Stats publishing and NOP-In pings: every PUBLISH_EVERY while the
         // connection works, every IDLE_TICK once it has been idle that long
@@ -688,6 +690,12 @@ impl Conn {
             let want_read = !stopping && self.out.len() < OUTPUT_HIGH_WATER;
             let want_write = !self.out.is_empty();
             let now = Instant::now();
+            if worked {
+                // Counted from now, after the batch was handled and its
+                // answers sent: a batch of 32 commands takes tens of µs.
+                last_work = now;
+                worked = false;
+            }
             let poll_until = last_work + shared.busy_poll;
             let busy_poll = want_read && !want_write && now < poll_until;
             if now - last_work < PUBLISH_EVERY && tick.deadline().into_std() > now + PUBLISH_EVERY {
@@ -701,7 +709,7 @@ impl Conn {
                     while let Ok(d) = rx.try_recv() {
                         d.finish(&mut session, &mut self.out, stats);
                     }
-                    last_work = Instant::now();
+                    worked = true;
                 }
                 r = self.stream.readable(), if want_read => {
                     if r.is_err() {
@@ -711,7 +719,7 @@ impl Conn {
                         Ok(0) => return "closed by initiator",
                         Ok(_) => {
                             last_rx = Instant::now();
-                            last_work = last_rx;
+                            worked = true;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(_) => return "read failed",
@@ -722,7 +730,7 @@ impl Conn {
                         return "write failed";
                     }
                     // Answers are going out: the next command may follow.
-                    last_work = Instant::now();
+                    worked = true;
                 }
                 _ = kill.notified() => return "session ended by the target (reinstated or access revoked)",
                 _ = aborts.notify.notified() => {
@@ -757,7 +765,7 @@ impl Conn {
                         Ok(0) => return "closed by initiator",
                         Ok(_) => {
                             last_rx = Instant::now();
-                            last_work = last_rx;
+                            worked = true;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(_) => return "read failed",
