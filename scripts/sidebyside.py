@@ -175,10 +175,11 @@ def qemu_bench(url, qd, size, count, digests):
     return count * size / float(m.group(1)) if m else None
 
 
-def ironsan_bench(ironsan, url, rw, bs, qd, secs, digests):
+def ironsan_bench(ironsan, url, rw, bs, qd, secs, digests, busy_poll):
     if digests:
         url += "?header_digest=crc32c&data_digest=crc32c"
-    cmd = [ironsan, "bench", "--json", "--rw", rw, "--bs", str(bs), "--iodepth", str(qd), "--runtime", f"{secs}s", url]
+    cmd = [ironsan, "bench", "--json", "--rw", rw, "--bs", str(bs), "--iodepth", str(qd), "--runtime", f"{secs}s",
+           "--busy-poll", busy_poll, url]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 60)
     except subprocess.TimeoutExpired:
@@ -217,6 +218,8 @@ def main():
     ap.add_argument("--own-ceiling", action="store_true", help="use ironsan's probe even if ../shared is present")
     ap.add_argument("--tmpfs-4k", action="store_true",
                     help="file LUNs on /dev/shm (4 KiB pages) instead of a tmpfs mounted huge=within_size")
+    ap.add_argument("--bench-busy-poll", default="100us",
+                    help="--busy-poll of the `ironsan bench` rows, against every target (0: sleep for completions)")
     ap.add_argument("--markdown", help="write the table here too")
     ap.add_argument("--only", action="append", default=[],
                     help="run only the rows whose name contains this (repeatable; quick checks)")
@@ -243,11 +246,11 @@ def main():
         ("128K seqread Q8 (iscsi-perf)", "MB/s", 0, lambda u, d: iscsi_perf(u, 8, 256, False, s, d), names),
         ("4K write Q32 (qemu-img bench)", "iops", 4096, lambda u, d: qemu_bench(u, 32, 4096, 30000 * s, d), names),
         ("1M write Q8 (qemu-img bench)", "MB/s", 0, lambda u, d: qemu_bench(u, 8, 1 << 20, 1000 * s, d), names),
-        ("4K randread Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 32, s, d), names),
-        ("4K randread Q1 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 1, s, d), names),
-        ("4K randwrite Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randwrite", 4096, 32, s, d), names),
-        ("1M read Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "read", 1 << 20, 8, s, d), names),
-        ("1M write Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "write", 1 << 20, 8, s, d), names),
+        ("4K randread Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 32, s, d, a.bench_busy_poll), names),
+        ("4K randread Q1 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 1, s, d, a.bench_busy_poll), names),
+        ("4K randwrite Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randwrite", 4096, 32, s, d, a.bench_busy_poll), names),
+        ("1M read Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "read", 1 << 20, 8, s, d, a.bench_busy_poll), names),
+        ("1M write Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "write", 1 << 20, 8, s, d, a.bench_busy_poll), names),
     ]
     # The last two differ only in where the replies come from: one buffer in
     # the cache (as the null ceiling sends) or 1 GiB of written memory walked
@@ -314,6 +317,7 @@ def table(results, lb, modes, ceiling_kind, tmpfs_kind, a):
     out.append(f"ceiling: {ceiling_kind}; tgt: Debian tgt, 1 GiB file LUN on tmpfs; ironsan: RAM, file (tmpfs) and null LUNs")
     out.append(f"file LUNs (tgt's and ironsan's) on {tmpfs_kind}")
     out.append(f"best of {a.rounds} rounds of {a.secs} s, targets alternating; IOPS in K, bandwidth in MB/s (10^6)")
+    out.append(f"`ironsan bench` rows: --busy-poll {a.bench_busy_poll} (the initiator polls for completions; docs/BENCH.md)")
     out.append("")
     out.append("| test | ceiling | tgt | ironsan RAM | ironsan file | ironsan null | ironsan/ceiling | tgt/ceiling | ironsan/tgt | file/RAM |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
