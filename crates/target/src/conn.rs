@@ -306,14 +306,22 @@ impl Conn {
         self.retired.push(old);
     }
 
-    /// Reads what the socket has: into the buffer of the data segment
-    /// being landed, exactly up to its end, else into the receive buffer.
-    /// `Ok(0)` at end of stream.
-    fn try_read(&mut self) -> io::Result<usize> {
-        self.read_into_place(ReadVia::Tokio)
+    /// Reads once the socket was found readable (`ready`: how waiting for
+    /// that went): `Ok(true)` when bytes came, `Err(why)` when the
+    /// connection is over.
+    fn read_ready(&mut self, ready: io::Result<()>, via: ReadVia) -> Result<bool, &'static str> {
+        ready.map_err(|_| "read failed")?;
+        match self.read_into_place(via) {
+            Ok(0) => Err("closed by initiator"),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(_) => Err("read failed"),
+        }
     }
 
-    /// [`Self::try_read`] through `via`.
+    /// Reads what the socket has, through `via`: into the buffer of the
+    /// data segment being landed, exactly up to its end, else into the
+    /// receive buffer. `Ok(0)` at end of stream.
     fn read_into_place(&mut self, via: ReadVia) -> io::Result<usize> {
         match &mut self.landing {
             Some(l) if l.left() > 0 => via.read(&self.stream, &mut l.room()),
@@ -340,7 +348,7 @@ impl Conn {
     /// segment the session has a place for is received straight into it
     /// (DESIGN.md: data-out lands where it is going): the header is cut off
     /// the receive buffer, whatever part of the segment is already there
-    /// is copied over, and [`Self::try_read`] reads the rest of it from the
+    /// is copied over, and [`Self::read_into_place`] reads the rest of it from the
     /// socket; padding and digest come through the receive buffer.
     fn next_pdu(
         &mut self,
@@ -711,20 +719,14 @@ impl Conn {
                     }
                     worked = true;
                 }
-                r = self.stream.readable(), if want_read => {
-                    if r.is_err() {
-                        return "read failed";
+                r = self.stream.readable(), if want_read => match self.read_ready(r, ReadVia::Tokio) {
+                    Ok(true) => {
+                        last_rx = Instant::now();
+                        worked = true;
                     }
-                    match self.try_read() {
-                        Ok(0) => return "closed by initiator",
-                        Ok(_) => {
-                            last_rx = Instant::now();
-                            worked = true;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(_) => return "read failed",
-                    }
-                }
+                    Ok(false) => {}
+                    Err(why) => return why,
+                },
                 r = self.stream.writable(), if want_write => {
                     if r.is_err() {
                         return "write failed";
@@ -757,20 +759,14 @@ impl Conn {
                     }
                 }
                 // Last: every other source is looked at between two polls.
-                r = poll_socket(&self.stream, poll_until), if busy_poll => {
-                    if r.is_err() {
-                        return "read failed";
+                r = poll_socket(&self.stream, poll_until), if busy_poll => match self.read_ready(r, ReadVia::Recv) {
+                    Ok(true) => {
+                        last_rx = Instant::now();
+                        worked = true;
                     }
-                    match self.read_into_place(ReadVia::Recv) {
-                        Ok(0) => return "closed by initiator",
-                        Ok(_) => {
-                            last_rx = Instant::now();
-                            worked = true;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(_) => return "read failed",
-                    }
-                }
+                    Ok(false) => {}
+                    Err(why) => return why,
+                },
             }
         }
     }
