@@ -219,16 +219,11 @@ impl Connection {
     /// up to its end, else into the receive buffer. `Ok(0)` at end of
     /// stream.
     fn recv(&mut self, flags: libc::c_int) -> io::Result<usize> {
-        let sock = socket2::SockRef::from(&self.stream);
+        use iscsi_wire::tcp::recv_into;
+        use std::os::fd::AsFd;
+        let sock = self.stream.as_fd();
         if let Some(l) = self.landing.as_mut().filter(|l| l.left() > 0) {
-            let mut room = l.room();
-            // SAFETY: recv(2) only writes into the slice, and reports how
-            // many of its first bytes it initialised.
-            let n =
-                sock.recv_with_flags(unsafe { room.chunk_mut().as_uninit_slice_mut() }, flags)?;
-            // SAFETY: those `n` bytes are initialised, within the room.
-            unsafe { room.advance_mut(n) };
-            return Ok(n);
+            return recv_into(sock, &mut l.room(), flags);
         }
         if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
             self.rbuf.reserve(512 * 1024);
@@ -239,17 +234,11 @@ impl Connection {
             None => self.header_first,
         }
         .saturating_sub(self.rbuf.len());
-        let len = self.rbuf.len();
-        let spare = self.rbuf.spare_capacity_mut();
-        let k = if want > 0 {
-            want.min(spare.len())
+        if want > 0 {
+            recv_into(sock, &mut (&mut self.rbuf).limit(want), flags)
         } else {
-            spare.len()
-        };
-        let n = sock.recv_with_flags(&mut spare[..k], flags)?;
-        // SAFETY: as above.
-        unsafe { self.rbuf.set_len(len + n) };
-        Ok(n)
+            recv_into(sock, &mut self.rbuf, flags)
+        }
     }
 
     /// The next complete PDU received, `Ok(None)` when more bytes are

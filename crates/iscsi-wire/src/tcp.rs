@@ -97,6 +97,35 @@ pub fn congestion(sock: BorrowedFd<'_>) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&got[..end]).into_owned())
 }
 
+/// One `recv(2)` with `flags` into the spare room of `buf` (its
+/// [`bytes::BufMut::chunk_mut`]), which then advances by what came:
+/// received straight where the bytes are going, never through a buffer of
+/// our own. `Ok(0)` at end of stream (or when `buf` has no room).
+pub fn recv_into(
+    sock: BorrowedFd<'_>,
+    buf: &mut impl bytes::BufMut,
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    let room = buf.chunk_mut();
+    // SAFETY: recv(2) writes at most `room.len()` bytes at the pointer,
+    // which is valid spare room of `buf` (writing uninitialised memory is
+    // fine), and `sock` is an open descriptor for the call.
+    let n = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            room.as_mut_ptr().cast(),
+            room.len(),
+            flags,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: recv(2) initialised those `n` bytes, within the spare room.
+    unsafe { buf.advance_mut(n as usize) };
+    Ok(n as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -833,17 +833,13 @@ enum ReadVia {
 impl ReadVia {
     /// Reads into the spare room of `buf`.
     fn read(self, stream: &TcpStream, buf: &mut impl BufMut) -> io::Result<usize> {
-        if let ReadVia::Tokio = self {
-            return stream.try_read_buf(buf);
+        match self {
+            ReadVia::Tokio => stream.try_read_buf(buf),
+            ReadVia::Recv => {
+                use std::os::fd::AsFd;
+                iscsi_wire::tcp::recv_into(stream.as_fd(), buf, libc::MSG_DONTWAIT)
+            }
         }
-        let room = buf.chunk_mut();
-        // SAFETY: recv(2) only writes into the slice (writing uninitialised
-        // memory is fine), and reports how many of its first bytes it wrote.
-        let n = socket2::SockRef::from(stream)
-            .recv_with_flags(unsafe { room.as_uninit_slice_mut() }, libc::MSG_DONTWAIT)?;
-        // SAFETY: those `n` bytes are initialised and within the spare room.
-        unsafe { buf.advance_mut(n) };
-        Ok(n)
     }
 }
 
