@@ -18,24 +18,36 @@
 //! only used where [`FileMap::resident`] says every page is already in the
 //! page cache: a read fault on a hole of a tmpfs file would allocate the
 //! page (`sendfile` serves holes from the zero page instead).
+//!
+//! A mapping made by [`FileMap::writable`] is also `PROT_WRITE`: a write's
+//! data-out is received straight into it ([`crate::Placed`]), and by the
+//! same rule only the kernel writes there (`recv(2)` into the mapping; bytes
+//! that are already in user space go in by `pwrite(2)` on the file).
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Pages [`FileMap::resident`] asks `mincore(2)` about per call.
 const RESIDENT_BATCH: usize = 256;
 
-/// A `PROT_READ`, `MAP_SHARED` mapping of the first `len` bytes of a file.
+/// A `PROT_READ` (or, [`FileMap::writable`], `PROT_READ | PROT_WRITE`),
+/// `MAP_SHARED` mapping of the first `len` bytes of a file.
 #[derive(Debug)]
 pub struct FileMap {
     ptr: NonNull<u8>,
     len: usize,
+    /// The file, when the mapping is writable: bytes from user space are
+    /// written with `pwrite(2)` on it, never stored through the pointer.
+    file: Option<Arc<File>>,
 }
 
-// SAFETY: the mapping is read-only and owned by this value alone (unmapped
-// once, on drop); sharing its address between threads is sound.
+// SAFETY: the mapping is owned by this value alone (unmapped once, on
+// drop) and user space never stores through it (only the kernel does, into
+// ranges a `Placed` has to itself); sharing its address between threads is
+// sound.
 unsafe impl Send for FileMap {}
 // SAFETY: as above; nothing here mutates through the pointer.
 unsafe impl Sync for FileMap {}
@@ -54,6 +66,40 @@ impl FileMap {
     /// reading). `len` may run past the file's end (those pages are never
     /// resident); it must not be 0.
     pub fn new(file: &File, len: usize) -> io::Result<FileMap> {
+        Self::map(file, len, libc::PROT_READ).map(|(ptr, len)| FileMap {
+            ptr,
+            len,
+            file: None,
+        })
+    }
+
+    /// Maps the first `len` bytes of `file` (open for reading and writing)
+    /// for reading and writing: [`Self::place`] hands out ranges of it that
+    /// a write's data is received into.
+    pub fn writable(file: Arc<File>, len: usize) -> io::Result<FileMap> {
+        Self::map(&file, len, libc::PROT_READ | libc::PROT_WRITE).map(|(ptr, len)| FileMap {
+            ptr,
+            len,
+            file: Some(file),
+        })
+    }
+
+    /// Whether [`Self::place`] can hand out ranges.
+    pub fn is_writable(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// The file, when the mapping is writable.
+    pub(crate) fn file(&self) -> Option<&File> {
+        self.file.as_deref()
+    }
+
+    /// The mapping's address (for the kernel only, see [`Self::kernel_slice`]).
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    fn map(file: &File, len: usize, prot: libc::c_int) -> io::Result<(NonNull<u8>, usize)> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
         }
@@ -64,7 +110,7 @@ impl FileMap {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ,
+                prot,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
@@ -75,7 +121,7 @@ impl FileMap {
         }
         let ptr =
             NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(FileMap { ptr, len })
+        Ok((ptr, len))
     }
 
     /// Bytes mapped.

@@ -18,8 +18,10 @@
 
 mod chain;
 mod filemap;
+mod place;
 pub use chain::{Chain, FileRange};
 pub use filemap::FileMap;
+pub use place::{Held, LandBuf, Placed, Release};
 
 use std::cell::RefCell;
 

@@ -25,8 +25,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use bufpool::Chain;
-use bytes::{Bytes, BytesMut};
+use bufpool::{Chain, LandBuf, Placed};
+use bytes::{BufMut, Bytes, BytesMut};
 use iscsi_wire::outbox::Digests;
 use iscsi_wire::pdu::*;
 use iscsi_wire::text::{self, Continuation};
@@ -59,7 +59,7 @@ impl Cdb {
 }
 
 /// A SCSI command ready to run: all its data-out has arrived.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct ExecRequest {
     pub itt: Itt,
     pub lun: Lun,
@@ -78,6 +78,9 @@ pub struct ExecRequest {
     /// were received into it, [`Session::landing`]), not slices of the
     /// receive buffer: a backend may keep it.
     pub data_out_owned: bool,
+    /// The data-out was received straight into its place on the medium
+    /// ([`Host::place_write`]); `data_out` is then empty.
+    pub placed: Option<bufpool::Placed>,
 }
 
 /// The result of a command, handed back to [`Session::complete`].
@@ -105,7 +108,7 @@ pub enum TmfAction {
 }
 
 /// What the session asks of the driver.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Event {
     /// Run this command, then call [`Session::complete`].
     Execute(ExecRequest),
@@ -125,6 +128,15 @@ pub trait Host {
     /// in bytes; 0 for commands without data-out or unknown LUNs). The
     /// session solicits at most min(EDTL, this) bytes (RFC 7143 §11.4.5.1).
     fn data_out_len(&self, lun: Lun, cdb: &[u8]) -> u32;
+    /// The place on the medium a write of `cdb` to `lun`, `len` bytes of
+    /// data-out, may be received straight into, holding what makes that
+    /// safe until it is dropped (`scsi::LogicalUnit::place_write`); `None`
+    /// (the default): receive it into a buffer. Asked only for commands
+    /// the session will hand to the driver as they are, data digests off.
+    fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<bufpool::Placed> {
+        let _ = (lun, cdb, len);
+        None
+    }
     /// Carries out a reset on behalf of task management.
     fn reset(&self, action: TmfAction);
 }
@@ -169,9 +181,9 @@ struct Gather {
     small: Option<BytesMut>,
     /// Bytes still to come, for sizing the gather buffer.
     remaining: usize,
-    /// All the data in one buffer (out with the driver while it receives
-    /// a segment into it).
-    whole: Option<BytesMut>,
+    /// All the data in one buffer, or in its place on the medium (out
+    /// with the driver while it receives a segment into it).
+    whole: Option<LandBuf>,
     contiguous: bool,
 }
 
@@ -184,7 +196,7 @@ impl Gather {
     }
 
     /// All the data into `buf`, which has room for all of it.
-    fn contiguous(buf: BytesMut) -> Self {
+    fn contiguous(buf: LandBuf) -> Self {
         Gather {
             whole: Some(buf),
             contiguous: true,
@@ -194,7 +206,7 @@ impl Gather {
 
     fn len(&self) -> usize {
         if self.contiguous {
-            return self.whole.as_ref().map_or(0, BytesMut::len);
+            return self.whole.as_ref().map_or(0, LandBuf::len);
         }
         self.held.len() + self.small.as_ref().map_or(0, BytesMut::len)
     }
@@ -202,7 +214,7 @@ impl Gather {
     fn push(&mut self, data: Bytes) {
         if self.contiguous {
             if let Some(w) = &mut self.whole {
-                w.extend_from_slice(&data);
+                w.put_slice(&data);
             }
             return;
         }
@@ -224,15 +236,17 @@ impl Gather {
         }
     }
 
-    fn finish(mut self) -> Chain {
+    /// The data as a chain, or (`Err`) the place it was received into.
+    fn finish(mut self) -> Result<Chain, Placed> {
         if self.contiguous {
-            return self
-                .whole
-                .map(|w| Chain::from(w.freeze()))
-                .unwrap_or_default();
+            return match self.whole {
+                Some(LandBuf::Pooled(w)) => Ok(Chain::from(w.freeze())),
+                Some(LandBuf::Placed(p)) => Err(p),
+                None => Ok(Chain::default()),
+            };
         }
         self.seal();
-        self.held
+        Ok(self.held)
     }
 }
 
@@ -463,7 +477,7 @@ impl Session {
     /// next offset its command expects, within the command's length. The
     /// PDU is still checked in full by [`Self::handle_pdu`]; if it fails
     /// there, the command fails and the buffer is dropped.
-    pub fn landing(&mut self, bhs: &Bhs) -> Option<BytesMut> {
+    pub fn landing(&mut self, bhs: &Bhs, host: &dyn Host) -> Option<LandBuf> {
         if self.closing || self.params.session_type == SessionType::Discovery {
             return None;
         }
@@ -480,7 +494,11 @@ impl Session {
                     && dlen <= c.edtl
                     && c.edtl <= LAND_MAX =>
             {
-                Some(bufpool::take(c.edtl as usize))
+                Some(
+                    self.place_here(&c, bhs, host)
+                        .map(LandBuf::Placed)
+                        .unwrap_or_else(|| LandBuf::Pooled(bufpool::take(c.edtl as usize))),
+                )
             }
             Pdu::DataOut(d) => {
                 let Some(Task::Receiving(w)) = self.tasks.get_mut(&d.itt.0) else {
@@ -492,7 +510,7 @@ impl Session {
                     return None;
                 }
                 let b = w.buf.whole.take()?;
-                if b.len() != w.received as usize || b.capacity() - b.len() < dlen as usize {
+                if b.len() != w.received as usize || b.spare() < dlen as usize {
                     w.buf.whole = Some(b);
                     return None;
                 }
@@ -500,6 +518,33 @@ impl Session {
             }
             _ => None,
         }
+    }
+
+    /// The command `c`, whose header `bhs` has just arrived with immediate
+    /// data, received straight into its place on the medium when the
+    /// session will hand it to the driver as it is: in CmdSN order (not
+    /// held for later), none of the checks of [`Self::scsi_command`] to
+    /// fail, no data digest, all of its data-out for its CDB.
+    fn place_here(&mut self, c: &ScsiCommand, bhs: &Bhs, host: &dyn Host) -> Option<Placed> {
+        let in_order = !c.immediate && c.cmd_sn == self.exp_cmd_sn;
+        let accepted = in_order
+            && !self.tasks.contains_key(&c.itt.0)
+            && iscsi_wire::frame::ahs_len(bhs) == 0
+            && (c.final_ || !self.params.initial_r2t)
+            && c.edtl <= self.limits.max_transfer;
+        if !accepted {
+            return None;
+        }
+        self.place(c.lun, &c.cdb, c.edtl, host)
+    }
+
+    /// [`Host::place_write`] for a write of `edtl` bytes, when data digests
+    /// are off and the CDB calls for exactly that much data-out.
+    fn place(&self, lun: Lun, cdb: &[u8], edtl: u32, host: &dyn Host) -> Option<Placed> {
+        if self.dg.data || host.data_out_len(lun, cdb) != edtl {
+            return None;
+        }
+        host.place_write(lun, cdb, edtl)
     }
 
     fn dispatch(&mut self, raw: RawPdu, host: &dyn Host, out: &mut Outbox, ev: &mut Vec<Event>) {
@@ -618,6 +663,7 @@ impl Session {
             write: c.write,
             cdb_data_out,
             data_out_owned: false,
+            placed: None,
         };
         // Data the command takes: what the CDB calls for, within EDTL.
         // Immediate or unsolicited data beyond it is accepted and dropped.
@@ -640,10 +686,12 @@ impl Session {
             );
             let mut req = req;
             match landed {
-                Some(b) => {
+                Some(LandBuf::Pooled(b)) => {
                     req.data_out = b.freeze().slice(..wanted as usize).into();
                     req.data_out_owned = true;
                 }
+                // Placed only when the CDB wants all of EDTL (`place`).
+                Some(LandBuf::Placed(p)) => req.placed = Some(p),
                 None => req.data_out = raw.data.slice(..wanted as usize).into(),
             }
             ev.push(Event::Execute(req));
@@ -658,7 +706,13 @@ impl Session {
             // The landing buffer has room for EDTL bytes, total at most.
             Some(b) => Gather::contiguous(b),
             None if (LAND_MIN..=LAND_MAX).contains(&total) => {
-                let mut g = Gather::contiguous(bufpool::take(total as usize));
+                let place = (total == c.edtl)
+                    .then(|| self.place(c.lun, req.cdb.as_slice(), c.edtl, host))
+                    .flatten();
+                let mut g = Gather::contiguous(match place {
+                    Some(p) => LandBuf::Placed(p),
+                    None => LandBuf::Pooled(bufpool::take(total as usize)),
+                });
                 g.push(raw.data);
                 g
             }
@@ -823,13 +877,18 @@ impl Session {
             if self.spare_writes.len() < SPARE_WRITES_MAX {
                 self.spare_writes.push(w);
             }
-            let all = buf.finish();
-            req.data_out = if all.len() == wanted as usize {
-                all
-            } else {
-                all.slice(0, wanted as usize)
-            };
-            req.data_out_owned = owned;
+            match buf.finish() {
+                Ok(all) => {
+                    req.data_out = if all.len() == wanted as usize {
+                        all
+                    } else {
+                        all.slice(0, wanted as usize)
+                    };
+                    req.data_out_owned = owned;
+                }
+                // Placed only when all that arrives is what the CDB wants.
+                Err(placed) => req.placed = Some(placed),
+            }
             self.tasks.insert(
                 req.itt.0,
                 Task::Running {

@@ -193,7 +193,7 @@ impl Pair {
                     if let Some(mut buf) = self.ini.landing(&raw.bhs) {
                         buf.extend_from_slice(&raw.data);
                         raw.data = Bytes::new();
-                        raw.landed = Some(buf);
+                        raw.landed = Some(buf.into());
                     }
                 }
                 self.ini.handle_pdu(raw, ini_out, &mut events);
@@ -303,7 +303,7 @@ fn landing_is_offered_only_at_the_offset_a_read_expects() {
         assert!(buf.capacity() >= want.len());
         buf.extend_from_slice(&raw.data);
         raw.data = Bytes::new();
-        raw.landed = Some(buf);
+        raw.landed = Some(buf.into());
         p.ini.handle_pdu(raw, &mut out, &mut events);
     }
     let [InitiatorEvent::Done(_, r)] = &events[..] else {

@@ -51,7 +51,7 @@ pub enum FrameError {
 }
 
 /// One PDU cut out of the receive stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct RawPdu {
     /// The basic header segment.
     pub bhs: [u8; BHS_LEN],
@@ -64,8 +64,9 @@ pub struct RawPdu {
     /// The data segment when the receiver read it straight into a buffer
     /// meant for it (see [`header_len`]) instead of into `data`, which is
     /// then empty: the segment is the last
-    /// [`data_segment_len`] bytes of this buffer.
-    pub landed: Option<BytesMut>,
+    /// [`data_segment_len`] bytes of this buffer (or, for a write received
+    /// in place, of this range of the medium).
+    pub landed: Option<bufpool::LandBuf>,
 }
 
 impl RawPdu {

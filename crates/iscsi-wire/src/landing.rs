@@ -17,6 +17,7 @@
 //! last one, while it is still in the cache, so `finish` only has the last
 //! read's bytes and the padding left, not a second pass over the segment.
 
+use bufpool::LandBuf;
 use bytes::buf::Limit;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -30,8 +31,8 @@ use crate::frame::{
 pub struct Landing {
     bhs: [u8; BHS_LEN],
     ahs: Bytes,
-    /// The buffer; the segment goes onto its end.
-    buf: BytesMut,
+    /// The buffer (or place on the medium); the segment goes onto its end.
+    buf: LandBuf,
     /// Length of the data segment.
     len: usize,
     /// `buf`'s length once the whole segment is in.
@@ -47,10 +48,18 @@ pub struct Landing {
 impl Landing {
     /// Starts landing the PDU whose header, `hlen` bytes as [`header_len`]
     /// measured them, is at the front of `rbuf`, onto the end of `buf`
-    /// (which gets room for the whole segment).
+    /// (which gets room for the whole segment). A place on the medium
+    /// ([`LandBuf::Placed`]) is never read in user space, so it takes no
+    /// data digest: it is for segments without one.
     ///
     /// [`header_len`]: crate::frame::header_len
-    pub fn start(rbuf: &mut BytesMut, hlen: usize, mut buf: BytesMut, lim: &FrameLimits) -> Self {
+    pub fn start(
+        rbuf: &mut BytesMut,
+        hlen: usize,
+        buf: impl Into<LandBuf>,
+        lim: &FrameLimits,
+    ) -> Self {
+        let mut buf = buf.into();
         let bhs: [u8; BHS_LEN] = rbuf[..BHS_LEN].try_into().expect("a whole header");
         let len = data_segment_len(&bhs) as usize;
         let hdr = rbuf.split_to(hlen).freeze();
@@ -58,7 +67,7 @@ impl Landing {
         let start = buf.len();
         let end = start + len;
         let have = len.min(rbuf.len());
-        buf.extend_from_slice(&rbuf[..have]);
+        buf.put_slice(&rbuf[..have]);
         rbuf.advance(have);
         Landing {
             ahs: hdr.slice(BHS_LEN..BHS_LEN + ahs_len(&bhs)),
@@ -74,10 +83,10 @@ impl Landing {
 
     /// Takes what landed since the last call into the running digest.
     fn digest_landed(&mut self) {
-        match &mut self.digest {
-            Some(c) if self.digested < self.buf.len() => {
-                c.update(&self.buf[self.digested..]);
-                self.digested = self.buf.len();
+        match (&mut self.digest, self.buf.user_bytes()) {
+            (Some(c), Some(b)) if self.digested < b.len() => {
+                c.update(&b[self.digested..]);
+                self.digested = b.len();
             }
             _ => {}
         }
@@ -97,7 +106,7 @@ impl Landing {
     /// Where the next bytes of the segment go: the buffer's room, limited
     /// to what is left of the segment. What the last read put there is
     /// digested first.
-    pub fn room(&mut self) -> Limit<&mut BytesMut> {
+    pub fn room(&mut self) -> Limit<&mut LandBuf> {
         self.digest_landed();
         let left = self.left();
         (&mut self.buf).limit(left)
@@ -111,9 +120,11 @@ impl Landing {
         debug_assert_eq!(self.digest.is_some(), lim.data_digest && self.len > 0);
         let t = rbuf.split_to(self.trailer);
         self.digest_landed();
+        // A digest over a place that could not be read fails the PDU.
+        let digest_whole = self.digested == self.end || self.len == 0;
         let data_digest_ok = self
             .digest
-            .is_none_or(|c| trailer_digest_ok(c, self.len, &t));
+            .is_none_or(|c| digest_whole && trailer_digest_ok(c, self.len, &t));
         RawPdu {
             bhs: self.bhs,
             ahs: self.ahs,
@@ -206,7 +217,7 @@ mod tests {
                 rbuf.extend_from_slice(&wire[seg_end + had..]);
                 assert_eq!(rbuf.len(), l.trailer());
                 let raw = l.finish(&mut rbuf, &lim);
-                let b = raw.landed.expect("landed");
+                let b = raw.landed.and_then(LandBuf::into_pooled).expect("landed");
                 assert_eq!(&b[..7], b"earlier");
                 assert!(b[7..] == data[..]);
                 assert!(raw.data_digest_ok && rbuf.is_empty());

@@ -65,6 +65,33 @@
 //! * With DataDigest the CRC must cover the bytes sent, which cannot be
 //!   known before the kernel reads them: the driver asks for zero-copy
 //!   only without data digests.
+//!
+//! # Writes received in place
+//!
+//! [`LogicalUnit::place_write`] uses the same admission, when a WRITE's
+//! header arrives, for a backend that can give the write's place on the
+//! medium ([`storage::BlockBackend::place_write`], a file LUN on tmpfs
+//! whose pages are all there): the connection receives the data-out
+//! straight into the file's pages, one copy by the kernel instead of two
+//! (into a buffer, then `pwrite` into the file), and
+//! [`LogicalUnit::finish_placed`] answers the command once it is all in.
+//! What that allows, and why it is acceptable:
+//!
+//! * The bytes are on the medium as they arrive, before the command is
+//!   complete. A READ overlapping it meanwhile may see part of them: the
+//!   two are in flight together, with no order between them (as above).
+//!   A command that fails or is aborted after its data began to arrive
+//!   (a Data-Out out of order, ABORT TASK, the connection lost) leaves
+//!   part of its new data on the medium; SAM-5 leaves the medium of a
+//!   write that did not complete undefined, and the initiator retries it.
+//! * Nothing that would refuse the command is left for later: the
+//!   checks `execute` makes are made when the header arrives, and the
+//!   shared range lock is held, from then until the data is in, against
+//!   COMPARE AND WRITE, ORWRITE and WRITE ATOMIC. Once a unit has seen one
+//!   of those, no write is placed again (one could keep the exclusive
+//!   holder waiting on a slow initiator's data).
+//! * With DataDigest a segment must be checked before it reaches the
+//!   medium: the driver places writes only without data digests.
 
 use std::io;
 
@@ -202,6 +229,73 @@ impl LogicalUnit {
         }
         drop(io);
         Some(r)
+    }
+
+    /// The place on the medium that a WRITE(10/16) of exactly `len` bytes
+    /// can receive its data-out into (module docs, "Writes received in
+    /// place"), admitted as [`Self::admit_fast`] admits it and holding its
+    /// shared range lock until the [`bufpool::Placed`] is dropped. `None`:
+    /// receive the data as usual. `cmd.data_out` is not looked at (the
+    /// data is still to come). The caller must not use it with data
+    /// digests, and must answer the command with [`Self::finish_placed`]
+    /// once all of its data is in.
+    pub fn place_write(&self, cmd: &Command<'_>, len: usize) -> Option<bufpool::Placed> {
+        let opcode = *cmd.cdb.first()?;
+        if !matches!(opcode, op::WRITE_10 | op::WRITE_16) {
+            return None;
+        }
+        // Once an exclusive holder has been seen, never: a write landing
+        // over the network could otherwise keep COMPARE AND WRITE (and the
+        // commands queued behind it) waiting as long as its initiator
+        // takes to send the data.
+        if self.locks.exclusive_seen()
+            || !self.ua.is_quiet(cmd.nexus)
+            || !self.alua.state(cmd.tpg).is_active()
+        {
+            return None;
+        }
+        let cdb = self.admit(opcode, cmd).ok()?;
+        let f = fields(cdb).ok()?;
+        no_protection(&f).ok()?;
+        self.check_length(&f).ok()?;
+        self.check_range(f.lba, f.len).ok()?;
+        self.check_writable().ok()?;
+        if f.len == 0 || (f.len as usize) << self.block_shift != len {
+            return None;
+        }
+        let range = self.locks.try_shared_owned(f.lba, u64::from(f.len))?;
+        let placed = self.backend.place_write(f.lba << self.block_shift, len)?;
+        // Checked again now the range lock is held.
+        if self.locks.exclusive_seen() {
+            return None;
+        }
+        Some(placed.holding(range.into_held()))
+    }
+
+    /// The outcome of a WRITE whose data-out was all received into the
+    /// place [`Self::place_write`] gave it: GOOD once the data is as
+    /// stable as the unit promises (FUA, write-through), WRITE ERROR when
+    /// part of it could not be written. Releases the range lock.
+    pub fn finish_placed(&self, cdb: &[u8], placed: bufpool::Placed) -> Outcome {
+        let failed = placed
+            .error()
+            .map(|e| backend_error(e, Asc::WRITE_ERROR))
+            .or_else(|| {
+                (placed.len() != placed.capacity()).then(|| {
+                    crate::sense::Sense::new(crate::sense::SenseKey::MediumError, Asc::WRITE_ERROR)
+                })
+            });
+        drop(placed);
+        if let Some(s) = failed {
+            return Outcome::check(s);
+        }
+        let fua = fields(cdb).is_ok_and(|f| f.flags & 0x08 != 0);
+        if fua || self.backend.write_cache() == WriteCache::WriteThrough {
+            if let Err(e) = self.backend.flush() {
+                return Outcome::check(backend_error(&e, Asc::WRITE_ERROR));
+            }
+        }
+        Outcome::good()
     }
 
     /// The outcome of an admitted command whose backend call returned `r`

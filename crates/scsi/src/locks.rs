@@ -173,16 +173,43 @@ impl LbaLocks {
     }
 }
 
-impl Drop for OwnedShared {
-    fn drop(&mut self) {
-        let mut bits = self.mask;
+impl LbaLocks {
+    /// Unlocks the stripes of `mask`, each held shared once by the caller.
+    fn unlock_shared_mask(&self, mask: u64) {
+        let mut bits = mask;
         while bits != 0 {
             let i = bits.trailing_zeros() as usize;
-            // SAFETY: every stripe of the mask was locked shared by
-            // `try_shared_owned` and is unlocked once, here.
-            unsafe { self.locks.stripes[i].unlock_shared() };
+            // SAFETY: the caller holds every stripe of the mask shared
+            // (`try_shared_owned`) and gives each back once, here.
+            unsafe { self.stripes[i].unlock_shared() };
             bits &= bits - 1;
         }
+    }
+}
+
+impl OwnedShared {
+    /// The same lock as a [`bufpool::Held`], for a write received straight
+    /// into its place ([`bufpool::Placed::holding`]).
+    pub(crate) fn into_held(self) -> bufpool::Held {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again: its handle on the
+        // locks moves into the `Held`, which unlocks the mask on drop.
+        let locks = unsafe { std::ptr::read(&me.locks) };
+        bufpool::Held::new(locks, me.mask)
+    }
+}
+
+/// A [`bufpool::Held`] made by [`OwnedShared::into_held`]: `token` is the
+/// mask of stripes held shared.
+impl bufpool::Release for LbaLocks {
+    fn release(&self, token: u64) {
+        self.unlock_shared_mask(token);
+    }
+}
+
+impl Drop for OwnedShared {
+    fn drop(&mut self) {
+        self.locks.unlock_shared_mask(self.mask);
     }
 }
 

@@ -77,9 +77,15 @@ pub struct FileBackend {
 
 /// A mapping of the first `size` bytes of `f`, if it can be made (if not,
 /// large reads go by sendfile).
-fn map_file(f: &File, size: u64) -> Option<Arc<bufpool::FileMap>> {
+/// A shared mapping of the whole file, writable (writes are received
+/// into it, [`BlockBackend::place_write`]) or, where that is refused,
+/// read-only.
+fn map_file(f: &Arc<File>, size: u64) -> Option<Arc<bufpool::FileMap>> {
     let len = usize::try_from(size).ok()?;
-    bufpool::FileMap::new(f, len).ok().map(Arc::new)
+    bufpool::FileMap::writable(f.clone(), len)
+        .or_else(|_| bufpool::FileMap::new(f, len))
+        .ok()
+        .map(Arc::new)
 }
 
 impl FileBackend {
@@ -132,6 +138,7 @@ impl FileBackend {
             .custom_flags(libc::O_DSYNC)
             .open(path)?;
         let in_memory = !block_device && memory_filesystem(&plain);
+        let plain = Arc::new(plain);
         let map = if in_memory {
             map_file(&plain, size)
         } else {
@@ -139,7 +146,7 @@ impl FileBackend {
         };
         Ok(FileBackend {
             path: path.to_path_buf(),
-            plain: Arc::new(plain),
+            plain,
             dsync,
             size: size.into(),
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
@@ -308,6 +315,17 @@ impl BlockBackend for FileBackend {
             Some(m) if m.resident(usize::try_from(offset).ok()?, len) => r.with_map(m),
             _ => Some(r),
         }
+    }
+    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
+        if !self.in_memory {
+            return None;
+        }
+        check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
+        // Only where every page is there: receiving into a hole would
+        // allocate it in the kernel's copy, and fail (EFAULT) on a full
+        // tmpfs; such a write goes by pwrite, which reports ENOSPC.
+        let map = self.map.read().clone()?;
+        map.place(usize::try_from(offset).ok()?, len)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;

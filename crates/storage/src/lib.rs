@@ -113,6 +113,20 @@ pub trait BlockBackend: Send + Sync + 'static {
         None
     }
 
+    /// The place of a `len`-byte write at `offset` on the medium itself,
+    /// for its data to be received straight into (`None`: the backend has
+    /// no such place, or not for this range now; write with
+    /// [`Self::write_at`] or [`Self::write_bytes`]). Only a backend whose
+    /// medium is memory the kernel can receive into without waiting (a
+    /// file on tmpfs, its pages all there) gives one. The bytes are on the
+    /// medium as they arrive: the caller decides when that is acceptable
+    /// (`scsi::fast`: the command admitted, no data digest) and makes them
+    /// stable with [`Self::flush`] where FUA or write-through ask for it.
+    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
+        let _ = (offset, len);
+        None
+    }
+
     /// Writes `buf` at `offset`; with `fua` the data is stable on return
     /// whatever the cache policy.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;

@@ -184,8 +184,8 @@ fn main() {
                 counted(|| {
                     for mut p in pdus {
                         // What the driver does with a large segment.
-                        if let Some(mut b) = tgt.landing(&p.bhs) {
-                            b.extend_from_slice(&p.data);
+                        if let Some(mut b) = tgt.landing(&p.bhs, &host) {
+                            bytes::BufMut::put_slice(&mut b, &p.data);
                             p.data = Bytes::new();
                             p.landed = Some(b);
                         }

@@ -46,6 +46,8 @@ struct ConnHost<'a> {
     shared: &'a Shared,
     lus: Option<&'a LunTable>,
     peer: std::net::IpAddr,
+    /// The session's nexus and port, for writes received in place.
+    origin: Option<&'a Origin>,
 }
 
 impl Host for ConnHost<'_> {
@@ -68,6 +70,11 @@ impl Host for ConnHost<'_> {
         self.lus
             .and_then(|t| t.get(lun))
             .map_or(0, |lu| lu.plan(cdb).data_out)
+    }
+
+    fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<bufpool::Placed> {
+        let lu = self.lus?.get(lun)?;
+        crate::lunmap::place_write(lu, cdb, len, self.origin?)
     }
 
     fn reset(&self, action: TmfAction) {
@@ -354,6 +361,7 @@ impl Conn {
         &mut self,
         lim: &FrameLimits,
         session: &mut Session,
+        host: &dyn Host,
     ) -> Result<Option<RawPdu>, &'static str> {
         if let Some(l) = &self.landing {
             if l.left() > 0 || self.rbuf.len() < l.trailer() {
@@ -378,9 +386,9 @@ impl Conn {
         let dlen = data_segment_len(&self.rbuf) as usize;
         if dlen >= iscsi_proto::session::LAND_MIN as usize {
             let bhs: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("a BHS");
-            if let Some(buf) = session.landing(&bhs) {
+            if let Some(buf) = session.landing(&bhs, host) {
                 self.landing = Some(Landing::start(&mut self.rbuf, hlen, buf, lim));
-                return self.next_pdu(lim, session);
+                return self.next_pdu(lim, session, host);
             }
         }
         let len = match frame_len(&self.rbuf, lim) {
@@ -654,9 +662,10 @@ impl Conn {
                     shared,
                     lus: lus.as_deref(),
                     peer: self.peer.ip(),
+                    origin: Some(&origin),
                 };
                 loop {
-                    let raw = match self.next_pdu(&lim, &mut session) {
+                    let raw = match self.next_pdu(&lim, &mut session, &host) {
                         Ok(Some(r)) => r,
                         Ok(None) => break,
                         Err(why) => return why,
@@ -934,6 +943,12 @@ fn execute(
         return session.complete(req.itt, c, out);
     }
     let lu = t.get(req.lun).expect("checked by answer_above_lu").clone();
+    if let Some(placed) = req.placed {
+        // The data is on the medium already: only its durability is left.
+        let c = crate::lunmap::finish_placed(&lu, req.cdb.as_slice(), placed, req.cdb_data_out);
+        stats.completed(lun, op, req.edtl, c.status, env.start);
+        return session.complete(req.itt, c, out);
+    }
     let data_out = if req.write { req.edtl as usize } else { 0 };
     if !lu.runs_off_loop(req.cdb.as_slice(), data_out) {
         let c = run_on_lu(&lu, &req, env.origin);

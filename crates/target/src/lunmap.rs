@@ -396,6 +396,43 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
     }
 }
 
+/// Where a WRITE of `cdb`, `len` bytes of data-out, from the session of
+/// `o` may be received straight into its place on the medium
+/// (`scsi::fast`, writes received in place).
+pub fn place_write(lu: &LogicalUnit, cdb: &[u8], len: u32, o: &Origin) -> Option<bufpool::Placed> {
+    let cmd = scsi::Command {
+        cdb,
+        data_out: &[],
+        data_out_more: &[],
+        data_out_buf: None,
+        nexus: o.nexus,
+        relative_port: o.relative_port,
+        tpg: o.tpg,
+        target_port_name: &o.port_name,
+        initiator_port_name: &o.initiator_port_name,
+        expected_data_out: Some(len),
+        lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
+    };
+    lu.place_write(&cmd, len as usize)
+}
+
+/// The completion of a WRITE of `cdb` whose data-out (`data_out_wanted`
+/// bytes) was received into `placed`.
+pub fn finish_placed(
+    lu: &LogicalUnit,
+    cdb: &[u8],
+    placed: bufpool::Placed,
+    data_out_wanted: u32,
+) -> Completion {
+    let out = lu.finish_placed(cdb, placed);
+    Completion {
+        status: out.status,
+        sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
+        data_in: bufpool::Chain::new(),
+        data_out_wanted,
+    }
+}
+
 /// Starts `req` on `lu`'s completion-driven path when the backend has one
 /// and the LU admits the command (a plain READ or WRITE, see
 /// `scsi::fast`): returns at once, and `done` gets the completion on the

@@ -333,7 +333,14 @@ impl InitiatorSession {
             Pdu::DataIn(d) => {
                 self.note_window(d.sn.exp_cmd_sn, d.sn.max_cmd_sn);
                 let dlen = iscsi_wire::frame::data_segment_len(&raw.bhs) as usize;
-                self.data_in(d, raw.data, raw.landed.map(|b| (b, dlen)), ev)
+                self.data_in(
+                    d,
+                    raw.data,
+                    raw.landed
+                        .and_then(bufpool::LandBuf::into_pooled)
+                        .map(|b| (b, dlen)),
+                    ev,
+                )
             }
             Pdu::ScsiResponse(r) => {
                 self.note_window(r.sn.exp_cmd_sn, r.sn.max_cmd_sn);
