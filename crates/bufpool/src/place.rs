@@ -112,11 +112,6 @@ impl Placed {
         self
     }
 
-    /// Offset of the range in the file.
-    pub fn offset(&self) -> usize {
-        self.offset
-    }
-
     /// Bytes received so far.
     pub fn len(&self) -> usize {
         self.filled

@@ -131,8 +131,9 @@ pub trait Host {
     /// The place on the medium a write of `cdb` to `lun`, `len` bytes of
     /// data-out, may be received straight into, holding what makes that
     /// safe until it is dropped (`scsi::LogicalUnit::place_write`); `None`
-    /// (the default): receive it into a buffer. Asked only for commands
-    /// the session will hand to the driver as they are, data digests off.
+    /// (the default): receive it into a buffer. Only a CDB whose transfer
+    /// length is exactly `len` may be placed. Asked only for commands the
+    /// session will hand to the driver as they are, data digests off.
     fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<bufpool::Placed> {
         let _ = (lun, cdb, len);
         None
@@ -539,9 +540,9 @@ impl Session {
     }
 
     /// [`Host::place_write`] for a write of `edtl` bytes, when data digests
-    /// are off and the CDB calls for exactly that much data-out.
+    /// are off (the host places only a CDB that calls for exactly `edtl`).
     fn place(&self, lun: Lun, cdb: &[u8], edtl: u32, host: &dyn Host) -> Option<Placed> {
-        if self.dg.data || host.data_out_len(lun, cdb) != edtl {
+        if self.dg.data {
             return None;
         }
         host.place_write(lun, cdb, edtl)

@@ -99,6 +99,7 @@ use bytes::Bytes;
 use storage::{AsyncIo, WriteCache};
 
 use crate::cdb::op;
+use crate::cdb::Lba;
 use crate::locks::OwnedShared;
 use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
 use crate::rw::{fields, no_protection};
@@ -147,10 +148,12 @@ impl LogicalUnit {
         self.backend.async_io()
     }
 
-    /// Admits `cmd` for the completion-driven path (module docs); `None`:
-    /// run it with [`LogicalUnit::execute`]. `data_out` is the command's
-    /// data-out as shared bytes (`cmd.data_out` is the same bytes).
-    pub fn admit_fast(&self, cmd: &Command<'_>, data_out: &Bytes) -> Option<FastIo> {
+    /// Every check `execute` makes of a READ(10/16) or WRITE(10/16)
+    /// before touching the medium (module docs): `Some((is a write, its
+    /// fields))` when they all pass and it moves at least one block;
+    /// `None` when any refuses it, which `execute` then answers with its
+    /// sense data.
+    fn checked_read_or_write(&self, cmd: &Command<'_>) -> Option<(bool, Lba)> {
         let opcode = *cmd.cdb.first()?;
         let write = match opcode {
             op::READ_10 | op::READ_16 => false,
@@ -162,19 +165,25 @@ impl LogicalUnit {
         if !self.ua.is_quiet(cmd.nexus) || !self.alua.state(cmd.tpg).is_active() {
             return None;
         }
-        // Refused here means answered by `execute`, with its sense data.
         let cdb = self.admit(opcode, cmd).ok()?;
         let f = fields(cdb).ok()?;
         no_protection(&f).ok()?;
         self.check_length(&f).ok()?;
         self.check_range(f.lba, f.len).ok()?;
-        if f.len == 0 {
-            return None;
+        if write {
+            self.check_writable().ok()?;
         }
+        (f.len > 0).then_some((write, f))
+    }
+
+    /// Admits `cmd` for the completion-driven path (module docs); `None`:
+    /// run it with [`LogicalUnit::execute`]. `data_out` is the command's
+    /// data-out as shared bytes (`cmd.data_out` is the same bytes).
+    pub fn admit_fast(&self, cmd: &Command<'_>, data_out: &Bytes) -> Option<FastIo> {
+        let (write, f) = self.checked_read_or_write(cmd)?;
         let fua = f.flags & 0x08 != 0;
         let bytes = (f.len as usize) << self.block_shift;
         let kind = if write {
-            self.check_writable().ok()?;
             if data_out.len() < bytes {
                 return None;
             }
@@ -240,27 +249,17 @@ impl LogicalUnit {
     /// digests, and must answer the command with [`Self::finish_placed`]
     /// once all of its data is in.
     pub fn place_write(&self, cmd: &Command<'_>, len: usize) -> Option<bufpool::Placed> {
-        let opcode = *cmd.cdb.first()?;
-        if !matches!(opcode, op::WRITE_10 | op::WRITE_16) {
-            return None;
-        }
         // Once an exclusive holder has been seen, never: a write landing
         // over the network could otherwise keep COMPARE AND WRITE (and the
         // commands queued behind it) waiting as long as its initiator
         // takes to send the data.
-        if self.locks.exclusive_seen()
-            || !self.ua.is_quiet(cmd.nexus)
-            || !self.alua.state(cmd.tpg).is_active()
-        {
+        if self.locks.exclusive_seen() {
             return None;
         }
-        let cdb = self.admit(opcode, cmd).ok()?;
-        let f = fields(cdb).ok()?;
-        no_protection(&f).ok()?;
-        self.check_length(&f).ok()?;
-        self.check_range(f.lba, f.len).ok()?;
-        self.check_writable().ok()?;
-        if f.len == 0 || (f.len as usize) << self.block_shift != len {
+        let (true, f) = self.checked_read_or_write(cmd)? else {
+            return None;
+        };
+        if (f.len as usize) << self.block_shift != len {
             return None;
         }
         let range = self.locks.try_shared_owned(f.lba, u64::from(f.len))?;

@@ -47,7 +47,7 @@ struct ConnHost<'a> {
     lus: Option<&'a LunTable>,
     peer: std::net::IpAddr,
     /// The session's nexus and port, for writes received in place.
-    origin: Option<&'a Origin>,
+    origin: &'a Origin,
 }
 
 impl Host for ConnHost<'_> {
@@ -74,7 +74,7 @@ impl Host for ConnHost<'_> {
 
     fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<bufpool::Placed> {
         let lu = self.lus?.get(lun)?;
-        crate::lunmap::place_write(lu, cdb, len, self.origin?)
+        crate::lunmap::place_write(lu, cdb, len, self.origin)
     }
 
     fn reset(&self, action: TmfAction) {
@@ -662,7 +662,7 @@ impl Conn {
                     shared,
                     lus: lus.as_deref(),
                     peer: self.peer.ip(),
-                    origin: Some(&origin),
+                    origin: &origin,
                 };
                 loop {
                     let raw = match self.next_pdu(&lim, &mut session, &host) {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use iscsi_proto::session::{Completion, ExecRequest};
 use iscsi_wire::pdu::Lun;
-use scsi::{GroupSpec, LogicalUnit, LuConfig, NexusId, PortGroups, TargetLus};
+use scsi::{GroupSpec, LogicalUnit, LuConfig, NexusId, Outcome, PortGroups, TargetLus};
 use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache};
 
 use parking_lot::RwLock;
@@ -357,21 +357,43 @@ fn check(key: u8, asc: u8, ascq: u8) -> Completion {
     }
 }
 
-/// `req` as the SCSI layer sees it, from the nexus and port of `o`.
-fn command<'a>(req: &'a ExecRequest, o: &'a Origin) -> scsi::Command<'a> {
-    let (data_out, data_out_more) = req.data_out.parts();
+/// `cdb` as the SCSI layer sees it, from the nexus and port of `o`, with
+/// `expected_data_out` bytes of data-out expected and none given.
+fn bare_command<'a>(cdb: &'a [u8], expected_data_out: u32, o: &'a Origin) -> scsi::Command<'a> {
     scsi::Command {
-        cdb: req.cdb.as_slice(),
-        data_out,
-        data_out_more,
-        data_out_buf: (req.data_out_owned && data_out_more.is_empty()).then_some(data_out),
+        cdb,
+        data_out: &[],
+        data_out_more: &[],
+        data_out_buf: None,
         nexus: o.nexus,
         relative_port: o.relative_port,
         tpg: o.tpg,
         target_port_name: &o.port_name,
         initiator_port_name: &o.initiator_port_name,
-        expected_data_out: Some(if req.write { req.edtl } else { 0 }),
+        expected_data_out: Some(expected_data_out),
         lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
+    }
+}
+
+/// `req` as the SCSI layer sees it, from the nexus and port of `o`.
+fn command<'a>(req: &'a ExecRequest, o: &'a Origin) -> scsi::Command<'a> {
+    let (data_out, data_out_more) = req.data_out.parts();
+    scsi::Command {
+        data_out,
+        data_out_more,
+        data_out_buf: (req.data_out_owned && data_out_more.is_empty()).then_some(data_out),
+        ..bare_command(req.cdb.as_slice(), if req.write { req.edtl } else { 0 }, o)
+    }
+}
+
+/// `out` packed for the session, for a command whose CDB calls for
+/// `data_out_wanted` bytes of data-out.
+fn completion(out: Outcome, data_out_wanted: u32) -> Completion {
+    Completion {
+        status: out.status,
+        sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
+        data_in: bufpool::Chain::from_parts(out.data, out.more),
+        data_out_wanted,
     }
 }
 
@@ -387,33 +409,14 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
             };
         }
     }
-    let out = lu.execute(&cmd);
-    Completion {
-        status: out.status,
-        sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
-        data_in: bufpool::Chain::from_parts(out.data, out.more),
-        data_out_wanted: req.cdb_data_out,
-    }
+    completion(lu.execute(&cmd), req.cdb_data_out)
 }
 
 /// Where a WRITE of `cdb`, `len` bytes of data-out, from the session of
 /// `o` may be received straight into its place on the medium
 /// (`scsi::fast`, writes received in place).
 pub fn place_write(lu: &LogicalUnit, cdb: &[u8], len: u32, o: &Origin) -> Option<bufpool::Placed> {
-    let cmd = scsi::Command {
-        cdb,
-        data_out: &[],
-        data_out_more: &[],
-        data_out_buf: None,
-        nexus: o.nexus,
-        relative_port: o.relative_port,
-        tpg: o.tpg,
-        target_port_name: &o.port_name,
-        initiator_port_name: &o.initiator_port_name,
-        expected_data_out: Some(len),
-        lus: o.lus.as_ref().map(|l| l as &dyn TargetLus),
-    };
-    lu.place_write(&cmd, len as usize)
+    lu.place_write(&bare_command(cdb, len, o), len as usize)
 }
 
 /// The completion of a WRITE of `cdb` whose data-out (`data_out_wanted`
@@ -424,13 +427,7 @@ pub fn finish_placed(
     placed: bufpool::Placed,
     data_out_wanted: u32,
 ) -> Completion {
-    let out = lu.finish_placed(cdb, placed);
-    Completion {
-        status: out.status,
-        sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
-        data_in: bufpool::Chain::new(),
-        data_out_wanted,
-    }
+    completion(lu.finish_placed(cdb, placed), data_out_wanted)
 }
 
 /// Starts `req` on `lu`'s completion-driven path when the backend has one
@@ -465,13 +462,7 @@ where
     let (offset, len, kind) = (io.offset, io.len, io.kind.clone());
     let lu2 = lu.clone();
     let finish = move |r: std::io::Result<Bytes>| {
-        let out = lu2.finish_fast(io, r);
-        done(Completion {
-            status: out.status,
-            sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
-            data_in: bufpool::Chain::from_parts(out.data, out.more),
-            data_out_wanted: wanted,
-        });
+        done(completion(lu2.finish_fast(io, r), wanted));
         // This runs on the backend's completion thread. Were this the last
         // reference (the LUN removed meanwhile), dropping the LU here would
         // close the image from inside a completion, which waits for that
