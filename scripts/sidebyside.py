@@ -2,7 +2,8 @@
 """Side-by-side performance of ironsan, Debian's tgt and a null responder.
 
 All targets run on loopback on this machine at once; the same clients
-measure each, alternating targets, best of N rounds. Absolute numbers swing
+measure each, alternating targets, best of N rounds (each round measures
+every row once, so a cell's samples are minutes apart). Absolute numbers swing
 from run to run on a shared machine, so the table reports ratios from this
 one run: ironsan/ceiling, tgt/ceiling, ironsan/tgt, file/RAM.
 
@@ -213,7 +214,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ironsan", required=True)
     ap.add_argument("--secs", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--digests", action="store_true", help="also measure with header (and our data) digests")
     ap.add_argument("--own-ceiling", action="store_true", help="use ironsan's probe even if ../shared is present")
     ap.add_argument("--tmpfs-4k", action="store_true",
@@ -267,21 +268,28 @@ def main():
     modes = [False, True] if a.digests else [False]
     results = {}
     try:
-        # Digests off and on are measured in the same rounds, alternating,
-        # so that their ratio is not the machine's drift between two halves.
-        for row, unit, per, fn, tnames in tests:
-            best = {d: {} for d in modes}
-            for rnd in range(a.rounds):
+        # Rounds are the outer loop: each cell's samples lie a whole round
+        # apart (minutes), so that a slow spell of this shared machine, which
+        # can last tens of seconds, costs a cell one sample rather than all
+        # of them. Within a round, digests off and on and the targets
+        # alternate their order, so that no ratio is the machine's drift
+        # between two halves.
+        best = {(row, d): {} for row, *_ in tests for d in modes}
+        for rnd in range(a.rounds):
+            for row, unit, per, fn, tnames in tests:
                 order = tnames if rnd % 2 == 0 else list(reversed(tnames))
                 for digests in (modes if rnd % 2 == 0 else list(reversed(modes))):
                     for name in order:
                         v = fn(t.urls[name], digests)
-                        if v is not None and v > best[digests].get(name, 0):
-                            best[digests][name] = v
+                        if v is not None and v > best[(row, digests)].get(name, 0):
+                            best[(row, digests)][name] = v
+            print(f"round {rnd + 1} of {a.rounds} done", flush=True)
+        for row, unit, per, fn, tnames in tests:
             for digests in modes:
-                results[(row, digests)] = (unit, per, best[digests])
+                b = best[(row, digests)]
+                results[(row, digests)] = (unit, per, b)
                 print(f"{row}{' +digests' if digests else ''}: "
-                      + ", ".join(f"{n}={fmt(best[digests].get(n), unit, per)}" for n in tnames), flush=True)
+                      + ", ".join(f"{n}={fmt(b.get(n), unit, per)}" for n in tnames), flush=True)
         lb = {}
         for row, req, resp, qd, src in loops:
             # Ours for both 128K rows, so that their ratio compares like with like.
@@ -316,7 +324,7 @@ def table(results, lb, modes, ceiling_kind, tmpfs_kind, a):
     out = []
     out.append(f"ceiling: {ceiling_kind}; tgt: Debian tgt, 1 GiB file LUN on tmpfs; ironsan: RAM, file (tmpfs) and null LUNs")
     out.append(f"file LUNs (tgt's and ironsan's) on {tmpfs_kind}")
-    out.append(f"best of {a.rounds} rounds of {a.secs} s, targets alternating; IOPS in K, bandwidth in MB/s (10^6)")
+    out.append(f"best of {a.rounds} rounds of {a.secs} s (each round runs every row once), targets alternating; IOPS in K, bandwidth in MB/s (10^6)")
     out.append(f"`ironsan bench` rows: --busy-poll {a.bench_busy_poll} (the initiator polls for completions; docs/BENCH.md)")
     out.append("")
     out.append("| test | ceiling | tgt | ironsan RAM | ironsan file | ironsan null | ironsan/ceiling | tgt/ceiling | ironsan/tgt | file/RAM |")
