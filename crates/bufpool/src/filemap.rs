@@ -20,9 +20,10 @@
 //! page (`sendfile` serves holes from the zero page instead).
 //!
 //! A mapping made by [`FileMap::writable`] is also `PROT_WRITE`: a write's
-//! data-out is received straight into it ([`crate::Placed`]), and by the
-//! same rule only the kernel writes there (`recv(2)` into the mapping; bytes
-//! that are already in user space go in by `pwrite(2)` on the file).
+//! data-out is received straight into it ([`crate::Placed`]), by the
+//! kernel (`recv(2)` into the mapping), and small writes already in user
+//! space are stored into it by [`FileMap::store`], a copy that recovers
+//! from SIGBUS (`store.rs`); nothing else in user space touches it.
 
 use std::fs::File;
 use std::io;
@@ -39,14 +40,15 @@ const RESIDENT_BATCH: usize = 256;
 pub struct FileMap {
     ptr: NonNull<u8>,
     len: usize,
-    /// The file, when the mapping is writable: bytes from user space are
-    /// written with `pwrite(2)` on it, never stored through the pointer.
+    /// The file, when the mapping is writable (what [`FileMap::store`]
+    /// cannot store goes by `pwrite(2)` on it).
     file: Option<Arc<File>>,
 }
 
 // SAFETY: the mapping is owned by this value alone (unmapped once, on
-// drop) and user space never stores through it (only the kernel does, into
-// ranges a `Placed` has to itself); sharing its address between threads is
+// drop); user space stores through it only with `FileMap::store`'s copy
+// (outside Rust's memory model, like the kernel's stores into ranges a
+// `Placed` has to itself), so sharing its address between threads is
 // sound.
 unsafe impl Send for FileMap {}
 // SAFETY: as above; nothing here mutates through the pointer.

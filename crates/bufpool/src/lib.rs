@@ -19,6 +19,7 @@
 mod chain;
 mod filemap;
 mod place;
+mod store;
 pub use chain::{Chain, FileRange};
 pub use filemap::FileMap;
 pub use place::{Held, LandBuf, Placed, Release};

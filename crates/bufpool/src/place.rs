@@ -8,10 +8,9 @@
 //! A [`Placed`] range is written by the kernel only. Its [`BufMut`] chunk
 //! is for `recv(2)`-like reads into it; [`BufMut::put_slice`], for bytes
 //! that are already in user space (the part of a segment read together
-//! with its header), goes through `pwrite(2)` on the file. That keeps the
-//! rule of [`FileMap`]: user space never touches the mapping, so a page
-//! that cannot be had (the file cut short under the LUN, a full tmpfs) is
-//! an error returned by a system call, `EFAULT` or `ENOSPC`, and never a
+//! with its header), goes through `pwrite(2)` on the file. So a page that
+//! cannot be had (the file cut short under the LUN, a full tmpfs) is an
+//! error returned by a system call, `EFAULT` or `ENOSPC`, and never a
 //! SIGBUS. A failed `pwrite` is remembered ([`Placed::error`]) and fails
 //! the command.
 //!
@@ -167,8 +166,8 @@ unsafe impl BufMut for Placed {
         }
     }
 
-    /// Writes `src` into the file with `pwrite(2)` (user space never stores
-    /// through the mapping); an error is kept for [`Placed::error`], and
+    /// Writes `src` into the file with `pwrite(2)`, which reports a page
+    /// that cannot be had as an error; an error is kept for [`Placed::error`], and
     /// the range counts as filled either way, so that the command's data
     /// accounting goes on and the command fails at its end.
     fn put_slice(&mut self, src: &[u8]) {

@@ -5,7 +5,8 @@
 //! data digests, which never place), many writes in flight at once, the
 //! file holds exactly the data written, reads return it, and neighbouring
 //! bytes are untouched. A write into a hole, which is not placed, lands
-//! right too.
+//! right too. Small writes, stored into the file's mapping from user space,
+//! survive the file being cut short under the LUN.
 
 mod common;
 
@@ -140,4 +141,61 @@ fn placed_writes_hold_exactly_what_was_written_for_every_negotiation() {
             panic!("{what}: the file differs first at byte {i}");
         }
     }
+}
+
+/// Small writes go into the file's mapping by a store that recovers from a
+/// missing page (`bufpool::FileMap::store`). The file cut short behind the
+/// target's back: writes past its new end, and across it, still complete
+/// with GOOD (what the store could not take goes by `pwrite`, which extends
+/// the file again), read back right, and the target lives on.
+#[test]
+fn small_writes_survive_the_file_cut_short_under_the_lun() {
+    let Some((_dir, path, _want)) = shm_lun() else {
+        return;
+    };
+    let (addrs, _stop) = start(config(&lun_config(&path), ""));
+    let cfg = LoginConfig::new("iqn.2026-11.x:pw", Some(IQN), initiator::random_isid());
+    let mut c = Connection::login(&addrs[0].to_string(), cfg).unwrap();
+    // A first write maps what it needs; then the file loses all but 1 MiB.
+    let d = fill(99, 4096);
+    let r = c
+        .execute(
+            0,
+            &scsi::rw16(true, 8, 8, false),
+            DataDir::Write(d.clone().into()),
+        )
+        .unwrap();
+    assert_eq!(r.status, Some(0));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let past = (4 << 20) / BLOCK as u64;
+    let across = (1 << 20) / BLOCK as u64 - 4;
+    for (lba, seed) in [(past, 1u64), (across, 2), (past + 1000, 3)] {
+        let d = fill(seed, 4096);
+        let r = c
+            .execute(
+                0,
+                &scsi::rw16(true, lba, 8, false),
+                DataDir::Write(d.clone().into()),
+            )
+            .unwrap();
+        assert_eq!(r.status, Some(0), "write at lba {lba}");
+        let r = c
+            .execute(0, &scsi::rw16(false, lba, 8, false), DataDir::Read(4096))
+            .unwrap();
+        assert_eq!(r.status, Some(0), "read at lba {lba}");
+        assert!(r.data[..] == d[..], "read back at lba {lba}");
+    }
+    // Another session is served as before.
+    let cfg = LoginConfig::new("iqn.2026-11.x:pw2", Some(IQN), initiator::random_isid());
+    let mut c2 = Connection::login(&addrs[0].to_string(), cfg).unwrap();
+    let r = c2
+        .execute(0, &scsi::rw16(false, 8, 8, false), DataDir::Read(4096))
+        .unwrap();
+    assert_eq!(r.status, Some(0));
+    assert!(r.data[..] == d[..]);
 }
