@@ -148,6 +148,38 @@ impl FileRange {
         self.len -= n;
     }
 
+    /// A pin on the range ([`crate::WriteGate::pin`]), guarding, so that
+    /// its bytes can be read in place with [`Self::read_pinned`] and then
+    /// sent from the mapping; `None` when the range has no mapping, its
+    /// file no gate, or a write to the file is in progress.
+    pub fn pin(&self) -> Option<crate::Pin> {
+        let gate = self.map.as_ref()?.gate()?;
+        gate.pin(self.offset, self.len as u64)
+    }
+
+    /// Calls `f` with the range's bytes, read from the mapping in user
+    /// space, in order; false when they could not all be read (the file
+    /// was cut short) and whatever `f` computed is void. `pin` must guard
+    /// this range (from [`Self::pin`] on it, or on a range it was sliced or
+    /// advanced from).
+    ///
+    /// # Safety
+    /// As [`FileMap::read_guarded`] for `f`: it must own nothing that
+    /// needs dropping, take no lock and not panic.
+    pub unsafe fn read_pinned(&self, pin: &crate::Pin, f: &mut dyn FnMut(&[u8])) -> bool {
+        let Some(m) = self.map.as_ref() else {
+            return false;
+        };
+        if !pin.is_guarding() {
+            return false;
+        }
+        // SAFETY: the pin guards the range, so no writer of ours touches
+        // it; `with_map` found its pages resident, and only a write (held
+        // off) or a file cut short (recovered) takes them away. `f`: the
+        // caller's obligations.
+        unsafe { m.read_guarded(self.offset as usize, self.len, f) }
+    }
+
     /// Reads the range into a pooled buffer (the copying path, e.g. when a
     /// data digest must be computed over the bytes sent). End of file
     /// before the end of the range is `UnexpectedEof`: never short data.

@@ -11,8 +11,11 @@
 //! "Sixth session"). A `writev` from the mapping makes the target do that
 //! copy, as the RAM LUN does, in the header's `writev`.
 //!
-//! The mapping is never read in user space: its bytes are only handed to
-//! the kernel ([`FileMap::kernel_slice`]). If the file shrinks under it,
+//! The mapping is read in user space only by [`FileMap::read_guarded`]
+//! (a data digest over the pages that are then sent, with the file's
+//! writers held off by a [`crate::WriteGate`]), which recovers from SIGBUS;
+//! otherwise its bytes are only handed to the kernel
+//! ([`FileMap::kernel_slice`]). If the file shrinks under it,
 //! the kernel's copy from a page past the end fails with `EFAULT` (the
 //! write is refused) where a user-space read would raise SIGBUS. And it is
 //! only used where [`FileMap::resident`] says every page is already in the
@@ -43,6 +46,11 @@ pub struct FileMap {
     /// The file, when the mapping is writable (what [`FileMap::store`]
     /// cannot store goes by `pwrite(2)` on it).
     file: Option<Arc<File>>,
+    /// The file's writers, when its owner announces them there
+    /// ([`Self::with_gate`]): then reads of it can be pinned
+    /// ([`crate::FileRange::pin`]) and writes received into it announce
+    /// themselves ([`Self::place`]).
+    gate: Option<Arc<crate::WriteGate>>,
 }
 
 // SAFETY: the mapping is owned by this value alone (unmapped once, on
@@ -72,6 +80,7 @@ impl FileMap {
             ptr,
             len,
             file: None,
+            gate: None,
         })
     }
 
@@ -83,7 +92,20 @@ impl FileMap {
             ptr,
             len,
             file: Some(file),
+            gate: None,
         })
+    }
+
+    /// The mapping, with `gate` as the gate every writer of the file passes
+    /// (the caller's promise: [`crate::WriteGate`]).
+    pub fn with_gate(mut self, gate: Arc<crate::WriteGate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The gate the file's writers pass, if they do.
+    pub fn gate(&self) -> Option<&Arc<crate::WriteGate>> {
+        self.gate.as_ref()
     }
 
     /// Whether [`Self::place`] can hand out ranges.

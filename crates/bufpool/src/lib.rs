@@ -18,10 +18,12 @@
 
 mod chain;
 mod filemap;
+mod gate;
 mod place;
 mod store;
 pub use chain::{Chain, FileRange};
 pub use filemap::FileMap;
+pub use gate::{Pin, WriteGate, WriteToken};
 pub use place::{Held, LandBuf, Placed, Release};
 
 use std::cell::RefCell;

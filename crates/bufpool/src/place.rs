@@ -67,10 +67,24 @@ impl std::fmt::Debug for Held {
 pub struct Placed {
     map: Arc<FileMap>,
     offset: usize,
-    cap: usize,
-    filled: usize,
+    /// Length of the range (u32: a write's data-out never exceeds it, and
+    /// this keeps the commands that carry a `Placed` small).
+    cap: u32,
+    filled: u32,
     error: Option<io::Error>,
     hold: Option<Held>,
+    /// The write is announced to the map's gate until this is dropped.
+    writing: bool,
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        if self.writing {
+            if let Some(g) = self.map.gate() {
+                g.leave();
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Placed {
@@ -85,21 +99,25 @@ impl std::fmt::Debug for Placed {
 }
 
 impl FileMap {
-    /// Bytes `offset .. offset + len` of the file, to be received into;
+    /// Bytes `offset .. offset + len` of the file, to be received into
+    /// (announced as a write to the file's gate until dropped);
     /// `None` unless the mapping is writable, the range lies inside it
     /// and is not empty, and every page of it is in the page cache
     /// ([`FileMap::resident`]: a hole is not filled by a fault).
     pub fn place(self: &Arc<Self>, offset: usize, len: usize) -> Option<Placed> {
+        let cap = u32::try_from(len).ok()?;
         if !self.is_writable() || len == 0 || !self.resident(offset, len) {
             return None;
         }
+        let writing = self.gate().map(|g| g.enter(offset as u64, len as u64));
         Some(Placed {
             map: self.clone(),
             offset,
-            cap: len,
+            cap,
             filled: 0,
             error: None,
             hold: None,
+            writing: writing.is_some(),
         })
     }
 }
@@ -113,7 +131,7 @@ impl Placed {
 
     /// Bytes received so far.
     pub fn len(&self) -> usize {
-        self.filled
+        self.filled as usize
     }
 
     /// True before the first byte is in.
@@ -123,7 +141,11 @@ impl Placed {
 
     /// Length of the range.
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.cap as usize
+    }
+
+    fn left(&self) -> usize {
+        (self.cap - self.filled) as usize
     }
 
     /// The first error of a `pwrite` into the range, if any: the bytes of
@@ -143,27 +165,19 @@ impl Placed {
 // lock, and handed to one reader. `advance_mut` never passes the end.
 unsafe impl BufMut for Placed {
     fn remaining_mut(&self) -> usize {
-        self.cap - self.filled
+        self.left()
     }
 
     unsafe fn advance_mut(&mut self, cnt: usize) {
-        assert!(
-            cnt <= self.cap - self.filled,
-            "advance past the placed range"
-        );
-        self.filled += cnt;
+        assert!(cnt <= self.left(), "advance past the placed range");
+        self.filled += cnt as u32;
     }
 
     fn chunk_mut(&mut self) -> &mut UninitSlice {
-        let at = self.offset + self.filled;
+        let at = self.offset + self.len();
         // SAFETY: `at .. offset + len` lies inside the mapping (see the
         // impl's safety comment); it is only written by the kernel.
-        unsafe {
-            UninitSlice::from_raw_parts_mut(
-                self.map.base().as_ptr().add(at),
-                self.cap - self.filled,
-            )
-        }
+        unsafe { UninitSlice::from_raw_parts_mut(self.map.base().as_ptr().add(at), self.left()) }
     }
 
     /// Writes `src` into the file with `pwrite(2)`, which reports a page
@@ -171,17 +185,14 @@ unsafe impl BufMut for Placed {
     /// the range counts as filled either way, so that the command's data
     /// accounting goes on and the command fails at its end.
     fn put_slice(&mut self, src: &[u8]) {
-        assert!(
-            src.len() <= self.cap - self.filled,
-            "put past the placed range"
-        );
-        let at = (self.offset + self.filled) as u64;
+        assert!(src.len() <= self.left(), "put past the placed range");
+        let at = (self.offset + self.len()) as u64;
         if self.error.is_none() {
             if let Err(e) = self.file().write_all_at(src, at) {
                 self.error = Some(e);
             }
         }
-        self.filled += src.len();
+        self.filled += src.len() as u32;
     }
 }
 

@@ -14,8 +14,21 @@
 //! handler that was there before (Rust's stack-overflow report, or the
 //! default action).
 //!
+//! Reads from user space ([`FileMap::read_guarded`], a data digest computed
+//! over the file's pages in place, `gate.rs`) recover the same way, but the
+//! reading code is not one instruction: it is whatever the caller runs
+//! (a vectorised CRC). So it runs under a trampoline that saves the
+//! callee-saved registers on its stack and the stack pointer in a
+//! thread-local record along with the range being read; a SIGBUS whose
+//! address lies in that range, on that thread, resumes at the
+//! trampoline's recovery label with the stack pointer it saved, as if the
+//! call had returned "faulted". The frames skipped are the caller's
+//! computation, which must own nothing that needs dropping and take no
+//! lock (plain old frames, which may be skipped this way).
+//!
 //! x86-64 Linux only; elsewhere [`FileMap::store`] stores nothing and the
-//! caller writes with `pwrite(2)`.
+//! caller writes with `pwrite(2)`, and [`FileMap::read_guarded`] reads
+//! nothing.
 
 use crate::FileMap;
 
@@ -44,6 +57,71 @@ mod imp {
         ".popsection",
     );
 
+    // The guarded call: `rdi` the function, `rsi` its argument, `rdx` where
+    // to save the stack pointer the recovery resumes with. Returns 0 when
+    // the function returned, 1 when a fault in the armed range cut it
+    // short. The callee-saved registers are pushed before the stack
+    // pointer is saved, so the recovery restores them by popping.
+    std::arch::global_asm!(
+        ".pushsection .text.ironsan_guarded_call,\"ax\",@progbits",
+        ".p2align 4",
+        ".globl ironsan_guarded_call",
+        ".type ironsan_guarded_call,@function",
+        "ironsan_guarded_call:",
+        "push rbp",
+        "push rbx",
+        "push r12",
+        "push r13",
+        "push r14",
+        "push r15",
+        // 8 (return address) + 48 pushed: 8 more keeps the call aligned.
+        "sub rsp, 8",
+        "mov [rdx], rsp",
+        "mov rax, rdi",
+        "mov rdi, rsi",
+        "call rax",
+        "xor eax, eax",
+        "2:",
+        "add rsp, 8",
+        "pop r15",
+        "pop r14",
+        "pop r13",
+        "pop r12",
+        "pop rbx",
+        "pop rbp",
+        "ret",
+        ".globl ironsan_guarded_recover",
+        "ironsan_guarded_recover:",
+        "mov eax, 1",
+        "jmp 2b",
+        ".size ironsan_guarded_call, .-ironsan_guarded_call",
+        ".popsection",
+    );
+
+    /// What the handler needs to recover a guarded read on this thread.
+    #[repr(C)]
+    struct Armed {
+        /// The stack pointer the trampoline saved.
+        rsp: usize,
+        /// The range being read: faults elsewhere are not ours.
+        lo: usize,
+        hi: usize,
+    }
+
+    thread_local! {
+        /// The guarded read running on this thread, if any.
+        static ARMED: std::cell::Cell<*const Armed> = const { std::cell::Cell::new(std::ptr::null()) };
+    }
+
+    extern "C" {
+        fn ironsan_guarded_call(
+            f: extern "C" fn(*mut libc::c_void),
+            arg: *mut libc::c_void,
+            rsp_slot: *mut usize,
+        ) -> u32;
+        static ironsan_guarded_recover: u8;
+    }
+
     extern "C" {
         fn ironsan_store_copy(dst: *mut u8, src: *const u8, len: usize) -> usize;
         static ironsan_store_copy_insn: u8;
@@ -65,6 +143,19 @@ mod imp {
             if *rip as usize == std::ptr::addr_of!(ironsan_store_copy_insn) as usize {
                 *rip = std::ptr::addr_of!(ironsan_store_copy_fixup) as i64;
                 return;
+            }
+            // A guarded read on this thread, faulting in its range. The
+            // thread-local is const-initialised without a destructor: a
+            // plain TLS load.
+            let armed = ARMED.try_with(|a| a.get()).unwrap_or(std::ptr::null());
+            if !armed.is_null() {
+                let addr = (*info).si_addr() as usize;
+                let a = &*armed;
+                if (a.lo..a.hi).contains(&addr) {
+                    (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] = a.rsp as i64;
+                    *rip = std::ptr::addr_of!(ironsan_guarded_recover) as i64;
+                    return;
+                }
             }
             match PREVIOUS.get() {
                 Some(p)
@@ -114,6 +205,37 @@ mod imp {
         PREVIOUS.get().is_some()
     }
 
+    /// Runs `f` with faults in `lo .. hi` recovered; false if one cut it
+    /// short.
+    ///
+    /// # Safety
+    /// `f` must own nothing that needs dropping and take no lock: when a
+    /// fault cuts it short, its frames are skipped (module docs). It must
+    /// not panic (the unwind would cross a C frame, which aborts).
+    pub(super) unsafe fn guarded(lo: usize, hi: usize, f: &mut dyn FnMut()) -> bool {
+        extern "C" fn call(arg: *mut libc::c_void) {
+            // SAFETY: `arg` is the `&mut &mut dyn FnMut()` below, alive
+            // for the call.
+            let f = unsafe { &mut *arg.cast::<&mut dyn FnMut()>() };
+            f();
+        }
+        let mut armed = Armed { rsp: 0, lo, hi };
+        let prev = ARMED.with(|a| a.replace(&armed));
+        let mut f = f;
+        // SAFETY: the trampoline calls `call` with `&mut f`; the record it
+        // saves the stack pointer in is `armed`, alive across the call and
+        // published in ARMED for the handler.
+        let faulted = unsafe {
+            ironsan_guarded_call(
+                call,
+                std::ptr::addr_of_mut!(f).cast(),
+                std::ptr::addr_of_mut!(armed.rsp),
+            )
+        };
+        ARMED.with(|a| a.set(prev));
+        faulted == 0
+    }
+
     /// Copies `len` bytes; returns how many were not copied.
     ///
     /// # Safety
@@ -127,6 +249,42 @@ mod imp {
 }
 
 impl FileMap {
+    /// Calls `f` with bytes `off .. off + len` of the mapping, read in user
+    /// space, in one or more pieces in order; false when they could not all
+    /// be read (a range outside the mapping, a file cut short under it, a
+    /// platform without the guarded read): then `f` may have seen some of
+    /// them and the result of whatever it computed is void.
+    ///
+    /// # Safety
+    /// Nothing may write the range while this runs (a [`crate::Pin`] that
+    /// guards it), and every page of it must be in the page cache (a read
+    /// fault on a hole would allocate it). `f` must own nothing that needs
+    /// dropping, take no lock and not panic: a fault skips its frames
+    /// (module docs).
+    pub unsafe fn read_guarded(&self, off: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> bool {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            let inside = off.checked_add(len).is_some_and(|e| e <= self.len());
+            if !inside || !imp::install() {
+                return false;
+            }
+            let lo = self.base().as_ptr() as usize + off;
+            // SAFETY: inside the mapping, which lives as long as `self`;
+            // the caller keeps writers off it, so the slice does not
+            // change while it is read.
+            let bytes = unsafe { std::slice::from_raw_parts(lo as *const u8, len) };
+            let mut call = || f(bytes);
+            // SAFETY: the caller's obligations on `f`; `call` itself owns
+            // nothing.
+            unsafe { imp::guarded(lo, lo + len, &mut call) }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            let _ = (off, len, f);
+            false
+        }
+    }
+
     /// Stores `src` at byte `off` of the (writable) mapping from user space,
     /// recovering from a page that cannot be had (module docs); returns how
     /// many bytes were stored, from the front. Fewer than `src.len()`: the
@@ -192,5 +350,49 @@ mod tests {
         // Grown back, the pages are there again.
         f.set_len(65536).unwrap();
         assert_eq!(m.store(16384, &data), data.len());
+    }
+
+    #[test]
+    fn guarded_reads_see_the_file_and_survive_a_page_gone() {
+        let Ok(f) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "guarded") else {
+            return;
+        };
+        let data: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 5) as u8).collect();
+        f.write_all_at(&data, 0).unwrap();
+        let m = FileMap::new(&f, 65536).unwrap();
+        let on = cfg!(all(target_arch = "x86_64", target_os = "linux"));
+        let mut seen = Vec::with_capacity(65536);
+        // SAFETY: nothing writes the file meanwhile; its pages are all
+        // there; the closure only appends to a Vec allocated beforehand
+        // (no fault can happen here, so nothing is skipped).
+        let ok = unsafe { m.read_guarded(1000, 30000, &mut |b| seen.extend_from_slice(b)) };
+        assert_eq!(ok, on);
+        if !on {
+            return;
+        }
+        assert_eq!(seen, data[1000..31000]);
+        // SAFETY: as above; outside the mapping nothing is read.
+        assert!(!unsafe { m.read_guarded(60000, 8000, &mut |_| unreachable!()) });
+        // The file cut short: the read of pages past the end faults, and
+        // the call reports it instead of the process dying. Then again, to
+        // show the recovery left the thread able to do it twice.
+        f.set_len(8192).unwrap();
+        for _ in 0..2 {
+            let mut sum = 0u64;
+            // SAFETY: the closure owns nothing and takes no lock.
+            let ok = unsafe {
+                m.read_guarded(4096, 20000, &mut |b| {
+                    sum += b.iter().map(|&x| u64::from(x)).sum::<u64>()
+                })
+            };
+            assert!(!ok, "pages past the new end cannot be read");
+        }
+        // A fault outside a guarded read is still fatal as before (not
+        // tested: it would end the test process); the range inside is
+        // fine.
+        let mut n = 0;
+        // SAFETY: as above.
+        assert!(unsafe { m.read_guarded(0, 8192, &mut |b| n += b.len()) });
+        assert_eq!(n, 8192);
     }
 }

@@ -13,10 +13,25 @@
 //! once everything before it has gone, [`Outbox::front_file`] hands it to
 //! the driver, which sends it with `sendfile(2)` and calls
 //! [`Outbox::advance`] with what the kernel took, like after a `writev`;
-//! the padding and the next PDUs follow in the arena. A file range under a
-//! data digest is read into memory when queued instead, since the digest
-//! must cover exactly the bytes that go out (and is computed here, before
-//! they do). Queues without file ranges work exactly as before.
+//! the padding and the next PDUs follow in the arena. Queues without file
+//! ranges work exactly as before.
+//!
+//! Under a data digest the digest must cover exactly the bytes that go
+//! out, and it is computed here, when the PDU is queued. A mapped range
+//! whose file has a write gate ([`bufpool::WriteGate`]) is *pinned*: the
+//! digest is computed over the file's pages in place, and the range is
+//! sent from them like any mapped range; the pin guards the range (holds
+//! the file's writers off it) while the digest is computed and again from
+//! [`Outbox::io_slices`] to the [`Outbox::advance`] (or
+//! [`Outbox::unguard`]) after the `writev`, so the kernel copies the very
+//! bytes the digest covers. If the `writev` takes only part of the range,
+//! the rest is copied (`pread`) before the pin stops guarding, so that the
+//! two halves are always one version of the data. A write that touched a
+//! range while it waited unguarded spoils its pin: the range is then read
+//! afresh (`pread`) and its digest recomputed. Writers are thus held off
+//! only for the length of a digest computation or a `writev`, never while
+//! the connection waits for the network.
+//! Any other range under a data digest is read into memory when queued.
 //!
 //! A file range that carries a mapping of its file ([`FileRange::with_map`])
 //! is not held back: [`Outbox::io_slices`] yields its bytes in the mapping
@@ -27,7 +42,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-use bufpool::{Chain, FileRange};
+use bufpool::{Chain, FileRange, Pin};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::digest::{crc32c_parts, pad_len, Crc32c, PAD};
@@ -75,18 +90,56 @@ fn trailer_of<'a>(
     (t, n)
 }
 
+/// The padding and data digest (`crc`, over the data and the padding)
+/// after a data segment of `len` bytes.
+fn tail(len: usize, crc: u32) -> ([u8; 8], u8) {
+    let mut t = [0u8; 8];
+    let pad = pad_len(len);
+    t[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
+    (t, (pad + 4) as u8)
+}
+
+/// The data digest of `r` (and its padding) computed over the file's
+/// mapping, which `pin` guards; `None` when the file was cut short.
+fn digest_in_place(r: &FileRange, pin: &Pin) -> Option<u32> {
+    let mut crc = Crc32c::new();
+    // SAFETY: the closure only folds bytes into a CRC state held on the
+    // stack: it owns nothing that needs dropping, takes no lock, and does
+    // not panic, so a fault may skip its frames.
+    let ok = unsafe { r.read_pinned(pin, &mut |b| crc.update(b)) };
+    ok.then(|| {
+        crc.update(&PAD[..pad_len(r.len())]);
+        crc.value()
+    })
+}
+
 /// One queued piece of the stream.
 #[derive(Debug)]
 enum Seg {
     Mem(Bytes),
     File(FileRange),
+    /// A mapped range whose data digest was computed in place, with the
+    /// pin that keeps it true (module docs). None of it has been written:
+    /// once part has, the rest is copied.
+    Pinned {
+        r: FileRange,
+        pin: Pin,
+    },
+    /// The padding and data digest after a [`Seg::Pinned`], from byte `at`
+    /// (kept apart so that the digest can be recomputed).
+    Tail {
+        t: [u8; 8],
+        at: u8,
+        n: u8,
+    },
 }
 
 impl Seg {
     fn len(&self) -> usize {
         match self {
             Seg::Mem(b) => b.len(),
-            Seg::File(r) => r.len(),
+            Seg::File(r) | Seg::Pinned { r, .. } => r.len(),
+            Seg::Tail { at, n, .. } => usize::from(n - at),
         }
     }
 }
@@ -102,6 +155,9 @@ pub struct Outbox {
     /// A data segment could not be read when queued: the stream is wrong
     /// from there on.
     broken: bool,
+    /// Pins in the queue's first [`MAX_IOVECS`] segments may be guarding
+    /// (from [`Self::io_slices`] to [`Self::advance`] or [`Self::unguard`]).
+    guarding: bool,
 }
 
 impl Outbox {
@@ -113,6 +169,7 @@ impl Outbox {
             len: 0,
             files: 0,
             broken: false,
+            guarding: false,
         }
     }
 
@@ -180,6 +237,11 @@ impl Outbox {
     /// if that read fails (the file shrank) the outbox is
     /// [broken](Self::is_broken).
     pub fn push_file(&mut self, bhs: &[u8; BHS_LEN], r: FileRange, dg: Digests) {
+        if dg.data && r.len() > COPY_THRESHOLD {
+            if let Some(pin) = r.pin() {
+                return self.push_pinned(bhs, r, pin, dg);
+            }
+        }
         if dg.data || r.len() <= COPY_THRESHOLD {
             match r.read() {
                 Ok(b) => self.push_bytes(bhs, b, dg),
@@ -194,6 +256,69 @@ impl Outbox {
         self.files += usize::from(!r.is_mapped());
         self.queue.push_back(Seg::File(r));
         self.pending.extend_from_slice(&PAD[..pad]);
+    }
+
+    /// [`Self::push_file`] of a mapped range under a data digest, with `pin`
+    /// guarding it: the digest is computed over the mapping (module docs).
+    fn push_pinned(&mut self, bhs: &[u8; BHS_LEN], r: FileRange, mut pin: Pin, dg: Digests) {
+        let crc = digest_in_place(&r, &pin);
+        pin.unguard();
+        let Some(crc) = crc else {
+            // The file was cut short under the mapping.
+            self.broken = true;
+            return;
+        };
+        self.push_header(bhs, dg);
+        self.seal();
+        let (t, n) = tail(r.len(), crc);
+        self.len += r.len() + usize::from(n);
+        self.queue.push_back(Seg::Pinned { r, pin });
+        self.queue.push_back(Seg::Tail { t, at: 0, n });
+    }
+
+    /// Guards the pins among the first [`MAX_IOVECS`] segments, up to the
+    /// first unmapped file range; a spoiled one is read afresh (none of it
+    /// has gone). Returns how many segments may be written: fewer when that
+    /// read fails (the file was cut short), which breaks the outbox.
+    fn guard_pins(&mut self) -> usize {
+        let end = self.queue.len().min(MAX_IOVECS);
+        for i in 0..end {
+            let (r, pin) = match &mut self.queue[i] {
+                Seg::File(r) if !r.is_mapped() => return i,
+                Seg::Pinned { r, pin } => (r, pin),
+                _ => continue,
+            };
+            self.guarding = true;
+            if pin.guard() {
+                continue;
+            }
+            // Spoiled while queued: send a copy, with its digest.
+            let Ok(b) = r.read() else {
+                self.broken = true;
+                return i;
+            };
+            let (t, n) = tail(b.len(), crc32c_parts(&[&b, &PAD[..pad_len(b.len())]]));
+            self.queue[i] = Seg::Mem(b);
+            if let Some(Seg::Tail { t: old, n: on, .. }) = self.queue.get_mut(i + 1) {
+                (*old, *on) = (t, n);
+            }
+        }
+        end
+    }
+
+    /// Lets the file writers held off by [`Self::io_slices`] go: call it
+    /// after a write that failed or took nothing ([`Self::advance`] does it
+    /// otherwise). Pins must never guard while the connection waits for the
+    /// network.
+    pub fn unguard(&mut self) {
+        if !std::mem::take(&mut self.guarding) {
+            return;
+        }
+        for seg in self.queue.iter_mut().take(MAX_IOVECS) {
+            if let Seg::Pinned { pin, .. } = seg {
+                pin.unguard();
+            }
+        }
     }
 
     /// True when a data segment could not be read as it was queued: what
@@ -248,16 +373,20 @@ impl Outbox {
     /// Fills `out` with up to [`MAX_IOVECS`] slices of pending bytes, in
     /// order, up to the first file range that is not mapped, and returns
     /// how many were filled. The slices are for the kernel only: those of a
-    /// mapped range must not be read in user space.
+    /// mapped range must not be read in user space. Pinned ranges among
+    /// them guard until [`Self::advance`] or [`Self::unguard`], which the
+    /// caller must call after its write whatever its outcome.
     pub fn io_slices<'a>(&'a mut self, out: &mut [IoSlice<'a>; MAX_IOVECS]) -> usize {
         self.seal();
+        let end = self.guard_pins();
         let mut n = 0;
-        for seg in self.queue.iter().take(MAX_IOVECS) {
+        for seg in self.queue.iter().take(end) {
             let b = match seg {
                 Seg::Mem(b) => &b[..],
+                Seg::Tail { t, at, n } => &t[usize::from(*at)..usize::from(*n)],
                 // SAFETY: these slices go to the kernel (the contract
                 // above), which refuses pages a shrunk file no longer has.
-                Seg::File(r) => match unsafe { r.kernel_bytes() } {
+                Seg::File(r) | Seg::Pinned { r, .. } => match unsafe { r.kernel_bytes() } {
                     Some(b) => b,
                     None => break,
                 },
@@ -282,16 +411,29 @@ impl Outbox {
                     // Sent: a pooled read buffer goes back for reuse.
                     Some(Seg::Mem(done)) => bufpool::give(done),
                     Some(Seg::File(r)) => self.files -= usize::from(!r.is_mapped()),
-                    None => {}
+                    _ => {}
                 }
             } else {
                 match front {
                     Seg::Mem(b) => b.advance(n),
                     Seg::File(r) => r.advance(n),
+                    Seg::Pinned { r, pin, .. } => {
+                        // Half sent: the rest is copied now, while the pin
+                        // still guards it, so that no write can come
+                        // between the two halves (module docs).
+                        r.advance(n);
+                        debug_assert!(pin.is_guarding());
+                        match r.read() {
+                            Ok(b) => *front = Seg::Mem(b),
+                            Err(_) => self.broken = true,
+                        }
+                    }
+                    Seg::Tail { at, .. } => *at += n as u8,
                 }
                 n = 0;
             }
         }
+        self.unguard();
     }
 
     /// Everything pending as one contiguous buffer (tests and diagnostics).
@@ -301,7 +443,12 @@ impl Outbox {
         for seg in &self.queue {
             match seg {
                 Seg::Mem(b) => v.extend_from_slice(b),
-                Seg::File(r) => v.extend_from_slice(&r.read().unwrap_or_default()),
+                Seg::Tail { t, at, n } => {
+                    v.extend_from_slice(&t[usize::from(*at)..usize::from(*n)])
+                }
+                Seg::File(r) | Seg::Pinned { r, .. } => {
+                    v.extend_from_slice(&r.read().unwrap_or_default())
+                }
             }
         }
         v
@@ -311,6 +458,7 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn chained_segments_match_one_buffer() {
@@ -355,16 +503,24 @@ mod tests {
         std::sync::Arc::new(f)
     }
 
-    /// A 70001-byte data segment between two small PDUs: the stream as it
-    /// must go out (the segment in memory) and an outbox with the segment
-    /// queued as the range `r` of a file holding it.
-    fn around_a_range(whole: &[u8], r: FileRange, dg: Digests) -> (Vec<u8>, Outbox) {
+    /// The 70001-byte `whole` between two small PDUs, from memory.
+    fn around(whole: &[u8], dg: Digests) -> Outbox {
         let mut bhs = [0u8; BHS_LEN];
         bhs[5..8].copy_from_slice(&[0x01, 0x11, 0x71]); // 70001
         let mut want = Outbox::new();
         want.push(&bhs, b"before", dg);
         want.push_bytes(&bhs, Bytes::copy_from_slice(whole), dg);
         want.push(&bhs, b"after", dg);
+        want
+    }
+
+    /// A 70001-byte data segment between two small PDUs: the stream as it
+    /// must go out (the segment in memory) and an outbox with the segment
+    /// queued as the range `r` of a file holding it.
+    fn around_a_range(whole: &[u8], r: FileRange, dg: Digests) -> (Vec<u8>, Outbox) {
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[5..8].copy_from_slice(&[0x01, 0x11, 0x71]); // 70001
+        let mut want = around(whole, dg);
         let mut got = Outbox::new();
         got.push(&bhs, b"before", dg);
         got.push_chain(&bhs, Chain::from_file(r), dg);
@@ -467,6 +623,158 @@ mod tests {
         drop(tx);
         assert_eq!(reader.join().unwrap(), expect);
         assert!(writes >= 1);
+    }
+
+    /// Sends everything queued through a socket small enough for partial
+    /// writes, as the connection does (the kernel copies mapped ranges),
+    /// calling `between` after each write; returns what arrived.
+    fn drain(mut o: Outbox, mut between: impl FnMut(&mut Outbox)) -> Vec<u8> {
+        use std::io::{Read, Write};
+        let (mut rx, mut tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.set_nonblocking(true).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            rx.read_to_end(&mut v).unwrap();
+            v
+        });
+        while !o.is_empty() {
+            assert!(!o.is_broken());
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let n = o.io_slices(&mut iov);
+            match tx.write_vectored(&iov[..n]) {
+                Ok(w) => o.advance(w),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    o.unguard();
+                    std::thread::yield_now()
+                }
+                Err(e) => panic!("{e}"),
+            }
+            between(&mut o);
+        }
+        drop(tx);
+        reader.join().unwrap()
+    }
+
+    /// A file holding `whole`, mapped writable with a write gate, and the
+    /// range of all of it sent from that mapping.
+    fn gated(whole: &[u8]) -> (Arc<std::fs::File>, Arc<bufpool::WriteGate>, FileRange) {
+        let file = temp_file(whole);
+        let gate = Arc::new(bufpool::WriteGate::new());
+        let map = bufpool::FileMap::writable(file.clone(), whole.len())
+            .unwrap()
+            .with_gate(gate.clone());
+        let r = FileRange::new(file.clone(), 0, whole.len())
+            .unwrap()
+            .with_map(Arc::new(map))
+            .unwrap();
+        (file, gate, r)
+    }
+
+    const BOTH: Digests = Digests {
+        header: true,
+        data: true,
+    };
+
+    fn pinned(o: &Outbox) -> usize {
+        o.queue
+            .iter()
+            .filter(|s| matches!(s, Seg::Pinned { .. }))
+            .count()
+    }
+
+    #[test]
+    fn a_pinned_range_carries_the_digest_of_the_bytes_sent() {
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11 + 3) as u8).collect();
+        let (_file, _gate, r) = gated(&whole);
+        let (expect, got) = around_a_range(&whole, r, BOTH);
+        assert_eq!(pinned(&got), 1, "digested in place, not read");
+        assert!(!got.has_file());
+        assert_eq!(drain(got, |_| {}), expect);
+    }
+
+    #[test]
+    fn a_range_written_while_queued_is_read_afresh_with_its_digest() {
+        use std::os::unix::fs::FileExt;
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11 + 3) as u8).collect();
+        let (file, gate, r) = gated(&whole);
+        let (_, got) = around_a_range(&whole, r, BOTH);
+        assert_eq!(pinned(&got), 1);
+        // A write to the range after it was queued, announced to the gate
+        // as the backend announces its writes.
+        let mut newer = whole.clone();
+        newer[30000..30100].fill(0xee);
+        {
+            let _w = gate.writing(30000, 100);
+            file.write_all_at(&newer[30000..30100], 30000).unwrap();
+        }
+        let expect = around(&newer, BOTH).to_vec();
+        assert_eq!(
+            drain(got, |_| {}),
+            expect,
+            "the new bytes, with their digest"
+        );
+    }
+
+    #[test]
+    fn a_half_sent_range_is_finished_from_a_copy() {
+        use std::os::unix::fs::FileExt;
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11 + 3) as u8).collect();
+        let (file, gate, r) = gated(&whole);
+        let (expect, mut got) = around_a_range(&whole, r, BOTH);
+        // The first write takes the first PDU and part of the range.
+        let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+        let n = got.io_slices(&mut iov);
+        assert!(
+            n >= 2 && iov[1].len() == whole.len(),
+            "the range is the 2nd slice"
+        );
+        let head = iov[0].len();
+        let mut sent = iov[0].to_vec();
+        sent.extend_from_slice(&whole[..1000]);
+        got.advance(head + 1000);
+        assert_eq!(pinned(&got), 0, "the rest was copied");
+        // A write now must neither wait nor change what goes out.
+        {
+            let _w = gate.writing(0, 70001);
+            file.write_all_at(&[0u8; 70001], 0).unwrap();
+        }
+        sent.extend(drain(got, |_| {}));
+        assert_eq!(sent, expect);
+    }
+
+    #[test]
+    fn writers_wait_while_a_pinned_range_is_in_the_write() {
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11 + 3) as u8).collect();
+        let (_file, gate, r) = gated(&whole);
+        let (_, mut got) = around_a_range(&whole, r, BOTH);
+        got.io_slices(&mut [IoSlice::new(&[]); MAX_IOVECS]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = gate.clone();
+        let t = std::thread::spawn(move || {
+            let _w = g.writing(69000, 10);
+            tx.send(()).unwrap();
+        });
+        let wait = std::time::Duration::from_millis(200);
+        assert!(rx.recv_timeout(wait).is_err(), "held off during the write");
+        got.unguard();
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("free once the write is over");
+        t.join().unwrap();
+        // Not in the range: no wait.
+        got.io_slices(&mut [IoSlice::new(&[]); MAX_IOVECS]);
+        drop(gate.writing(70001, 10));
+        got.unguard();
+    }
+
+    #[test]
+    fn a_range_is_not_pinned_while_its_file_is_written() {
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11 + 3) as u8).collect();
+        let (_file, gate, r) = gated(&whole);
+        let w = gate.writing(1 << 30, 1);
+        let (expect, got) = around_a_range(&whole, r, BOTH);
+        drop(w);
+        assert_eq!(pinned(&got), 0, "read into memory instead");
+        assert_eq!(drain(got, |_| {}), expect);
     }
 
     #[test]

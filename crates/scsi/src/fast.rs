@@ -62,9 +62,13 @@
 //!   retries). A hole punched (UNMAP) between the residency check and the
 //!   send is read through the mapping as zeros, which allocates that page
 //!   again: the data is right, the file a page less sparse.
-//! * With DataDigest the CRC must cover the bytes sent, which cannot be
-//!   known before the kernel reads them: the driver asks for zero-copy
-//!   only without data digests.
+//! * With DataDigest the CRC must cover the bytes sent. The connection's
+//!   send queue computes it over the file's pages in place and keeps the
+//!   file's writers off the range while it does and while the kernel
+//!   copies the bytes (`bufpool::WriteGate`, `iscsi_wire::outbox`); a range
+//!   written while it waits in between is read afresh with its digest.
+//!   Where no such guard is possible the range is read into memory when
+//!   queued.
 //!
 //! # Writes received in place
 //!
@@ -209,8 +213,9 @@ impl LogicalUnit {
     /// A READ of at least [`ZERO_COPY_MIN`] bytes that the backend can
     /// serve as a file range, admitted as [`Self::admit_fast`] admits it:
     /// the range, with the command complete (GOOD). `None`: run it as
-    /// usual. See the module docs for when this is safe; the caller must
-    /// not use it with data digests. Costs nothing measurable for small
+    /// usual. See the module docs for when this is safe; under data
+    /// digests the sender must make the digest cover the bytes it sends
+    /// (module docs). Costs nothing measurable for small
     /// reads and for backends that cannot splice.
     pub fn zero_copy_read(
         &self,

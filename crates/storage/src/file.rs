@@ -12,6 +12,10 @@
 //! survives a page gone from under it: the rest goes by `pwrite`), at half
 //! the cost of `pwrite`. Memory is such a file's medium, so a store is as
 //! stable as an `O_DSYNC` write. Stores do not update the file's mtime.
+//! Every write, whichever way it goes, first passes the file's
+//! [`bufpool::WriteGate`], so that a read under a data digest can compute
+//! the digest over the mapping and be sent from it with no write in
+//! between.
 //!
 //! Zeroing and thin provisioning (`fallocate(2)`, `lseek(2)`):
 //!
@@ -80,6 +84,10 @@ pub struct FileBackend {
     /// pages are sent ([`BlockBackend::splice_source`], [`bufpool::FileMap`]);
     /// replaced when the LUN is resized.
     map: RwLock<Option<Arc<bufpool::FileMap>>>,
+    /// Every write to the file announces itself here, so that a read under
+    /// a data digest can compute it over the mapping and be sent from it
+    /// with no write in between ([`bufpool::WriteGate`]).
+    gate: Arc<bufpool::WriteGate>,
 }
 
 /// A mapping of the first `size` bytes of `f`, if it can be made (if not,
@@ -87,12 +95,16 @@ pub struct FileBackend {
 /// A shared mapping of the whole file, writable (writes are received
 /// into it, [`BlockBackend::place_write`]) or, where that is refused,
 /// read-only.
-fn map_file(f: &Arc<File>, size: u64) -> Option<Arc<bufpool::FileMap>> {
+fn map_file(
+    f: &Arc<File>,
+    size: u64,
+    gate: &Arc<bufpool::WriteGate>,
+) -> Option<Arc<bufpool::FileMap>> {
     let len = usize::try_from(size).ok()?;
     bufpool::FileMap::writable(f.clone(), len)
         .or_else(|_| bufpool::FileMap::new(f, len))
         .ok()
-        .map(Arc::new)
+        .map(|m| Arc::new(m.with_gate(gate.clone())))
 }
 
 impl FileBackend {
@@ -147,8 +159,9 @@ impl FileBackend {
             .open(path)?;
         let in_memory = !block_device && memory_filesystem(&plain);
         let plain = Arc::new(plain);
+        let gate = Arc::new(bufpool::WriteGate::new());
         let map = if in_memory {
-            map_file(&plain, size)
+            map_file(&plain, size, &gate)
         } else {
             None
         };
@@ -163,6 +176,7 @@ impl FileBackend {
             fs_block,
             large_writes: Mutex::new(()),
             map: RwLock::new(map),
+            gate,
         })
     }
 
@@ -295,13 +309,14 @@ impl BlockBackend for FileBackend {
                 )));
             }
         } else {
+            let _w = self.gate.writing(0, u64::MAX);
             self.plain.set_len(new_size)?;
             self.plain.sync_all()?;
             if self.in_memory {
                 // Reads in flight keep the old mapping; any of its pages
                 // past a smaller end are refused to the kernel (EFAULT),
                 // which ends that connection as a short sendfile does.
-                *self.map.write() = map_file(&self.plain, new_size);
+                *self.map.write() = map_file(&self.plain, new_size, &self.gate);
             }
         }
         self.size.store(new_size, Ordering::Relaxed);
@@ -356,6 +371,7 @@ impl BlockBackend for FileBackend {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
         let _one = self.one_large_write(buf.len());
+        let _w = self.gate.writing(offset, buf.len() as u64);
         // A file in memory takes the bytes by a store into its mapping
         // (`FileMap::store`), half the cost of `pwrite`'s page cache walk;
         // memory is its medium, so they are as stable there as `pwrite`
@@ -379,6 +395,7 @@ impl BlockBackend for FileBackend {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         check_range(self.size.load(Ordering::Relaxed), offset, total)?;
         let _one = self.one_large_write(total);
+        let _w = self.gate.writing(offset, total as u64);
         let f = if fua || !self.write_back.load(Ordering::Relaxed) {
             &self.dsync
         } else {
@@ -410,6 +427,7 @@ impl BlockBackend for FileBackend {
         if len == 0 {
             return Ok(());
         }
+        let _w = self.gate.writing(offset, len);
         if self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len)? {
             return self.settle();
         }
@@ -420,6 +438,7 @@ impl BlockBackend for FileBackend {
         if len == 0 {
             return Ok(());
         }
+        let _w = self.gate.writing(offset, len);
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         if self.fallocate(mode, offset, len)? {
             return self.settle();

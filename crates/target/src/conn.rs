@@ -181,7 +181,9 @@ pub(crate) async fn serve(
             isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
         ),
         lus: target.map(|t| crate::lunmap::LunSet(t.luns())),
-        zero_copy_reads: !session.params().data_digest,
+        // Under a data digest too: the outbox computes the digest over the
+        // file's pages with its writers held off (iscsi_wire::outbox).
+        zero_copy_reads: true,
     };
     let stats = key.as_ref().map(|_| {
         shared
@@ -429,10 +431,15 @@ impl Conn {
     /// `writev` fails with `EFAULT`) closes the connection: short or
     /// made-up data must never go out under GOOD status.
     fn try_flush(&mut self) -> io::Result<()> {
-        if self.out.is_broken() {
-            return Err(io::Error::other("a read's file shrank before it was sent"));
-        }
-        while !self.out.is_empty() {
+        loop {
+            if self.out.is_broken() {
+                return Err(io::Error::other(
+                    "a read's file shrank, or was written while half sent under a data digest",
+                ));
+            }
+            if self.out.is_empty() {
+                return Ok(());
+            }
             if let Some(r) = self.out.front_file() {
                 match send_file(&self.stream, r) {
                     Ok(0) => {
@@ -456,6 +463,11 @@ impl Conn {
             } else {
                 self.stream.try_write_vectored(&iov[..n])
             };
+            if !matches!(r, Ok(w) if w > 0) {
+                // Writers held off for the write must not wait for the
+                // network (advance does this after a write that took some).
+                self.out.unguard();
+            }
             match r {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(w) => self.out.advance(w),
@@ -469,7 +481,6 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
     }
 
     fn push_login(&mut self, resp: &LoginResp, text: &[u8]) {

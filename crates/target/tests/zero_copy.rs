@@ -1,7 +1,10 @@
 //! Zero-copy reads of a file LUN in memory (`scsi::fast`, `sendfile` in
 //! `conn`): the bytes that arrive are the file's, in their place in the
-//! stream, with and without digests, for any segment size; and a file that
-//! shrinks under a read never yields GOOD status with short or made-up data.
+//! stream, with and without digests, for any segment size; a file that
+//! shrinks under a read never yields GOOD status with short or made-up
+//! data; and under data digests (computed over the file's pages in place,
+//! `iscsi_wire::outbox`), writes from another session racing the reads
+//! never make a digest wrong.
 
 mod common;
 
@@ -214,4 +217,98 @@ fn a_slow_reader_gets_every_byte_in_order() {
         let b = &got[&itt.0];
         assert!(b[..] == data[at..at + (1 << 20)], "read at {at}");
     }
+}
+
+/// Byte `off` of the LUN as written by version `v` of the racing writer
+/// (version 0: the file as created). The version is recoverable from any
+/// single byte.
+fn versioned(off: usize, v: u8) -> u8 {
+    ((off as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ v
+}
+
+#[test]
+fn digested_reads_racing_writes_from_another_session_stay_true() {
+    const SIZE: usize = 8 << 20;
+    const SPAN: usize = 4 << 20;
+    let Some((_dir, path, _data)) = shm_lun(SIZE) else {
+        return;
+    };
+    let (addrs, _stop) = start(config(&lun_config(&path, SIZE), ""));
+    let addr = addrs[0].to_string();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+    // The writer: no digests, so its large writes are received straight
+    // into the file's pages and its small ones stored into the mapping,
+    // over the ranges the reader reads, version after version.
+    let writer = {
+        let (addr, stop, written) = (addr.clone(), stop.clone(), written.clone());
+        std::thread::spawn(move || {
+            let cfg = LoginConfig::new("iqn.2026-11.x:zcw", Some(IQN), initiator::random_isid());
+            let mut c = Connection::login(&addr, cfg).unwrap();
+            let mut v = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && v < 250 {
+                v += 1;
+                written.store(v, std::sync::atomic::Ordering::SeqCst);
+                for (at, n) in [
+                    (0usize, 1 << 20),
+                    (3 << 19, 4096),
+                    (2 << 20, 1 << 20),
+                    (SPAN - 65536, 65536),
+                ] {
+                    let bytes: Vec<u8> = (at..at + n).map(|o| versioned(o, v)).collect();
+                    let blocks = (n / 512) as u32;
+                    let mut cdb = vec![0x8au8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                    cdb[2..10].copy_from_slice(&((at / 512) as u64).to_be_bytes());
+                    cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+                    let r = c.execute(0, &cdb, DataDir::Write(bytes.into())).unwrap();
+                    assert_eq!(r.status, Some(0));
+                }
+            }
+        })
+    };
+    // The reader: header and data digests, segments of 256 KiB and 1 MiB
+    // reads, eight in flight, for about two seconds.
+    let mut cfg = LoginConfig::new("iqn.2026-11.x:zcr", Some(IQN), initiator::random_isid());
+    cfg.header_digest = true;
+    cfg.data_digest = true;
+    cfg.max_recv_data_segment = 262_144;
+    let mut c = Connection::login(&addr, cfg).expect("login with digests");
+    let t0 = std::time::Instant::now();
+    let mut reads = 0u32;
+    while t0.elapsed() < Duration::from_secs(2) {
+        let mut want = std::collections::HashMap::new();
+        for i in 0..8usize {
+            let at = ((reads as usize + i) * 3 * 65536) % (SPAN - (1 << 20));
+            let itt = c.submit(0, &read16((at / 512) as u64, 2048), DataDir::Read(1 << 20));
+            want.insert(itt, at);
+        }
+        c.flush().unwrap();
+        let mut done = Vec::new();
+        while done.len() < want.len() {
+            c.wait(&mut done)
+                .expect("no digest error, no dropped connection");
+        }
+        let after = written.load(std::sync::atomic::Ordering::SeqCst);
+        for (itt, r) in done {
+            let at = want[&itt];
+            assert_eq!(r.status, Some(0));
+            assert_eq!(r.data.len(), 1 << 20);
+            for (i, &b) in r.data.iter().enumerate() {
+                let v = b ^ versioned(at + i, 0);
+                assert!(
+                    v <= after,
+                    "byte {} of a read at {at}: version {v} never written",
+                    at + i
+                );
+            }
+            reads += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(reads >= 16, "only {reads} reads in 2 s");
+    assert!(
+        written.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "the writer must have raced the reads"
+    );
 }
