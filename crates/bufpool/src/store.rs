@@ -14,6 +14,14 @@
 //! handler that was there before (Rust's stack-overflow report, or the
 //! default action).
 //!
+//! Large stores (from [`NT_STORE_MIN`] bytes) go by non-temporal stores
+//! (`movntdq`) instead, which write whole cache lines without first
+//! reading them in: 40 µs per MiB into a tmpfs file's pages against 54-69
+//! for `rep movsb` on this project's machine. Their loop keeps `rcx` equal
+//! to the bytes not yet stored at every instruction that can fault (it is
+//! only lowered after a 64-byte block's four stores), so the handler
+//! recovers a fault anywhere in the loop the same way.
+//!
 //! Reads from user space ([`FileMap::read_guarded`], a data digest computed
 //! over the file's pages in place, `gate.rs`) recover the same way, but the
 //! reading code is not one instruction: it is whatever the caller runs
@@ -31,6 +39,10 @@
 //! nothing.
 
 use crate::FileMap;
+
+/// Stores of at least this many bytes go by non-temporal stores (module
+/// docs).
+pub const NT_STORE_MIN: usize = 256 * 1024;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod imp {
@@ -54,6 +66,39 @@ mod imp {
         "mov rax, rcx",
         "ret",
         ".size ironsan_store_copy, .-ironsan_store_copy",
+        ".popsection",
+    );
+
+    // The non-temporal copy: `rdi` destination (64-byte aligned), `rsi`
+    // source, `rdx` length (a non-zero multiple of 64); returns in `rax`
+    // the bytes left unstored. xmm0-3 are caller-saved (System V).
+    std::arch::global_asm!(
+        ".pushsection .text.ironsan_store_nt,\"ax\",@progbits",
+        ".p2align 4",
+        ".globl ironsan_store_nt",
+        ".type ironsan_store_nt,@function",
+        "ironsan_store_nt:",
+        "mov rcx, rdx",
+        ".globl ironsan_store_nt_loop",
+        "ironsan_store_nt_loop:",
+        "movdqu xmm0, [rsi]",
+        "movdqu xmm1, [rsi + 16]",
+        "movdqu xmm2, [rsi + 32]",
+        "movdqu xmm3, [rsi + 48]",
+        "movntdq [rdi], xmm0",
+        "movntdq [rdi + 16], xmm1",
+        "movntdq [rdi + 32], xmm2",
+        "movntdq [rdi + 48], xmm3",
+        "add rsi, 64",
+        "add rdi, 64",
+        "sub rcx, 64",
+        "jnz ironsan_store_nt_loop",
+        ".globl ironsan_store_nt_fixup",
+        "ironsan_store_nt_fixup:",
+        "sfence",
+        "mov rax, rcx",
+        "ret",
+        ".size ironsan_store_nt, .-ironsan_store_nt",
         ".popsection",
     );
 
@@ -124,6 +169,9 @@ mod imp {
 
     extern "C" {
         fn ironsan_store_copy(dst: *mut u8, src: *const u8, len: usize) -> usize;
+        fn ironsan_store_nt(dst: *mut u8, src: *const u8, len: usize) -> usize;
+        static ironsan_store_nt_loop: u8;
+        static ironsan_store_nt_fixup: u8;
         static ironsan_store_copy_insn: u8;
         static ironsan_store_copy_fixup: u8;
     }
@@ -142,6 +190,12 @@ mod imp {
             let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
             if *rip as usize == std::ptr::addr_of!(ironsan_store_copy_insn) as usize {
                 *rip = std::ptr::addr_of!(ironsan_store_copy_fixup) as i64;
+                return;
+            }
+            let nt = std::ptr::addr_of!(ironsan_store_nt_loop) as usize
+                ..std::ptr::addr_of!(ironsan_store_nt_fixup) as usize;
+            if nt.contains(&(*rip as usize)) {
+                *rip = std::ptr::addr_of!(ironsan_store_nt_fixup) as i64;
                 return;
             }
             // A guarded read on this thread, faulting in its range. The
@@ -242,9 +296,29 @@ mod imp {
     /// `dst .. dst + len` must be inside a writable mapping that lives for
     /// the call, and `src .. src + len` readable memory.
     pub(super) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> usize {
-        // SAFETY: the caller's obligations; a SIGBUS in the copy is
-        // recovered by the handler (`install` has run).
-        unsafe { ironsan_store_copy(dst, src, len) }
+        if len < super::NT_STORE_MIN {
+            // SAFETY: the caller's obligations; faults are recovered.
+            return unsafe { ironsan_store_copy(dst, src, len) };
+        }
+        // Up to a 64-byte boundary, whole lines non-temporally, the rest.
+        let head = dst.align_offset(64).min(len);
+        let body = (len - head) & !63;
+        let tail = len - head - body;
+        // SAFETY: the three pieces lie inside `dst .. dst + len` and
+        // `src .. src + len`; the body starts 64-byte aligned and is a
+        // non-zero multiple of 64 (len >= NT_STORE_MIN > 128). Each copy
+        // returns what it could not store when a fault cut it short.
+        unsafe {
+            let left = ironsan_store_copy(dst, src, head);
+            if left != 0 {
+                return left + body + tail;
+            }
+            let left = ironsan_store_nt(dst.add(head), src.add(head), body);
+            if left != 0 {
+                return left + tail;
+            }
+            ironsan_store_copy(dst.add(head + body), src.add(head + body), tail)
+        }
     }
 }
 
@@ -350,6 +424,38 @@ mod tests {
         // Grown back, the pages are there again.
         f.set_len(65536).unwrap();
         assert_eq!(m.store(16384, &data), data.len());
+    }
+
+    #[test]
+    fn large_stores_go_non_temporal_and_a_page_gone_cuts_them_short() {
+        let Ok(f) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "storent") else {
+            return;
+        };
+        if !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+            return;
+        }
+        const LEN: usize = 1 << 20;
+        let f = Arc::new(f);
+        f.write_all_at(&vec![0u8; LEN], 0).unwrap();
+        let m = FileMap::writable(f.clone(), LEN).unwrap();
+        // Unaligned at both ends: a head, a non-temporal body and a tail.
+        let data: Vec<u8> = (0..NT_STORE_MIN as u32 + 1000)
+            .map(|i| (i * 31 + 7) as u8)
+            .collect();
+        for off in [0, 1, 4095, 100_003] {
+            assert_eq!(m.store(off, &data), data.len(), "at {off}");
+            let mut back = vec![0u8; data.len()];
+            f.read_exact_at(&mut back, off as u64).unwrap();
+            assert!(back == data, "at {off}");
+        }
+        // Cut short inside the body: the store stops exactly at the end.
+        f.set_len(65536).unwrap();
+        assert_eq!(m.store(1000, &data), 65536 - 1000);
+        // ... or right after the head.
+        f.set_len(4096).unwrap();
+        assert_eq!(m.store(4090, &data), 6);
+        f.set_len(LEN as u64).unwrap();
+        assert_eq!(m.store(3, &data), data.len());
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! from the mapping, large writes received into it, and smaller writes
 //! stored into it from user space (`bufpool::FileMap::store`, which
 //! survives a page gone from under it: the rest goes by `pwrite`), at half
-//! the cost of `pwrite`. Memory is such a file's medium, so a store is as
+//! the cost of `pwrite` (from 256 KiB by non-temporal stores, which do not
+//! read the destination's cache lines first: the 1 MiB writes that data
+//! digests keep from being received in place). Memory is such a file's medium, so a store is as
 //! stable as an `O_DSYNC` write. Stores do not update the file's mtime.
 //! Every write, whichever way it goes, first passes the file's
 //! [`bufpool::WriteGate`], so that a read under a data digest can compute
