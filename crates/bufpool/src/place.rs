@@ -67,22 +67,17 @@ impl std::fmt::Debug for Held {
 pub struct Placed {
     map: Arc<FileMap>,
     offset: usize,
-    /// Length of the range (u32: a write's data-out never exceeds it, and
-    /// this keeps the commands that carry a `Placed` small).
-    cap: u32,
-    filled: u32,
+    cap: usize,
+    filled: usize,
     error: Option<io::Error>,
     hold: Option<Held>,
-    /// The write is announced to the map's gate until this is dropped.
-    writing: bool,
 }
 
 impl Drop for Placed {
     fn drop(&mut self) {
-        if self.writing {
-            if let Some(g) = self.map.gate() {
-                g.leave();
-            }
+        // `place` announced the write to the map's gate, if it has one.
+        if let Some(g) = self.map.gate() {
+            g.leave();
         }
     }
 }
@@ -105,19 +100,19 @@ impl FileMap {
     /// and is not empty, and every page of it is in the page cache
     /// ([`FileMap::resident`]: a hole is not filled by a fault).
     pub fn place(self: &Arc<Self>, offset: usize, len: usize) -> Option<Placed> {
-        let cap = u32::try_from(len).ok()?;
         if !self.is_writable() || len == 0 || !self.resident(offset, len) {
             return None;
         }
-        let writing = self.gate().map(|g| g.enter(offset as u64, len as u64));
+        if let Some(g) = self.gate() {
+            g.enter(offset as u64, len as u64);
+        }
         Some(Placed {
             map: self.clone(),
             offset,
-            cap,
+            cap: len,
             filled: 0,
             error: None,
             hold: None,
-            writing: writing.is_some(),
         })
     }
 }
@@ -131,7 +126,7 @@ impl Placed {
 
     /// Bytes received so far.
     pub fn len(&self) -> usize {
-        self.filled as usize
+        self.filled
     }
 
     /// True before the first byte is in.
@@ -141,11 +136,11 @@ impl Placed {
 
     /// Length of the range.
     pub fn capacity(&self) -> usize {
-        self.cap as usize
+        self.cap
     }
 
     fn left(&self) -> usize {
-        (self.cap - self.filled) as usize
+        self.cap - self.filled
     }
 
     /// The first error of a `pwrite` into the range, if any: the bytes of
@@ -170,7 +165,7 @@ unsafe impl BufMut for Placed {
 
     unsafe fn advance_mut(&mut self, cnt: usize) {
         assert!(cnt <= self.left(), "advance past the placed range");
-        self.filled += cnt as u32;
+        self.filled += cnt;
     }
 
     fn chunk_mut(&mut self) -> &mut UninitSlice {
@@ -192,7 +187,7 @@ unsafe impl BufMut for Placed {
                 self.error = Some(e);
             }
         }
-        self.filled += src.len() as u32;
+        self.filled += src.len();
     }
 }
 

@@ -62,6 +62,13 @@ pub struct Digests {
     pub data: bool,
 }
 
+/// Data digests only (the trailer of a data segment does not depend on the
+/// header digest).
+const DATA_DIGEST: Digests = Digests {
+    header: false,
+    data: true,
+};
+
 /// Padding and data digest that follow a data segment: up to 8 bytes.
 fn trailer(data: &[u8], dg: Digests) -> ([u8; 8], usize) {
     trailer_of(std::iter::once(data), data.len(), dg)
@@ -73,30 +80,25 @@ fn trailer_of<'a>(
     len: usize,
     dg: Digests,
 ) -> ([u8; 8], usize) {
-    let mut t = [0u8; 8];
     if len == 0 {
-        return (t, 0);
+        return ([0u8; 8], 0);
     }
-    let pad = pad_len(len);
-    let mut n = pad;
-    if dg.data {
-        let mut crc = Crc32c::new();
-        parts.for_each(|p| crc.update(p));
-        crc.update(&PAD[..pad]);
-        let crc = crc.value();
-        t[n..n + 4].copy_from_slice(&crc.to_le_bytes());
-        n += 4;
+    if !dg.data {
+        return ([0u8; 8], pad_len(len));
     }
-    (t, n)
+    let mut crc = Crc32c::new();
+    parts.for_each(|p| crc.update(p));
+    crc.update(&PAD[..pad_len(len)]);
+    tail(len, crc.value())
 }
 
 /// The padding and data digest (`crc`, over the data and the padding)
 /// after a data segment of `len` bytes.
-fn tail(len: usize, crc: u32) -> ([u8; 8], u8) {
+fn tail(len: usize, crc: u32) -> ([u8; 8], usize) {
     let mut t = [0u8; 8];
     let pad = pad_len(len);
     t[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
-    (t, (pad + 4) as u8)
+    (t, pad + 4)
 }
 
 /// The data digest of `r` (and its padding) computed over the file's
@@ -158,6 +160,9 @@ pub struct Outbox {
     /// Pins in the queue's first [`MAX_IOVECS`] segments may be guarding
     /// (from [`Self::io_slices`] to [`Self::advance`] or [`Self::unguard`]).
     guarding: bool,
+    /// [`Seg::Pinned`] segments in `queue`: without any, a flush does not
+    /// look for pins.
+    pinned: usize,
 }
 
 impl Outbox {
@@ -170,6 +175,7 @@ impl Outbox {
             files: 0,
             broken: false,
             guarding: false,
+            pinned: 0,
         }
     }
 
@@ -271,9 +277,14 @@ impl Outbox {
         self.push_header(bhs, dg);
         self.seal();
         let (t, n) = tail(r.len(), crc);
-        self.len += r.len() + usize::from(n);
+        self.len += r.len() + n;
         self.queue.push_back(Seg::Pinned { r, pin });
-        self.queue.push_back(Seg::Tail { t, at: 0, n });
+        self.queue.push_back(Seg::Tail {
+            t,
+            at: 0,
+            n: n as u8,
+        });
+        self.pinned += 1;
     }
 
     /// Guards the pins among the first [`MAX_IOVECS`] segments, up to the
@@ -282,6 +293,9 @@ impl Outbox {
     /// read fails (the file was cut short), which breaks the outbox.
     fn guard_pins(&mut self) -> usize {
         let end = self.queue.len().min(MAX_IOVECS);
+        if self.pinned == 0 {
+            return end;
+        }
         for i in 0..end {
             let (r, pin) = match &mut self.queue[i] {
                 Seg::File(r) if !r.is_mapped() => return i,
@@ -297,10 +311,11 @@ impl Outbox {
                 self.broken = true;
                 return i;
             };
-            let (t, n) = tail(b.len(), crc32c_parts(&[&b, &PAD[..pad_len(b.len())]]));
+            let (t, n) = trailer(&b, DATA_DIGEST);
             self.queue[i] = Seg::Mem(b);
+            self.pinned -= 1;
             if let Some(Seg::Tail { t: old, n: on, .. }) = self.queue.get_mut(i + 1) {
-                (*old, *on) = (t, n);
+                (*old, *on) = (t, n as u8);
             }
         }
         end
@@ -411,6 +426,7 @@ impl Outbox {
                     // Sent: a pooled read buffer goes back for reuse.
                     Some(Seg::Mem(done)) => bufpool::give(done),
                     Some(Seg::File(r)) => self.files -= usize::from(!r.is_mapped()),
+                    Some(Seg::Pinned { .. }) => self.pinned -= 1,
                     _ => {}
                 }
             } else {
@@ -424,7 +440,10 @@ impl Outbox {
                         r.advance(n);
                         debug_assert!(pin.is_guarding());
                         match r.read() {
-                            Ok(b) => *front = Seg::Mem(b),
+                            Ok(b) => {
+                                *front = Seg::Mem(b);
+                                self.pinned -= 1;
+                            }
                             Err(_) => self.broken = true,
                         }
                     }
@@ -651,6 +670,7 @@ mod tests {
             }
             between(&mut o);
         }
+        assert_eq!(o.pinned, 0, "every pinned segment accounted for");
         drop(tx);
         reader.join().unwrap()
     }
@@ -676,10 +696,13 @@ mod tests {
     };
 
     fn pinned(o: &Outbox) -> usize {
-        o.queue
+        let n = o
+            .queue
             .iter()
             .filter(|s| matches!(s, Seg::Pinned { .. }))
-            .count()
+            .count();
+        assert_eq!(o.pinned, n, "the count of pinned segments is kept right");
+        n
     }
 
     #[test]
