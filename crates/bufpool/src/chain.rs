@@ -20,16 +20,91 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::FileMap;
+use crate::{BlockSums, FileMap};
 
 /// Bytes in one or more segments, in order; or a range of a file.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// A segment may carry the [`BlockSums`] of the buffer it is a slice of
+/// ([`Chain::push_summed`]), which the send queue uses for its data
+/// digest. Sums are a cache: two chains are equal when their bytes are.
+#[derive(Clone, Debug, Default)]
 pub struct Chain {
     first: Bytes,
     rest: Vec<Bytes>,
     len: usize,
-    file: Option<FileRange>,
+    src: Source,
 }
+
+/// Where a chain's bytes are: in its segments (with their buffers' sums,
+/// if known), or in a file. One or the other, so a chain is no larger
+/// than before it carried sums.
+#[derive(Clone, Debug)]
+enum Source {
+    Segments(SegmentSums),
+    File(FileRange),
+}
+
+impl Default for Source {
+    fn default() -> Self {
+        Source::Segments(SegmentSums::NONE)
+    }
+}
+
+/// The [`BlockSums`] of a chain's segments, kept apart from them while
+/// the segments travel as a first buffer and a vector of the others
+/// ([`Chain::into_summed_parts`], [`Chain::from_summed_parts`]).
+#[derive(Clone, Debug, Default)]
+pub struct SegmentSums {
+    first: Option<Arc<BlockSums>>,
+    /// `None` until some later segment has sums, then one entry per later
+    /// segment. (A boxed slice rather than a vector: the chain is moved by
+    /// value along the data path, and this keeps it small.)
+    rest: Option<Box<[Option<Arc<BlockSums>>]>>,
+}
+
+impl SegmentSums {
+    const NONE: SegmentSums = SegmentSums {
+        first: None,
+        rest: None,
+    };
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.rest.iter().flatten().all(Option::is_none)
+    }
+
+    /// Records `sums` for segment `rest_len` of the later ones (the one
+    /// being appended).
+    fn push_rest(&mut self, rest_len: usize, sums: Option<Arc<BlockSums>>) {
+        if sums.is_none() && self.rest.is_none() {
+            return;
+        }
+        let mut v = Vec::with_capacity(rest_len + 1);
+        v.extend(self.rest.take().into_iter().flat_map(Vec::from));
+        v.resize(rest_len, None);
+        v.push(sums);
+        self.rest = Some(v.into_boxed_slice());
+    }
+
+    fn rest(&self, i: usize) -> Option<&Arc<BlockSums>> {
+        self.rest.as_ref()?.get(i)?.as_ref()
+    }
+}
+
+/// Sums are a cache of what the bytes say: any two are equal, so that
+/// what holds them compares by its bytes.
+impl PartialEq for SegmentSums {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for SegmentSums {}
+
+impl PartialEq for Chain {
+    fn eq(&self, o: &Self) -> bool {
+        self.len == o.len && self.file() == o.file() && self.segments().eq(o.segments())
+    }
+}
+impl Eq for Chain {}
 
 /// `len` bytes of an open file from `offset`, to be sent by the kernel
 /// straight from the page cache. The bytes are whatever the file holds when
@@ -197,9 +272,8 @@ impl From<Bytes> for Chain {
         let len = b.len();
         Chain {
             first: b,
-            rest: Vec::new(),
             len,
-            file: None,
+            ..Chain::new()
         }
     }
 }
@@ -217,30 +291,32 @@ impl Chain {
             first: Bytes::new(),
             rest: Vec::new(),
             len: 0,
-            file: None,
+            src: Source::Segments(SegmentSums::NONE),
         }
     }
 
     /// A chain standing for `r` (see the module docs).
     pub fn from_file(r: FileRange) -> Self {
         Chain {
-            first: Bytes::new(),
-            rest: Vec::new(),
             len: r.len,
-            file: Some(r),
+            src: Source::File(r),
+            ..Chain::new()
         }
     }
 
     /// The file range this chain stands for, if it is one.
     pub fn file(&self) -> Option<&FileRange> {
-        self.file.as_ref()
+        match &self.src {
+            Source::File(r) => Some(r),
+            Source::Segments(_) => None,
+        }
     }
 
     /// The file range this chain stands for, or `Err(self)`.
     pub fn into_file(self) -> Result<FileRange, Self> {
-        match self.file {
-            Some(r) => Ok(r),
-            None => Err(self),
+        match self.src {
+            Source::File(r) => Ok(r),
+            Source::Segments(_) => Err(self),
         }
     }
 
@@ -263,21 +339,56 @@ impl Chain {
         (self.first, self.rest)
     }
 
+    /// [`Self::into_parts`], with the segments' sums.
+    pub fn into_summed_parts(self) -> (Bytes, Vec<Bytes>, SegmentSums) {
+        let sums = match self.src {
+            Source::Segments(s) => s,
+            Source::File(_) => SegmentSums::NONE,
+        };
+        (self.first, self.rest, sums)
+    }
+
+    /// The chain [`Self::into_summed_parts`] took apart. Sums that no
+    /// longer match the segments one for one are dropped.
+    pub fn from_summed_parts(first: Bytes, rest: Vec<Bytes>, sums: SegmentSums) -> Self {
+        let mut c = Chain::new();
+        c.push_summed(first, sums.first);
+        let rest_sums = sums.rest.filter(|r| r.len() == rest.len());
+        let mut rest_sums = rest_sums.into_iter().flat_map(Vec::from);
+        for b in rest {
+            c.push_summed(b, rest_sums.next().flatten());
+        }
+        c
+    }
+
     /// Appends a segment; empty ones are skipped.
     ///
     /// # Panics
     /// On a chain that stands for a file range.
     pub fn push(&mut self, b: Bytes) {
-        assert!(self.file.is_none(), "push onto a file range");
+        self.push_summed(b, None);
+    }
+
+    /// Appends a segment with the sums of the buffer it is a slice of
+    /// ([`BlockSums`]); empty ones are skipped.
+    ///
+    /// # Panics
+    /// On a chain that stands for a file range.
+    pub fn push_summed(&mut self, b: Bytes, sums: Option<Arc<BlockSums>>) {
+        let Source::Segments(own) = &mut self.src else {
+            panic!("push onto a file range");
+        };
         if b.is_empty() {
             return;
         }
         self.len += b.len();
         if self.first.is_empty() {
             self.first = b;
-        } else {
-            self.rest.push(b);
+            own.first = sums;
+            return;
         }
+        own.push_rest(self.rest.len(), sums);
+        self.rest.push(b);
     }
 
     /// Total length in bytes.
@@ -302,10 +413,31 @@ impl Chain {
             .chain(self.rest.iter())
     }
 
+    /// The segments, in order, each with the sums of its buffer if known.
+    pub fn summed_segments(&self) -> impl Iterator<Item = (&Bytes, Option<&Arc<BlockSums>>)> {
+        let sums = match &self.src {
+            Source::Segments(s) => Some(s),
+            Source::File(_) => None,
+        };
+        std::iter::once((&self.first, sums.and_then(|s| s.first.as_ref())))
+            .filter(|(b, _)| !b.is_empty())
+            .chain(
+                self.rest
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, b)| (b, sums.and_then(|s| s.rest(i)))),
+            )
+    }
+
+    /// True when some segment carries sums.
+    pub fn is_summed(&self) -> bool {
+        matches!(&self.src, Source::Segments(s) if !s.is_empty())
+    }
+
     /// The segment when there is at most one, else `Err(self)` (also for
     /// a file range).
     pub fn into_single(self) -> Result<Bytes, Self> {
-        if self.rest.is_empty() && self.file.is_none() {
+        if self.rest.is_empty() && self.file().is_none() {
             Ok(self.first)
         } else {
             Err(self)
@@ -322,13 +454,13 @@ impl Chain {
             "slice {off}+{n} beyond a chain of {}",
             self.len
         );
-        if let Some(r) = &self.file {
+        if let Some(r) = self.file() {
             return Chain::from_file(r.slice(off, n));
         }
         let mut out = Chain::new();
         let mut skip = off;
         let mut want = n;
-        for seg in self.segments() {
+        for (seg, sums) in self.summed_segments() {
             if want == 0 {
                 break;
             }
@@ -337,7 +469,7 @@ impl Chain {
                 continue;
             }
             let take = (seg.len() - skip).min(want);
-            out.push(seg.slice(skip..skip + take));
+            out.push_summed(seg.slice(skip..skip + take), sums.cloned());
             skip = 0;
             want -= take;
         }
@@ -348,7 +480,7 @@ impl Chain {
     /// segment, copied otherwise. A file range is read (empty on error:
     /// tests and diagnostics only).
     pub fn contiguous(&self) -> Bytes {
-        if let Some(r) = &self.file {
+        if let Some(r) = self.file() {
             return r.read().unwrap_or_default();
         }
         if self.rest.is_empty() {
@@ -430,6 +562,35 @@ mod tests {
 
     fn tempfile_in_tmp() -> File {
         crate::unlinked_file(&std::env::temp_dir(), "chain").unwrap()
+    }
+
+    #[test]
+    fn sums_travel_with_their_segments() {
+        let a = Bytes::from(vec![1u8; 100]);
+        let b = Bytes::from(vec![2u8; 100]);
+        let sb = Arc::new(BlockSums::new(b.as_ptr(), b.len()));
+        let mut c = Chain::new();
+        c.push(a.clone());
+        c.push_summed(Bytes::new(), Some(sb.clone()));
+        c.push_summed(b.clone(), Some(sb.clone()));
+        c.push(Bytes::from_static(b"xyz"));
+        assert!(c.is_summed());
+        let which =
+            |c: &Chain| -> Vec<bool> { c.summed_segments().map(|(_, s)| s.is_some()).collect() };
+        assert_eq!(which(&c), [false, true, false]);
+        assert_eq!(which(&c.slice(150, 53)), [true, false]);
+        assert_eq!(which(&c.slice(0, 100)), [false]);
+        assert!(!c.slice(0, 100).is_summed());
+        let (f, r, s) = c.clone().into_summed_parts();
+        let back = Chain::from_summed_parts(f.clone(), r.clone(), s.clone());
+        assert_eq!(which(&back), [false, true, false]);
+        assert_eq!(back, c);
+        // Sums that no longer match the segments one for one are dropped.
+        let fewer = Chain::from_summed_parts(f, r[..1].to_vec(), s);
+        assert_eq!(which(&fewer), [false, false]);
+        let mut first = Chain::new();
+        first.push_summed(b, Some(sb));
+        assert_eq!(which(&first), [true]);
     }
 
     #[test]

@@ -21,10 +21,12 @@ mod filemap;
 mod gate;
 mod place;
 mod store;
-pub use chain::{Chain, FileRange};
+mod sums;
+pub use chain::{Chain, FileRange, SegmentSums};
 pub use filemap::FileMap;
 pub use gate::{Pin, WriteGate, WriteToken};
 pub use place::{Held, LandBuf, Placed, Release};
+pub use sums::{BlockSums, MAX_SUM_BLOCKS, SUM_BLOCK};
 
 use std::cell::RefCell;
 

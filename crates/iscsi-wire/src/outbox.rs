@@ -45,7 +45,7 @@ use std::io::IoSlice;
 use bufpool::{Chain, FileRange, Pin};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::digest::{crc32c_parts, pad_len, Crc32c, PAD};
+use crate::digest::{crc32c, crc32c_combine, crc32c_parts, crc32c_summed, pad_len, Crc32c, PAD};
 use crate::frame::BHS_LEN;
 
 /// Data segments up to this size are copied next to their header rather
@@ -221,6 +221,9 @@ impl Outbox {
             Ok(r) => return self.push_file(bhs, r, dg),
             Err(data) => data,
         };
+        if dg.data && data.is_summed() && data.len() > COPY_THRESHOLD {
+            return self.push_summed(bhs, data, dg);
+        }
         let data = match data.into_single() {
             Ok(one) => return self.push_bytes(bhs, one, dg),
             Err(many) => many,
@@ -229,6 +232,35 @@ impl Outbox {
         self.seal();
         let len = data.len();
         let (t, n) = trailer_of(data.segments().map(|b| &b[..]), len, dg);
+        let (first, rest) = data.into_parts();
+        self.queue.push_back(Seg::Mem(first));
+        self.queue.extend(rest.into_iter().map(Seg::Mem));
+        self.len += len;
+        self.pending.extend_from_slice(&t[..n]);
+        self.len += n;
+    }
+
+    /// [`Self::push_chain`] under a data digest for a chain whose segments
+    /// carry the CRCs of their buffers' blocks ([`bufpool::BlockSums`]):
+    /// the digest is folded from those rather than read off every byte.
+    fn push_summed(&mut self, bhs: &[u8; BHS_LEN], data: Chain, dg: Digests) {
+        self.push_header(bhs, dg);
+        self.seal();
+        let len = data.len();
+        let mut crc = None;
+        for (b, sums) in data.summed_segments() {
+            let c = match sums {
+                Some(s) => crc32c_summed(b, s),
+                None => crc32c(b),
+            };
+            crc = Some(crc.map_or(c, |a| crc32c_combine(a, c, b.len())));
+        }
+        let mut crc = crc.unwrap_or(0);
+        let pad = pad_len(len);
+        if pad > 0 {
+            crc = crc32c_combine(crc, crc32c(&PAD[..pad]), pad);
+        }
+        let (t, n) = tail(len, crc);
         let (first, rest) = data.into_parts();
         self.queue.push_back(Seg::Mem(first));
         self.queue.extend(rest.into_iter().map(Seg::Mem));

@@ -195,6 +195,9 @@ pub struct Outcome {
     /// read served from the backend's memory without copying
     /// ([`storage::BlockBackend::read_chain`]). Empty otherwise.
     pub more: Vec<Bytes>,
+    /// The block CRCs of the buffers [`Self::data`] and [`Self::more`]
+    /// are slices of, where the backend keeps them (data digests use them).
+    pub sums: bufpool::SegmentSums,
 }
 
 impl Outcome {
@@ -205,6 +208,7 @@ impl Outcome {
             sense: None,
             data: Bytes::new(),
             more: Vec::new(),
+            sums: Default::default(),
         }
     }
 
@@ -215,6 +219,7 @@ impl Outcome {
             sense: None,
             data: data.into(),
             more: Vec::new(),
+            sums: Default::default(),
         }
     }
 
@@ -225,17 +230,19 @@ impl Outcome {
             sense: Some(sense),
             data: Bytes::new(),
             more: Vec::new(),
+            sums: Default::default(),
         }
     }
 
     /// GOOD with data-in in segments.
     pub fn with_chain(data: bufpool::Chain) -> Self {
-        let (data, more) = data.into_parts();
+        let (data, more, sums) = data.into_summed_parts();
         Outcome {
             status: status::GOOD,
             sense: None,
             data,
             more,
+            sums,
         }
     }
 

@@ -14,6 +14,14 @@
 //! reader — the data digest computed over it stays true. Smaller reads are
 //! copied into a pooled buffer, which costs less than sharing.
 //!
+//! Each chunk keeps the CRC32C of its 4 KiB blocks as they become known
+//! ([`BlockSums`]): the shared slices of a large read carry them, and the
+//! send queue folds them into a data digest instead of reading the bytes
+//! again (RFC 7143 §12.1). Immutability is what keeps them true: a write
+//! that changes a chunk in place (nothing shares it) forgets the blocks it
+//! touches, and a copy-on-write gives the copy the sums of the blocks it
+//! left alone.
+//!
 //! Thin provisioning: [`BlockBackend::discard`] frees every whole chunk it
 //! covers and zero-fills the partial ones; [`BlockBackend::allocation`]
 //! reports chunks held as allocated and the others as deallocated.
@@ -30,9 +38,9 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, LazyLock, OnceLock};
 
-use bufpool::Chain;
+use bufpool::{BlockSums, Chain};
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Mutex, RwLock};
 
@@ -51,9 +59,31 @@ pub const SHARE_MIN: usize = 64 * 1024;
 /// What never-written chunks read as, shared by large reads.
 static ZEROS: [u8; CHUNK as usize] = [0; CHUNK as usize];
 
+/// The block CRCs of [`ZEROS`], shared by every RAM LUN.
+static ZERO_SUMS: LazyLock<Arc<BlockSums>> =
+    LazyLock::new(|| Arc::new(BlockSums::new(ZEROS.as_ptr(), ZEROS.len())));
+
 /// One 1 MiB chunk, allocated on first write; shared (read-only) with the
 /// large reads in flight.
-type Chunk = RwLock<Option<Bytes>>;
+type Chunk = RwLock<Option<Stored>>;
+
+/// A chunk's bytes (always [`CHUNK`] of them) and their block CRCs.
+#[derive(Debug)]
+struct Stored {
+    data: Bytes,
+    sums: Arc<BlockSums>,
+}
+
+impl Stored {
+    /// `data` with `sums` when they describe it, else with none known.
+    fn new(data: Bytes, sums: Option<Arc<BlockSums>>) -> Self {
+        let sums = match sums {
+            Some(s) if s.is_for(data.as_ptr()) => s,
+            _ => Arc::new(BlockSums::new(data.as_ptr(), data.len())),
+        };
+        Stored { data, sums }
+    }
+}
 
 /// A volatile in-memory store.
 pub struct MemBackend {
@@ -182,7 +212,8 @@ impl BlockBackend for MemBackend {
             if !old.is_multiple_of(CHUNK) {
                 let idx = (old >> CHUNK_SHIFT) as usize;
                 if self.chunk(idx).is_some_and(|c| c.read().is_some()) {
-                    self.modify(idx, |data| data[(old & (CHUNK - 1)) as usize..].fill(0));
+                    let within = (old & (CHUNK - 1)) as usize;
+                    self.modify(idx, within, CHUNK as usize - within, |d| d.fill(0));
                 }
             }
             for (_, c) in self.chunks_from(old.div_ceil(CHUNK) as usize) {
@@ -203,7 +234,7 @@ impl BlockBackend for MemBackend {
             let n = r.len();
             match self.chunk(idx) {
                 Some(c) => match &*c.read() {
-                    Some(c) => buf[r].copy_from_slice(&c[within..within + n]),
+                    Some(c) => buf[r].copy_from_slice(&c.data[within..within + n]),
                     None => buf[r].fill(0),
                 },
                 None => buf[r].fill(0),
@@ -219,10 +250,18 @@ impl BlockBackend for MemBackend {
         let mut out = Chain::new();
         Self::for_each_chunk(offset, len, |idx, within, r| {
             let n = r.len();
-            let held = self
-                .chunk(idx)
-                .and_then(|c| c.read().as_ref().map(|c| c.slice(within..within + n)));
-            out.push(held.unwrap_or_else(|| Bytes::from_static(&ZEROS[..n])));
+            let held = self.chunk(idx).and_then(|c| {
+                c.read()
+                    .as_ref()
+                    .map(|c| (c.data.slice(within..within + n), c.sums.clone()))
+            });
+            let (b, sums) = held.unwrap_or_else(|| {
+                (
+                    Bytes::from_static(&ZEROS[within..within + n]),
+                    ZERO_SUMS.clone(),
+                )
+            });
+            out.push_summed(b, Some(sums));
         });
         Ok(out)
     }
@@ -235,7 +274,7 @@ impl BlockBackend for MemBackend {
             let n = r.len();
             match self.chunk(idx) {
                 Some(c) => match &*c.read() {
-                    Some(c) => v.extend_from_slice(&c[within..within + n]),
+                    Some(c) => v.extend_from_slice(&c.data[within..within + n]),
                     None => v.resize(v.len() + n, 0),
                 },
                 None => v.resize(v.len() + n, 0),
@@ -247,7 +286,7 @@ impl BlockBackend for MemBackend {
         check_range(self.len(), offset, buf.len())?;
         Self::for_each_chunk(offset, buf.len(), |idx, within, r| {
             let n = r.len();
-            self.modify(idx, |c| c[within..within + n].copy_from_slice(&buf[r]));
+            self.modify(idx, within, n, |c| c.copy_from_slice(&buf[r]));
         });
         Ok(())
     }
@@ -275,7 +314,21 @@ impl BlockBackend for MemBackend {
             Err(shared) => shared,
         };
         let idx = (offset >> CHUNK_SHIFT) as usize;
-        let old = self.chunk_for_write(idx).write().replace(chunk);
+        let mut g = self.chunk_for_write(idx).write();
+        let (old, sums) = match g.take() {
+            // The replaced chunk's sums are reused when no read holds
+            // them (the steady state of large writes: nothing allocated).
+            Some(Stored { data, mut sums }) => match Arc::get_mut(&mut sums) {
+                Some(s) => {
+                    s.rebase(chunk.as_ptr(), chunk.len());
+                    (Some(data), Some(sums))
+                }
+                None => (Some(data), None),
+            },
+            None => (None, None),
+        };
+        *g = Some(Stored::new(chunk, sums));
+        drop(g);
         if let Some(old) = old {
             bufpool::give(old);
         }
@@ -299,7 +352,7 @@ impl BlockBackend for MemBackend {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range_u64(self.len(), offset, len)?;
         self.for_each_range(offset, len, |idx, within, n| {
-            self.modify(idx, |c| c[within..within + n].fill(0));
+            self.modify(idx, within, n, |c| c.fill(0));
         });
         Ok(())
     }
@@ -316,7 +369,7 @@ impl BlockBackend for MemBackend {
                 *g = None;
             } else if g.is_some() {
                 drop(g);
-                self.modify(idx, |c| c[within..within + n].fill(0));
+                self.modify(idx, within, n, |c| c.fill(0));
             }
         });
         Ok(())
@@ -350,18 +403,31 @@ impl BlockBackend for MemBackend {
 }
 
 impl MemBackend {
-    /// Runs `f` on chunk `idx`'s bytes for writing: allocated (zeroed) when
-    /// never written, copied first when a read still shares it.
-    fn modify(&self, idx: usize, f: impl FnOnce(&mut [u8])) {
+    /// Runs `f` on bytes `within .. within + n` of chunk `idx` for
+    /// writing: allocated (zeroed) when never written, copied first when a
+    /// read still shares it. The blocks it touches are forgotten from the
+    /// chunk's sums (the copy's, after a copy).
+    fn modify(&self, idx: usize, within: usize, n: usize, f: impl FnOnce(&mut [u8])) {
         let mut g = self.chunk_for_write(idx).write();
-        let mut m = match g.take() {
-            None => BytesMut::zeroed(CHUNK as usize),
-            Some(b) => b
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..])),
+        let (mut m, sums) = match g.take() {
+            None => (BytesMut::zeroed(CHUNK as usize), None),
+            Some(Stored { data, sums }) => match data.try_into_mut() {
+                // Nothing shares the bytes, so no one records a block CRC
+                // of them until they are stored again (BlockSums' rule).
+                Ok(m) => {
+                    sums.forget(within, n);
+                    (m, Some(sums))
+                }
+                Err(shared) => {
+                    let m = BytesMut::from(&shared[..]);
+                    let copied = sums.copy_to(m.as_ptr());
+                    copied.forget(within, n);
+                    (m, Some(Arc::new(copied)))
+                }
+            },
         };
-        f(&mut m);
-        *g = Some(m.freeze());
+        f(&mut m[within..within + n]);
+        *g = Some(Stored::new(m.freeze(), sums));
     }
 
     /// [`Self::for_each_chunk`] for a `u64` length, without a buffer:
@@ -435,7 +501,7 @@ mod tests {
         assert!(v[..4096].iter().all(|&b| b == 1));
         assert!(v[4096..].iter().all(|&b| b == 0));
         let first = held.segments().next().unwrap().clone();
-        let chunk_ptr = m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr();
+        let chunk_ptr = m.chunk(0).unwrap().read().as_ref().unwrap().data.as_ptr();
         assert_eq!(first.as_ptr(), chunk_ptr.wrapping_add(at as usize));
         // A write while the read is held copies the chunk: the held data
         // stays as it was, later reads see the write.
@@ -445,15 +511,18 @@ mod tests {
         m.read_at(&mut now, at).unwrap();
         assert!(now.iter().all(|&b| b == 9));
         assert_ne!(
-            m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(),
+            m.chunk(0).unwrap().read().as_ref().unwrap().data.as_ptr(),
             chunk_ptr
         );
         // Small reads are copied: writes after them keep the chunk in place.
         drop((held, first));
         let small = m.read_chain(at, 4096).unwrap();
-        let ptr = m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr();
+        let ptr = m.chunk(0).unwrap().read().as_ref().unwrap().data.as_ptr();
         m.write_at(&[3u8; 512], 0, false).unwrap();
-        assert_eq!(m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(), ptr);
+        assert_eq!(
+            m.chunk(0).unwrap().read().as_ref().unwrap().data.as_ptr(),
+            ptr
+        );
         assert!(small.to_vec().iter().all(|&b| b == 9));
         assert!(m.read_chain(3 * CHUNK - 100, SHARE_MIN).is_err());
     }
@@ -465,7 +534,7 @@ mod tests {
         b.resize(CHUNK as usize, 5);
         let ptr = b.as_ptr();
         m.write_bytes(b.freeze(), CHUNK, false).unwrap();
-        let held = m.chunk(1).unwrap().read().clone().unwrap();
+        let held = m.chunk(1).unwrap().read().as_ref().unwrap().data.clone();
         assert_eq!(held.as_ptr(), ptr, "adopted, not copied");
         drop(held);
         let mut back = vec![0u8; 8192];
@@ -477,9 +546,12 @@ mod tests {
         m.write_bytes(Bytes::from(vec![6u8; CHUNK as usize]), CHUNK, false)
             .unwrap();
         assert_eq!(bufpool::take(CHUNK as usize).as_ptr(), ptr);
-        let now = m.chunk(1).unwrap().read().as_ref().unwrap().as_ptr();
+        let now = m.chunk(1).unwrap().read().as_ref().unwrap().data.as_ptr();
         m.write_at(&[7u8; 512], CHUNK, false).unwrap();
-        assert_eq!(m.chunk(1).unwrap().read().as_ref().unwrap().as_ptr(), now);
+        assert_eq!(
+            m.chunk(1).unwrap().read().as_ref().unwrap().data.as_ptr(),
+            now
+        );
         assert!(m
             .write_bytes(Bytes::from(vec![1u8; CHUNK as usize]), 3 * CHUNK, false)
             .is_err());
@@ -498,7 +570,7 @@ mod tests {
         m.read_at(&mut back, 4096).unwrap();
         assert_eq!(back, data[..]);
         assert_ne!(
-            m.chunk(0).unwrap().read().as_ref().unwrap().as_ptr(),
+            m.chunk(0).unwrap().read().as_ref().unwrap().data.as_ptr(),
             data.as_ptr()
         );
         // Aligned and still held by the caller: adopted, and a later write
@@ -506,13 +578,13 @@ mod tests {
         let held = data.clone();
         m.write_bytes(data, 2 * CHUNK, false).unwrap();
         assert_eq!(
-            m.chunk(2).unwrap().read().as_ref().unwrap().as_ptr(),
+            m.chunk(2).unwrap().read().as_ref().unwrap().data.as_ptr(),
             held.as_ptr()
         );
         m.write_at(&[9u8; 512], 2 * CHUNK, false).unwrap();
         assert_eq!(held[0], 0);
         assert_ne!(
-            m.chunk(2).unwrap().read().as_ref().unwrap().as_ptr(),
+            m.chunk(2).unwrap().read().as_ref().unwrap().data.as_ptr(),
             held.as_ptr()
         );
         let mut b = vec![0u8; 4];
@@ -524,7 +596,10 @@ mod tests {
         let big = big.freeze();
         let ptr = big.as_ptr();
         m.write_bytes(big, 3 * CHUNK, false).unwrap();
-        assert_ne!(m.chunk(3).unwrap().read().as_ref().unwrap().as_ptr(), ptr);
+        assert_ne!(
+            m.chunk(3).unwrap().read().as_ref().unwrap().data.as_ptr(),
+            ptr
+        );
         m.read_at(&mut b, 3 * CHUNK).unwrap();
         assert_eq!(b, [3u8; 4]);
     }
@@ -666,5 +741,93 @@ mod tests {
         );
         assert!(m.allocation(4 * CHUNK, 1).is_err());
         assert!(m.allocation(0, 0).is_err());
+    }
+
+    mod sums {
+        //! The chunks' cached block CRCs stay true whatever the writes,
+        //! and whatever the reads hold while they happen.
+        use super::*;
+        use iscsi_wire::digest::{crc32c, crc32c_summed};
+        use proptest::prelude::*;
+
+        const SIZE: u64 = 3 * CHUNK;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            /// A large read, its digest computed (recording block CRCs)
+            /// and the read kept.
+            Hold(u64, usize),
+            /// The oldest held read let go.
+            Release,
+            Write(u64, usize, u8),
+            WholeChunk(u64, u8),
+            Zeroes(u64, u64),
+            Discard(u64, u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            let at = (0..SIZE / 512).prop_map(|b| b * 512);
+            prop_oneof![
+                3 => (at.clone(), 128usize..512).prop_map(|(a, k)| Op::Hold(a, k * 512)),
+                2 => Just(Op::Release),
+                3 => (at.clone(), 1usize..40, any::<u8>()).prop_map(|(a, k, v)| Op::Write(a, k * 512, v)),
+                1 => (0..SIZE / CHUNK, any::<u8>()).prop_map(|(c, v)| Op::WholeChunk(c * CHUNK, v)),
+                1 => (at.clone(), 1u64..3000).prop_map(|(a, k)| Op::Zeroes(a, k * 512)),
+                1 => (at, 1u64..3000).prop_map(|(a, k)| Op::Discard(a, k * 512)),
+            ]
+        }
+
+        /// The digest of `c` as the send queue folds it, checked against
+        /// its bytes.
+        fn check(c: &Chain) {
+            for (b, sums) in c.summed_segments() {
+                assert_eq!(
+                    crc32c_summed(b, sums.expect("large reads carry sums")),
+                    crc32c(b)
+                );
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn known_block_crcs_match_the_bytes(ops in proptest::collection::vec(op(), 1..60)) {
+                let m = MemBackend::new(SIZE);
+                let mut held = std::collections::VecDeque::new();
+                for op in ops {
+                    let fits = |a: u64, n: u64| a + n <= SIZE;
+                    match op {
+                        Op::Hold(a, n) if fits(a, n as u64) => {
+                            let c = m.read_chain(a, n).unwrap();
+                            check(&c);
+                            held.push_back(c);
+                        }
+                        Op::Release => drop(held.pop_front()),
+                        Op::Write(a, n, v) if fits(a, n as u64) => {
+                            m.write_at(&vec![v; n], a, false).unwrap()
+                        }
+                        Op::WholeChunk(a, v) => m
+                            .write_bytes(Bytes::from(vec![v; CHUNK as usize]), a, false)
+                            .unwrap(),
+                        Op::Zeroes(a, n) if fits(a, n) => m.write_zeroes(a, n).unwrap(),
+                        Op::Discard(a, n) if fits(a, n) => m.discard(a, n).unwrap(),
+                        _ => {}
+                    }
+                    // What is held still folds to its own bytes, and every
+                    // known CRC of every chunk is its block's.
+                    held.iter().for_each(check);
+                    for (_, c) in m.chunks_from(0) {
+                        if let Some(s) = &*c.read() {
+                            for i in 0..s.sums.blocks() {
+                                if let Some(v) = s.sums.get(i) {
+                                    let at = i * bufpool::SUM_BLOCK;
+                                    prop_assert_eq!(v, crc32c(&s.data[at..at + bufpool::SUM_BLOCK]));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -392,7 +392,7 @@ fn completion(out: Outcome, data_out_wanted: u32) -> Completion {
     Completion {
         status: out.status,
         sense: out.sense.map(|s| Bytes::from(s.to_bytes())),
-        data_in: bufpool::Chain::from_parts(out.data, out.more),
+        data_in: bufpool::Chain::from_summed_parts(out.data, out.more, out.sums),
         data_out_wanted,
     }
 }

@@ -3,7 +3,8 @@
 //! stream, with and without digests, for any segment size; a file that
 //! shrinks under a read never yields GOOD status with short or made-up
 //! data; and under data digests (computed over the file's pages in place,
-//! `iscsi_wire::outbox`), writes from another session racing the reads
+//! `iscsi_wire::outbox`, or folded from a RAM LUN's cached block CRCs,
+//! `bufpool::BlockSums`), writes from another session racing the reads
 //! never make a digest wrong.
 
 mod common;
@@ -226,20 +227,63 @@ fn versioned(off: usize, v: u8) -> u8 {
     ((off as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ v
 }
 
+const RACE_SIZE: usize = 8 << 20;
+/// The racing reads and writes stay below this.
+const SPAN: usize = 4 << 20;
+
+/// A WRITE(16) of `bytes` at byte `at`, which must answer GOOD.
+fn write_at(c: &mut Connection, at: usize, bytes: Vec<u8>) {
+    let mut cdb = vec![0x8au8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    cdb[2..10].copy_from_slice(&((at / 512) as u64).to_be_bytes());
+    cdb[10..14].copy_from_slice(&((bytes.len() / 512) as u32).to_be_bytes());
+    let r = c.execute(0, &cdb, DataDir::Write(bytes.into())).unwrap();
+    assert_eq!(r.status, Some(0));
+}
+
 #[test]
 fn digested_reads_racing_writes_from_another_session_stay_true() {
-    const SIZE: usize = 8 << 20;
-    const SPAN: usize = 4 << 20;
-    let Some((_dir, path, _data)) = shm_lun(SIZE) else {
+    let Some((_dir, path, _data)) = shm_lun(RACE_SIZE) else {
         return;
     };
-    let (addrs, _stop) = start(config(&lun_config(&path, SIZE), ""));
+    race_digested_reads(&lun_config(&path, RACE_SIZE), false);
+}
+
+/// The same race on a RAM LUN, whose large reads share its chunks and
+/// fold their digests from the chunks' cached block CRCs: writes in
+/// place, copy-on-write and whole-chunk writes must each make the cached
+/// CRCs of what they change be forgotten.
+#[test]
+fn digested_reads_racing_writes_to_a_ram_lun_stay_true() {
+    race_digested_reads(
+        &format!("[[target.lun]]\nbackend = \"mem\"\nsize = \"{RACE_SIZE}\""),
+        true,
+    );
+}
+
+/// Reads with digests, eight 1 MiB in flight, racing another session's
+/// writes of new versions of the same ranges (`versioned`) for about two
+/// seconds; every byte read must be of a version written. `fill` writes
+/// version 0 first (a file LUN is created holding it).
+fn race_digested_reads(lun: &str, fill: bool) {
+    let (addrs, _stop) = start(config(lun, ""));
     let addr = addrs[0].to_string();
+    if fill {
+        let cfg = LoginConfig::new("iqn.2026-11.x:zcf", Some(IQN), initiator::random_isid());
+        let mut c = Connection::login(&addr, cfg).unwrap();
+        for at in (0..SPAN).step_by(1 << 20) {
+            write_at(
+                &mut c,
+                at,
+                (at..at + (1 << 20)).map(|o| versioned(o, 0)).collect(),
+            );
+        }
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let written = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
     // The writer: no digests, so its large writes are received straight
-    // into the file's pages and its small ones stored into the mapping,
-    // over the ranges the reader reads, version after version.
+    // into a file LUN's pages (or become a RAM LUN's chunks) and its small
+    // ones stored into the mapping (or into the chunks, in place or
+    // copied), over the ranges the reader reads, version after version.
     let writer = {
         let (addr, stop, written) = (addr.clone(), stop.clone(), written.clone());
         std::thread::spawn(move || {
@@ -254,14 +298,10 @@ fn digested_reads_racing_writes_from_another_session_stay_true() {
                     (3 << 19, 4096),
                     (2 << 20, 1 << 20),
                     (SPAN - 65536, 65536),
+                    // Less than a block, across a 4 KiB boundary.
+                    ((5 << 19) + 3584, 1024),
                 ] {
-                    let bytes: Vec<u8> = (at..at + n).map(|o| versioned(o, v)).collect();
-                    let blocks = (n / 512) as u32;
-                    let mut cdb = vec![0x8au8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-                    cdb[2..10].copy_from_slice(&((at / 512) as u64).to_be_bytes());
-                    cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
-                    let r = c.execute(0, &cdb, DataDir::Write(bytes.into())).unwrap();
-                    assert_eq!(r.status, Some(0));
+                    write_at(&mut c, at, (at..at + n).map(|o| versioned(o, v)).collect());
                 }
             }
         })

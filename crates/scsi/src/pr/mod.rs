@@ -157,6 +157,7 @@ pub(crate) fn conflict() -> Outcome {
         sense: None,
         data: bytes::Bytes::new(),
         more: Vec::new(),
+        sums: Default::default(),
     }
 }
 
