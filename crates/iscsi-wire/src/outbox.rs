@@ -115,6 +115,24 @@ fn digest_in_place(r: &FileRange, pin: &Pin) -> Option<u32> {
     })
 }
 
+/// The data digest of `data` (and its padding), folded from the block
+/// CRCs its segments carry ([`bufpool::BlockSums`]) where they do.
+fn summed_digest(data: &Chain) -> u32 {
+    let mut crc = None;
+    for (b, sums) in data.summed_segments() {
+        let c = match sums {
+            Some(s) => crc32c_summed(b, s),
+            None => crc32c(b),
+        };
+        crc = Some(crc.map_or(c, |a| crc32c_combine(a, c, b.len())));
+    }
+    let crc = crc.unwrap_or(0);
+    match pad_len(data.len()) {
+        0 => crc,
+        pad => crc32c_combine(crc, crc32c(&PAD[..pad]), pad),
+    }
+}
+
 /// One queued piece of the stream.
 #[derive(Debug)]
 enum Seg {
@@ -221,46 +239,25 @@ impl Outbox {
             Ok(r) => return self.push_file(bhs, r, dg),
             Err(data) => data,
         };
-        if dg.data && data.is_summed() && data.len() > COPY_THRESHOLD {
-            return self.push_summed(bhs, data, dg);
-        }
-        let data = match data.into_single() {
-            Ok(one) => return self.push_bytes(bhs, one, dg),
-            Err(many) => many,
+        // Segments that carry their buffers' block CRCs (a RAM LUN's
+        // chunks) have their digest folded from those, not read.
+        let summed = dg.data && data.is_summed() && data.len() > COPY_THRESHOLD;
+        let data = if summed {
+            data
+        } else {
+            match data.into_single() {
+                Ok(one) => return self.push_bytes(bhs, one, dg),
+                Err(many) => many,
+            }
         };
         self.push_header(bhs, dg);
         self.seal();
         let len = data.len();
-        let (t, n) = trailer_of(data.segments().map(|b| &b[..]), len, dg);
-        let (first, rest) = data.into_parts();
-        self.queue.push_back(Seg::Mem(first));
-        self.queue.extend(rest.into_iter().map(Seg::Mem));
-        self.len += len;
-        self.pending.extend_from_slice(&t[..n]);
-        self.len += n;
-    }
-
-    /// [`Self::push_chain`] under a data digest for a chain whose segments
-    /// carry the CRCs of their buffers' blocks ([`bufpool::BlockSums`]):
-    /// the digest is folded from those rather than read off every byte.
-    fn push_summed(&mut self, bhs: &[u8; BHS_LEN], data: Chain, dg: Digests) {
-        self.push_header(bhs, dg);
-        self.seal();
-        let len = data.len();
-        let mut crc = None;
-        for (b, sums) in data.summed_segments() {
-            let c = match sums {
-                Some(s) => crc32c_summed(b, s),
-                None => crc32c(b),
-            };
-            crc = Some(crc.map_or(c, |a| crc32c_combine(a, c, b.len())));
-        }
-        let mut crc = crc.unwrap_or(0);
-        let pad = pad_len(len);
-        if pad > 0 {
-            crc = crc32c_combine(crc, crc32c(&PAD[..pad]), pad);
-        }
-        let (t, n) = tail(len, crc);
+        let (t, n) = if summed {
+            tail(len, summed_digest(&data))
+        } else {
+            trailer_of(data.segments().map(|b| &b[..]), len, dg)
+        };
         let (first, rest) = data.into_parts();
         self.queue.push_back(Seg::Mem(first));
         self.queue.extend(rest.into_iter().map(Seg::Mem));
@@ -532,6 +529,67 @@ mod tests {
             two.push_chain(&bhs, c, dg);
             assert_eq!(one.len(), two.len());
             assert_eq!(one.to_vec(), two.to_vec());
+        }
+    }
+
+    #[test]
+    fn summed_segments_carry_the_digest_of_their_bytes() {
+        use bufpool::{BlockSums, SUM_BLOCK};
+        let dg = Digests {
+            header: true,
+            data: true,
+        };
+        let buf = Bytes::from(
+            (0..9 * SUM_BLOCK as u32)
+                .map(|i| (i * 13) as u8)
+                .collect::<Vec<u8>>(),
+        );
+        let other = Bytes::from(vec![7u8; 5000]);
+        let sums = Arc::new(BlockSums::new(buf.as_ptr(), buf.len()));
+        // One segment; two (the second unsummed); odd lengths (padding).
+        let cases: [&[(Bytes, bool)]; 3] = [
+            &[(buf.slice(..), true)],
+            &[
+                (buf.slice(SUM_BLOCK - 3..8 * SUM_BLOCK), true),
+                (other.slice(..), false),
+            ],
+            &[
+                (other.slice(..4001), false),
+                (buf.slice(5..2 * SUM_BLOCK + 2), true),
+            ],
+        ];
+        for case in cases {
+            let mut bhs = [0u8; BHS_LEN];
+            let len: usize = case.iter().map(|(b, _)| b.len()).sum();
+            bhs[5..8].copy_from_slice(&(len as u32).to_be_bytes()[1..]);
+            let mut plain = Outbox::new();
+            plain.push(
+                &bhs,
+                &case
+                    .iter()
+                    .flat_map(|(b, _)| b.to_vec())
+                    .collect::<Vec<u8>>(),
+                dg,
+            );
+            let chain = |sums: &Arc<BlockSums>| {
+                let mut c = Chain::new();
+                for (b, summed) in case {
+                    c.push_summed(b.clone(), summed.then(|| sums.clone()));
+                }
+                c
+            };
+            // Twice: the blocks computed and recorded, then folded.
+            for _ in 0..2 {
+                let mut o = Outbox::new();
+                o.push_chain(&bhs, chain(&sums), dg);
+                assert_eq!(o.to_vec(), plain.to_vec());
+            }
+            // The recorded CRCs are what the digest is made of.
+            let wrong = Arc::new(BlockSums::new(buf.as_ptr(), buf.len()));
+            (0..wrong.blocks()).for_each(|i| wrong.set(i, 0));
+            let mut o = Outbox::new();
+            o.push_chain(&bhs, chain(&wrong), dg);
+            assert_ne!(o.to_vec(), plain.to_vec());
         }
     }
 
