@@ -398,12 +398,39 @@ impl BlockBackend for FileBackend {
         check_range(self.size.load(Ordering::Relaxed), offset, total)?;
         let _one = self.one_large_write(total);
         let _w = self.gate.writing(offset, total as u64);
+        // A file in memory takes the pieces by stores, as `write_at` does;
+        // what a store could not take goes by `pwritev`, with the pieces
+        // after it.
+        let (mut offset, mut done, mut cut) = (offset, 0, 0);
+        if let (true, Ok(mut off)) = (self.in_memory, usize::try_from(offset)) {
+            if let Some(m) = self.map.read().as_ref() {
+                for b in bufs {
+                    let n = m.store(off, b);
+                    offset += n as u64;
+                    off += n;
+                    if n < b.len() {
+                        cut = n;
+                        break;
+                    }
+                    done += 1;
+                }
+            }
+        }
+        if done == bufs.len() {
+            return Ok(());
+        }
         let f = if fua || !self.write_back.load(Ordering::Relaxed) {
             &self.dsync
         } else {
             &self.plain
         };
-        pwritev_all(f, bufs, offset)
+        if cut == 0 {
+            return pwritev_all(f, &bufs[done..], offset);
+        }
+        let mut rest = Vec::with_capacity(bufs.len() - done);
+        rest.push(&bufs[done][cut..]);
+        rest.extend_from_slice(&bufs[done + 1..]);
+        pwritev_all(f, &rest, offset)
     }
     fn flush(&self) -> io::Result<()> {
         self.plain.sync_data()
@@ -801,18 +828,34 @@ mod tests {
 
     #[test]
     fn vectored_writes_land_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("v.img");
-        let f = FileBackend::open(&p, Some(1 << 20), WriteCache::WriteBack).unwrap();
-        let a = vec![1u8; 3000];
-        let b = vec![2u8; 5000];
-        let c = vec![3u8; 192];
-        f.write_vectored(&[&a, &[], &b, &c], 4096, false).unwrap();
-        let mut back = vec![0u8; 8192];
-        f.read_at(&mut back, 4096).unwrap();
-        assert!(back[..3000].iter().all(|&x| x == 1));
-        assert!(back[3000..8000].iter().all(|&x| x == 2));
-        assert!(back[8000..].iter().all(|&x| x == 3));
-        assert!(f.write_vectored(&[&a], (1 << 20) - 512, true).is_err());
+        // On disk (pwritev), and in memory (stores into the mapping).
+        let disk = tempfile::tempdir().unwrap();
+        let shm = std::path::Path::new("/dev/shm");
+        let shm = shm.is_dir().then(|| tempfile::tempdir_in(shm).unwrap());
+        for dir in std::iter::once(&disk).chain(shm.as_ref()) {
+            let p = dir.path().join("v.img");
+            let f = FileBackend::open(&p, Some(1 << 20), WriteCache::WriteBack).unwrap();
+            let a = vec![1u8; 3000];
+            let b = vec![2u8; 5000];
+            let c = vec![3u8; 192];
+            f.write_vectored(&[&a, &[], &b, &c], 4096, false).unwrap();
+            let mut back = vec![0u8; 8192];
+            f.read_at(&mut back, 4096).unwrap();
+            assert!(back[..3000].iter().all(|&x| x == 1));
+            assert!(back[3000..8000].iter().all(|&x| x == 2));
+            assert!(back[8000..].iter().all(|&x| x == 3));
+            assert!(f.write_vectored(&[&a], (1 << 20) - 512, true).is_err());
+            // The file cut short behind our back: a store stops at its end
+            // (in a piece), and the rest goes by pwritev, which extends it.
+            f.plain.set_len(65536 + 4000).unwrap();
+            let d = vec![4u8; 6000];
+            f.write_vectored(&[&a, &d, &c], 65536, false).unwrap();
+            let mut back = vec![0u8; 9192];
+            f.read_at(&mut back, 65536).unwrap();
+            assert!(back[..3000].iter().all(|&x| x == 1));
+            assert!(back[3000..9000].iter().all(|&x| x == 4));
+            assert!(back[9000..].iter().all(|&x| x == 3));
+            assert_eq!(f.plain.metadata().unwrap().len(), 65536 + 9192);
+        }
     }
 }
