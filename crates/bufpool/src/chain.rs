@@ -232,6 +232,15 @@ impl FileRange {
         gate.pin(self.offset, self.len as u64)
     }
 
+    /// The block CRCs of the range's file ([`crate::FileSums`], kept by
+    /// its gate), when it has a mapping and a gate; checked first against
+    /// changes by other programs ([`crate::FileSums::check`]).
+    pub fn sums(&self) -> Option<&crate::FileSums> {
+        let sums = self.map.as_ref()?.gate()?.sums();
+        sums.check(&self.file);
+        Some(sums)
+    }
+
     /// Calls `f` with the range's bytes, read from the mapping in user
     /// space, in order; false when they could not all be read (the file
     /// was cut short) and whatever `f` computed is void. `pin` must guard

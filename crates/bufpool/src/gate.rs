@@ -39,11 +39,21 @@
 //! order (Dekker): either the pin sees the write, or the write sees the
 //! pin.
 //!
+//! The gate also keeps the file's block CRCs ([`FileSums`]), recorded by
+//! digests computed in place under a guarding pin and forgotten by every
+//! write on its way in (after it has met the pins), so that a later digest
+//! over the same blocks is folded from them instead of read off every
+//! byte. Why they stay true: see [`FileSums`].
+//!
 //! Writes from outside the process (another program writing the LUN's
-//! file) are not seen, as with any other zero-copy read of the file.
+//! file) do not pass the gate, as with any other zero-copy read of the
+//! file; the block CRCs are forgotten when the file's ctime says another
+//! program changed it ([`FileSums::check`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use crate::FileSums;
 
 /// Writer counters, one per shard of threads, each on its own cache line.
 const SHARDS: usize = 8;
@@ -77,6 +87,7 @@ pub struct WriteGate {
     pins: AtomicUsize,
     registry: Mutex<Pins>,
     unguarded: Condvar,
+    sums: FileSums,
 }
 
 impl std::fmt::Debug for WriteGate {
@@ -150,6 +161,14 @@ impl WriteGate {
         if self.pins.load(SeqCst) != 0 {
             self.meet_pins(offset, offset.saturating_add(len));
         }
+        // No pin guards the range now, and none can until the write ends.
+        self.sums.forget(offset, len);
+    }
+
+    /// The file's block CRCs, to be recorded only under a guarding pin
+    /// over the blocks (module docs).
+    pub fn sums(&self) -> &FileSums {
+        &self.sums
     }
 
     /// Ends a write begun by [`Self::enter`] (on any thread).

@@ -26,7 +26,7 @@ pub use chain::{Chain, FileRange, SegmentSums};
 pub use filemap::FileMap;
 pub use gate::{Pin, WriteGate, WriteToken};
 pub use place::{Held, LandBuf, Placed, Release};
-pub use sums::{BlockSums, MAX_SUM_BLOCKS, SUM_BLOCK};
+pub use sums::{BlockSums, FileSums, MAX_SUM_BLOCKS, SUM_BLOCK, SUM_CHUNK};
 
 use std::cell::RefCell;
 

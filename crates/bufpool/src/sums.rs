@@ -27,6 +27,7 @@
 //! [`Bytes`]: bytes::Bytes
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// Bytes covered by one cached CRC.
 pub const SUM_BLOCK: usize = 4096;
@@ -142,6 +143,159 @@ impl BlockSums {
     }
 }
 
+/// Bytes one [`BlockSums`] of a [`FileSums`] covers: 1 MiB of the file.
+pub const SUM_CHUNK: usize = MAX_SUM_BLOCKS * SUM_BLOCK;
+
+/// Chunks (of [`SUM_CHUNK`]) one second-level table of a [`FileSums`]
+/// covers: 4 GiB of the file.
+const LEVEL_CHUNKS: usize = 4096;
+
+/// Second-level tables a [`FileSums`] has: with [`LEVEL_CHUNKS`], the first
+/// 16 TiB of a file can have sums; blocks past that are always read.
+const LEVELS: usize = 4096;
+
+type Level = Box<[OnceLock<Box<BlockSums>>]>;
+
+/// The CRC32C of a file's 4 KiB blocks, by offset in the file: the
+/// [`BlockSums`] of each MiB, made when a data digest first covers it.
+///
+/// A file's bytes are not immutable as a RAM LUN's shared chunks are, so
+/// the rule that keeps these true is the file's [`crate::WriteGate`]'s:
+/// a block's CRC is recorded ([`BlockSums::set`]) only while a guarding
+/// [`crate::Pin`] covers the block (no write to it can be in progress, and
+/// none can start), and every write the gate lets through forgets the
+/// blocks it touches first ([`Self::forget`], from [`crate::WriteGate`]'s
+/// entry, after it has waited for the guarding pins over its range). The
+/// gate's lock and counters order a recording before the forgetting of any
+/// later write (gate.rs).
+///
+/// Writes by other programs do not pass the gate. Those made by `write(2)`
+/// or `fallocate(2)` (`cp`, `dd`, `qemu-img`) change the file's ctime, and
+/// every digest computed in place first compares the ctime with the one
+/// last seen ([`Self::check`]): when it differs, everything is forgotten.
+/// (Our own writes change it too, harmlessly: by `fallocate`, by `pwrite`
+/// where a store could not take the bytes, and by a store or receive into
+/// the mapping at a page's first write fault.) On kernels
+/// with multigrain timestamps (6.13 and later, tmpfs included) a change
+/// made after the ctime was looked at always gets a new one. What is not
+/// seen: stores by another program through its own mapping of the file,
+/// and writes by another program racing the reads (torn data, with or
+/// without sums). As with any zero-copy read, the LUN's file is to be
+/// written only through ironsan while it is served.
+///
+/// Memory: a 96 KiB table once the first digest is computed in place, a
+/// 64 KiB table per 4 GiB of the file read so, and about 1.1 KiB per MiB
+/// (0.1 %) read so. Only files in memory are read in place, so the sums
+/// are 0.1 % of the memory the file's read pages already take. They live
+/// as long as the gate.
+#[derive(Debug, Default)]
+pub struct FileSums {
+    levels: OnceLock<Box<[OnceLock<Level>]>>,
+    /// The file's ctime (ns since the epoch) when last checked.
+    seen: AtomicU64,
+}
+
+impl FileSums {
+    /// Sums with nothing known, and no memory taken.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets everything when `file`'s ctime is not the one seen last
+    /// time (or cannot be had): another program changed it (see above).
+    /// One `statx(2)`.
+    pub fn check(&self, file: &std::fs::File) {
+        use std::os::unix::fs::MetadataExt;
+        let now = file
+            .metadata()
+            .ok()
+            .and_then(|m| {
+                let s = u64::try_from(m.ctime()).ok()?;
+                s.checked_mul(1_000_000_000)?
+                    .checked_add(u64::try_from(m.ctime_nsec()).ok()?)
+            })
+            .unwrap_or(u64::MAX);
+        if now == u64::MAX || self.seen.load(Ordering::Acquire) != now {
+            // Forgotten before the new time is published: whoever sees it
+            // finds nothing from before.
+            self.forget(0, u64::MAX);
+            self.seen.store(now, Ordering::Release);
+        }
+    }
+
+    /// Makes room for the sums of every block of `offset .. offset + len`
+    /// (within the first 16 TiB), so that [`Self::chunk`] finds them
+    /// without allocating. May allocate.
+    pub fn prepare(&self, offset: u64, len: u64) {
+        let Some((first, end)) = chunk_span(offset, len) else {
+            return;
+        };
+        let levels = self
+            .levels
+            .get_or_init(|| (0..LEVELS).map(|_| OnceLock::new()).collect());
+        for c in first..end {
+            let level = levels[c / LEVEL_CHUNKS]
+                .get_or_init(|| (0..LEVEL_CHUNKS).map(|_| OnceLock::new()).collect());
+            level[c % LEVEL_CHUNKS]
+                .get_or_init(|| Box::new(BlockSums::new(std::ptr::null(), SUM_CHUNK)));
+        }
+    }
+
+    /// The sums of chunk `c` (bytes `c * SUM_CHUNK ..` of the file), if
+    /// made. Never allocates or blocks.
+    #[inline]
+    pub fn chunk(&self, c: u64) -> Option<&BlockSums> {
+        let c = usize::try_from(c).ok()?;
+        let level = self.levels.get()?.get(c / LEVEL_CHUNKS)?.get()?;
+        level[c % LEVEL_CHUNKS].get().map(|b| &**b)
+    }
+
+    /// Forgets the blocks that bytes `offset .. offset + len` of the file
+    /// touch: a write is about to change them. Nothing to do (one load)
+    /// while no digest was ever computed in place.
+    #[inline]
+    pub fn forget(&self, offset: u64, len: u64) {
+        let Some(levels) = self.levels.get() else {
+            return;
+        };
+        self.forget_in(levels, offset, len);
+    }
+
+    fn forget_in(&self, levels: &[OnceLock<Level>], offset: u64, len: u64) {
+        let Some((first, end)) = chunk_span(offset, len) else {
+            return;
+        };
+        let mut c = first;
+        while c < end {
+            let level_end = (c / LEVEL_CHUNKS + 1) * LEVEL_CHUNKS;
+            let stop = end.min(level_end);
+            if let Some(level) = levels[c / LEVEL_CHUNKS].get() {
+                for i in c..stop {
+                    if let Some(s) = level[i % LEVEL_CHUNKS].get() {
+                        let base = (i * SUM_CHUNK) as u64;
+                        let from = offset.max(base) - base;
+                        let to = offset.saturating_add(len).min(base + SUM_CHUNK as u64) - base;
+                        s.forget(from as usize, (to - from) as usize);
+                    }
+                }
+            }
+            c = stop;
+        }
+    }
+}
+
+/// The chunks `offset .. offset + len` touches, clipped to the table's
+/// reach; `None` when that leaves none.
+fn chunk_span(offset: u64, len: u64) -> Option<(usize, usize)> {
+    if len == 0 {
+        return None;
+    }
+    let reach = (LEVELS * LEVEL_CHUNKS) as u64;
+    let first = offset / SUM_CHUNK as u64;
+    let end = (offset.saturating_add(len).div_ceil(SUM_CHUNK as u64)).min(reach);
+    (first < end).then_some((first as usize, end as usize))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +321,69 @@ mod tests {
         assert_eq!(c.get(4), Some(78));
         s.rebase(buf.as_ptr(), buf.len());
         assert_eq!(s.known(), 0);
+    }
+
+    #[test]
+    fn file_sums_are_made_on_demand_and_forgotten_by_range() {
+        let f = FileSums::new();
+        assert!(f.chunk(0).is_none());
+        f.forget(0, u64::MAX); // nothing made: nothing to do
+        let mib = SUM_CHUNK as u64;
+        f.prepare(mib - 4096, 8192);
+        assert!(f.chunk(0).is_some() && f.chunk(1).is_some());
+        assert!(f.chunk(2).is_none(), "only the chunks asked for");
+        // The sizes the docs give.
+        assert_eq!(std::mem::size_of::<OnceLock<Level>>() * LEVELS, 96 << 10);
+        assert_eq!(
+            std::mem::size_of::<OnceLock<Box<BlockSums>>>() * LEVEL_CHUNKS,
+            64 << 10
+        );
+        for c in 0..2 {
+            for b in 0..MAX_SUM_BLOCKS {
+                f.chunk(c).unwrap().set(b, b as u32);
+            }
+        }
+        // The last block of chunk 0 and the first two of chunk 1.
+        f.forget(mib - 1, 4098);
+        let c0 = f.chunk(0).unwrap();
+        let c1 = f.chunk(1).unwrap();
+        assert_eq!((c0.get(254), c0.get(255)), (Some(254), None));
+        assert_eq!((c1.get(0), c1.get(1), c1.get(2)), (None, None, Some(2)));
+        f.forget(0, u64::MAX);
+        assert_eq!(c0.known() + c1.known(), 0, "a resize forgets everything");
+        // Past the table's reach: nothing made, nothing known.
+        let far = (LEVELS * LEVEL_CHUNKS) as u64 * mib;
+        f.prepare(far, 4096);
+        assert!(f.chunk(far / mib).is_none());
+        f.forget(far - 1, 2);
+        f.prepare(u64::MAX - 10, 100);
+    }
+
+    #[test]
+    fn file_sums_are_forgotten_when_another_program_changes_the_file() {
+        use std::io::Write;
+        use std::os::unix::fs::MetadataExt;
+        // tmpfs, where file LUNs are read in place.
+        let Ok(mut file) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "ctime") else {
+            return;
+        };
+        file.write_all(&[1u8; 8192]).unwrap();
+        let f = FileSums::new();
+        f.prepare(0, 8192);
+        let c = f.chunk(0).unwrap();
+        f.check(&file);
+        c.set(0, 5);
+        f.check(&file);
+        assert_eq!(c.get(0), Some(5), "the file did not change");
+        // A write that is not ours, at once: with multigrain timestamps
+        // the ctime differs; with coarse ones, only in the next tick.
+        let before = file.metadata().unwrap().ctime_nsec();
+        file.write_all(&[2u8; 10]).unwrap();
+        if file.metadata().unwrap().ctime_nsec() == before {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            file.write_all(&[2u8; 10]).unwrap();
+        }
+        f.check(&file);
+        assert_eq!(c.get(0), None);
     }
 }

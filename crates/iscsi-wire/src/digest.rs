@@ -16,7 +16,7 @@
 
 use std::sync::LazyLock;
 
-use bufpool::{BlockSums, SUM_BLOCK};
+use bufpool::{BlockSums, FileSums, SUM_BLOCK, SUM_CHUNK};
 use crc_fast::{CrcAlgorithm, Digest};
 
 /// CRC32C (Castagnoli, as iSCSI uses it) of `data`.
@@ -127,11 +127,17 @@ fn append_block(t: &[[u32; 256]; 4], crc_a: u32, crc_b: u32) -> u32 {
 /// known, so the caller must hold `data`: see [`BlockSums`]), the bytes
 /// around them are read. A slice of some other buffer is read whole.
 pub fn crc32c_summed(data: &[u8], sums: &BlockSums) -> u32 {
-    let Some(at) = sums.offset_of(data) else {
-        return crc32c(data);
-    };
+    match sums.offset_of(data) {
+        Some(at) => crc32c_summed_at(data, at, sums),
+        None => crc32c(data),
+    }
+}
+
+/// [`crc32c_summed`] of `data`, the bytes from `at` of the buffer `sums`
+/// describes (which must hold them: `at + data.len()` within it).
+fn crc32c_summed_at(data: &[u8], at: usize, sums: &BlockSums) -> u32 {
     let first = at.div_ceil(SUM_BLOCK);
-    let end = (at + data.len()) / SUM_BLOCK;
+    let end = ((at + data.len()) / SUM_BLOCK).min(sums.blocks());
     if first >= end {
         return crc32c(data);
     }
@@ -153,6 +159,38 @@ pub fn crc32c_summed(data: &[u8], sums: &BlockSums) -> u32 {
     } else {
         crc32c_combine(crc, crc32c(tail), tail.len())
     }
+}
+
+/// CRC32C of `data`, the bytes of a file from `offset`, with its whole
+/// blocks' CRCs taken from (or recorded in) the file's sums where
+/// [`FileSums::prepare`] made room for them; the rest is read. The
+/// caller must hold the file's writers off the range ([`FileSums`]).
+///
+/// Allocates nothing and takes no lock, so it may run over a file's
+/// mapping under `bufpool::FileRange::read_pinned`; the fold tables are
+/// made on first use, so call [`prepare_folding`] before that.
+pub fn crc32c_file_summed(data: &[u8], offset: u64, sums: &FileSums) -> u32 {
+    let mut crc: Option<u32> = None;
+    let mut done = 0;
+    while done < data.len() {
+        let at = offset + done as u64;
+        let within = (at % SUM_CHUNK as u64) as usize;
+        let n = (SUM_CHUNK - within).min(data.len() - done);
+        let piece = &data[done..done + n];
+        let c = match sums.chunk(at / SUM_CHUNK as u64) {
+            Some(s) => crc32c_summed_at(piece, within, s),
+            None => crc32c(piece),
+        };
+        crc = Some(crc.map_or(c, |a| crc32c_combine(a, c, n)));
+        done += n;
+    }
+    crc.unwrap_or_else(|| crc32c(&[]))
+}
+
+/// Makes the tables the folding functions use, which they would otherwise
+/// make on first use (under a lock).
+pub fn prepare_folding() {
+    LazyLock::force(&ZERO_BLOCK);
 }
 
 /// The padding that brings `len` up to a multiple of four.

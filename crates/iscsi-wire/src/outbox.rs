@@ -30,7 +30,10 @@
 //! range while it waited unguarded spoils its pin: the range is then read
 //! afresh (`pread`) and its digest recomputed. Writers are thus held off
 //! only for the length of a digest computation or a `writev`, never while
-//! the connection waits for the network.
+//! the connection waits for the network. The digest computed in place
+//! records the CRCs of the range's 4 KiB blocks in the file's
+//! [`bufpool::FileSums`] (the guarding pin is what makes that sound), and
+//! is folded from them the next time instead of read off every byte.
 //! Any other range under a data digest is read into memory when queued.
 //!
 //! A file range that carries a mapping of its file ([`FileRange::with_map`])
@@ -45,7 +48,10 @@ use std::io::IoSlice;
 use bufpool::{Chain, FileRange, Pin};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::digest::{crc32c, crc32c_combine, crc32c_parts, crc32c_summed, pad_len, Crc32c, PAD};
+use crate::digest::{
+    crc32c, crc32c_combine, crc32c_file_summed, crc32c_parts, crc32c_summed, pad_len,
+    prepare_folding, Crc32c, PAD,
+};
 use crate::frame::BHS_LEN;
 
 /// Data segments up to this size are copied next to their header rather
@@ -102,16 +108,35 @@ fn tail(len: usize, crc: u32) -> ([u8; 8], usize) {
 }
 
 /// The data digest of `r` (and its padding) computed over the file's
-/// mapping, which `pin` guards; `None` when the file was cut short.
+/// mapping, which `pin` guards; `None` when the file was cut short. The
+/// whole blocks' CRCs come from the file's sums where known, and are
+/// recorded there where not ([`bufpool::FileSums`]: the pin is what makes
+/// recording them sound).
 fn digest_in_place(r: &FileRange, pin: &Pin) -> Option<u32> {
-    let mut crc = Crc32c::new();
-    // SAFETY: the closure only folds bytes into a CRC state held on the
-    // stack: it owns nothing that needs dropping, takes no lock, and does
-    // not panic, so a fault may skip its frames.
-    let ok = unsafe { r.read_pinned(pin, &mut |b| crc.update(b)) };
-    ok.then(|| {
-        crc.update(&PAD[..pad_len(r.len())]);
-        crc.value()
+    let mut crc = 0;
+    let ok = match r.sums() {
+        Some(sums) => {
+            // Everything the fold needs is made before the bytes are read.
+            sums.prepare(r.offset(), r.len() as u64);
+            prepare_folding();
+            let at = r.offset();
+            // SAFETY: the closure folds bytes and block CRCs (atomics in
+            // tables `prepare` made) into a value on the stack: it owns
+            // nothing that needs dropping, allocates nothing, takes no
+            // lock, and does not panic, so a fault may skip its frames.
+            unsafe { r.read_pinned(pin, &mut |b| crc = crc32c_file_summed(b, at, sums)) }
+        }
+        None => {
+            let mut c = Crc32c::new();
+            // SAFETY: as above; the closure only updates a CRC state.
+            let ok = unsafe { r.read_pinned(pin, &mut |b| c.update(b)) };
+            crc = c.value();
+            ok
+        }
+    };
+    ok.then(|| match pad_len(r.len()) {
+        0 => crc,
+        pad => crc32c_combine(crc, crc32c(&PAD[..pad]), pad),
     })
 }
 
@@ -803,6 +828,49 @@ mod tests {
         assert_eq!(pinned(&got), 1, "digested in place, not read");
         assert!(!got.has_file());
         assert_eq!(drain(got, |_| {}), expect);
+    }
+
+    /// A pinned range's digest is folded from the file's block CRCs once
+    /// they are known, and a write through the gate makes the CRCs of the
+    /// blocks it touches be computed afresh.
+    #[test]
+    fn pinned_ranges_fold_their_digest_from_the_files_block_crcs() {
+        use std::os::unix::fs::FileExt;
+        let mib = bufpool::SUM_CHUNK;
+        let mut whole: Vec<u8> = (0..3 * mib as u32 + 1001)
+            .map(|i| (i * 7 + (i >> 13)) as u8)
+            .collect();
+        let (file, gate, all) = gated(&whole);
+        // Unaligned at both ends, across two chunk boundaries.
+        let (off, n) = (5000, 2 * mib + 9001);
+        let digest_of = |whole: &[u8]| {
+            let (expect, got) = around_a_range(&whole[off..off + n], all.slice(off, n), BOTH);
+            assert_eq!(pinned(&got), 1);
+            (expect, drain(got, |_| {}))
+        };
+        let (expect, got) = digest_of(&whole);
+        assert_eq!(got, expect, "computed and recorded");
+        let sums = gate.sums();
+        let known: usize = (0..3).map(|c| sums.chunk(c).unwrap().known()).sum();
+        assert_eq!(known, n / 4096 - 1, "every whole block of the range");
+        let (expect, got) = digest_of(&whole);
+        assert_eq!(got, expect, "folded from the recorded CRCs");
+        // The fold is what gives the digest: a wrong recorded CRC shows.
+        let block = sums.chunk(1).unwrap();
+        let right = block.get(7).unwrap();
+        block.set(7, right ^ 1);
+        let (expect, got) = digest_of(&whole);
+        assert_ne!(got, expect);
+        block.set(7, right);
+        // Writes through the gate: one inside a block, one across a chunk
+        // boundary, one at the range's unaligned start.
+        for (at, len) in [(mib + 7 * 4096 + 100, 10), (2 * mib - 3, 6), (4999, 2)] {
+            whole[at..at + len].iter_mut().for_each(|b| *b ^= 0x5a);
+            let _w = gate.writing(at as u64, len as u64);
+            file.write_all_at(&whole[at..at + len], at as u64).unwrap();
+        }
+        let (expect, got) = digest_of(&whole);
+        assert_eq!(got, expect, "the blocks written were computed afresh");
     }
 
     #[test]

@@ -802,6 +802,68 @@ mod tests {
         assert!(grown.read().unwrap().iter().all(|&b| b == 4));
     }
 
+    /// Every way the backend changes a file's bytes passes its gate, and so
+    /// forgets the block CRCs recorded for them (`bufpool::FileSums`): a
+    /// path that bypassed the gate would leave a digest folded from stale
+    /// CRCs.
+    #[test]
+    fn every_change_forgets_the_block_crcs_it_touches() {
+        let shm = std::path::Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return;
+        }
+        let dir = tempfile::tempdir_in(shm).unwrap();
+        let f = FileBackend::open(
+            &dir.path().join("lun"),
+            Some(4 << 20),
+            WriteCache::WriteThrough,
+        )
+        .unwrap();
+        f.write_at(&[1u8; 4 << 20], 0, false).unwrap();
+        let sums = f.gate.sums();
+        // As a digest computed in place under a pin records them.
+        let know_all = || {
+            sums.prepare(0, 4 << 20);
+            for c in 0..4 {
+                let s = sums.chunk(c).unwrap();
+                (0..s.blocks()).for_each(|b| s.set(b, 1));
+            }
+        };
+        let known = |at: u64| {
+            let s = sums.chunk(at / bufpool::SUM_CHUNK as u64).unwrap();
+            s.get((at % bufpool::SUM_CHUNK as u64) as usize / 4096)
+                .is_some()
+        };
+        know_all();
+        f.write_at(&[2u8; 100], 8192 + 7, false).unwrap();
+        f.write_vectored(&[&[3u8; 4096], &[3u8; 4096]], 1 << 20, true)
+            .unwrap();
+        f.write_zeroes(2 << 20, 4096).unwrap();
+        f.discard(3 << 20, 65536).unwrap();
+        for (at, forgotten) in [
+            (4096, false),
+            (8192, true),
+            (12288, false),
+            ((1 << 20) + 4096, true),
+            ((1 << 20) + 8192, false),
+            (2 << 20, true),
+            ((2 << 20) + 4096, false),
+            ((3 << 20) + 61440, true),
+            ((3 << 20) + 65536, false),
+        ] {
+            assert_eq!(!known(at), forgotten, "block at {at}");
+        }
+        // A large write received into the file's pages.
+        know_all();
+        let placed = f.place_write(1 << 20, 1 << 20).expect("placed");
+        assert!(!known((1 << 20) + 4096) && known(0));
+        drop(placed);
+        // A resize forgets everything.
+        know_all();
+        f.resize(8 << 20).unwrap();
+        assert!(!known(0) && !known(3 << 20));
+    }
+
     #[test]
     fn files_on_disk_are_not_spliced() {
         let dir = tempfile::tempdir_in(".").unwrap();

@@ -113,6 +113,9 @@ fn large_reads_carry_the_files_bytes_with_and_without_digests() {
             .unwrap();
         assert!(r.data[..] == fresh[..]);
         let at = 64 * 512;
+        // Put back by another program's write, which does not pass the
+        // file's gate: the next round's digests must not be folded from
+        // block CRCs recorded before it (`bufpool::FileSums::check`).
         std::fs::write(&path, &data).unwrap();
         assert_eq!(std::fs::read(&path).unwrap()[at], data[at]);
     }
