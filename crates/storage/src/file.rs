@@ -767,19 +767,28 @@ mod tests {
         f.flush().unwrap();
     }
 
-    #[test]
-    fn files_in_memory_do_not_block() {
+    /// A write-through backend on a new file of `size` bytes in /dev/shm
+    /// (tmpfs), with the directory that holds it; `None` without /dev/shm.
+    fn shm_backend(size: u64) -> Option<(tempfile::TempDir, FileBackend)> {
         let shm = std::path::Path::new("/dev/shm");
         if !shm.is_dir() {
-            return;
+            return None;
         }
         let dir = tempfile::tempdir_in(shm).unwrap();
         let f = FileBackend::open(
             &dir.path().join("lun"),
-            Some(1 << 20),
+            Some(size),
             WriteCache::WriteThrough,
         )
         .unwrap();
+        Some((dir, f))
+    }
+
+    #[test]
+    fn files_in_memory_do_not_block() {
+        let Some((_dir, f)) = shm_backend(1 << 20) else {
+            return;
+        };
         assert!(!f.may_block(), "a tmpfs file is served on the event loop");
         assert!(f.can_splice());
         f.write_at(&[3u8; 8192], 4096, false).unwrap();
@@ -808,17 +817,9 @@ mod tests {
     /// CRCs.
     #[test]
     fn every_change_forgets_the_block_crcs_it_touches() {
-        let shm = std::path::Path::new("/dev/shm");
-        if !shm.is_dir() {
+        let Some((_dir, f)) = shm_backend(4 << 20) else {
             return;
-        }
-        let dir = tempfile::tempdir_in(shm).unwrap();
-        let f = FileBackend::open(
-            &dir.path().join("lun"),
-            Some(4 << 20),
-            WriteCache::WriteThrough,
-        )
-        .unwrap();
+        };
         f.write_at(&[1u8; 4 << 20], 0, false).unwrap();
         let sums = f.gate.sums();
         // As a digest computed in place under a pin records them.
