@@ -371,36 +371,19 @@ impl BlockBackend for FileBackend {
         map.place(usize::try_from(offset).ok()?, len)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
-        check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
-        let _one = self.one_large_write(buf.len());
-        let _w = self.gate.writing(offset, buf.len() as u64);
-        // A file in memory takes the bytes by a store into its mapping
-        // (`FileMap::store`), half the cost of `pwrite`'s page cache walk;
-        // memory is its medium, so they are as stable there as `pwrite`
-        // with `O_DSYNC` makes them. What a store could not take (a page
-        // that cannot be had) goes by `pwrite`, which says why.
-        let stored = match (self.in_memory, usize::try_from(offset)) {
-            (true, Ok(off)) => self.map.read().as_ref().map_or(0, |m| m.store(off, buf)),
-            _ => 0,
-        };
-        let (buf, offset) = (&buf[stored..], offset + stored as u64);
-        if buf.is_empty() {
-            return Ok(());
-        }
-        if fua || !self.write_back.load(Ordering::Relaxed) {
-            self.dsync.write_all_at(buf, offset)
-        } else {
-            self.plain.write_all_at(buf, offset)
-        }
+        self.write_vectored(&[buf], offset, fua)
     }
     fn write_vectored(&self, bufs: &[&[u8]], offset: u64, fua: bool) -> io::Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         check_range(self.size.load(Ordering::Relaxed), offset, total)?;
         let _one = self.one_large_write(total);
         let _w = self.gate.writing(offset, total as u64);
-        // A file in memory takes the pieces by stores, as `write_at` does;
-        // what a store could not take goes by `pwritev`, with the pieces
-        // after it.
+        // A file in memory takes the pieces by stores into its mapping
+        // (`FileMap::store`), half the cost of `pwrite`'s page cache walk;
+        // memory is its medium, so they are as stable there as `pwrite`
+        // with `O_DSYNC` makes them. What a store could not take (a page
+        // that cannot be had) goes by `pwritev` with the pieces after it,
+        // which says why.
         let (mut offset, mut done, mut cut) = (offset, 0, 0);
         if let (true, Ok(mut off)) = (self.in_memory, usize::try_from(offset)) {
             if let Some(m) = self.map.read().as_ref() {
