@@ -258,10 +258,6 @@ impl FileSums {
         let Some(levels) = self.levels.get() else {
             return;
         };
-        self.forget_in(levels, offset, len);
-    }
-
-    fn forget_in(&self, levels: &[OnceLock<Level>], offset: u64, len: u64) {
         let Some((first, end)) = chunk_span(offset, len) else {
             return;
         };

@@ -145,10 +145,16 @@ fn digest_in_place(r: &FileRange, pin: &Pin) -> Option<u32> {
             ok
         }
     };
-    ok.then(|| match pad_len(r.len()) {
+    ok.then(|| padded(crc, r.len()))
+}
+
+/// The data digest of a segment of `len` bytes whose CRC is `crc`: the
+/// CRC with the segment's padding appended.
+fn padded(crc: u32, len: usize) -> u32 {
+    match pad_len(len) {
         0 => crc,
         pad => crc32c_combine(crc, crc32c(&PAD[..pad]), pad),
-    })
+    }
 }
 
 /// The data digest of `data` (and its padding), folded from the block
@@ -162,11 +168,7 @@ fn summed_digest(data: &Chain) -> u32 {
         };
         crc = Some(crc.map_or(c, |a| crc32c_combine(a, c, b.len())));
     }
-    let crc = crc.unwrap_or(0);
-    match pad_len(data.len()) {
-        0 => crc,
-        pad => crc32c_combine(crc, crc32c(&PAD[..pad]), pad),
-    }
+    padded(crc.unwrap_or(0), data.len())
 }
 
 /// One queued piece of the stream.
