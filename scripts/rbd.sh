@@ -61,9 +61,12 @@ rbd create --size 64M rbd/scratch
 say "1. backend live test"
 rbd create --size 64M rbd/locktest
 if IRONSAN_RBD_TEST=rbd/scratch IRONSAN_RBD_LOCK_TEST=rbd/locktest \
-  cargo test -q -p storage --features rbd live 2>&1 | tail -3; then
+  cargo test -q -p storage --features rbd live >"$work/live.log" 2>&1; then
+  tail -3 "$work/live.log"
   step "backend live test" pass
 else
+  # Which test failed and why, not only the totals.
+  grep -E -A3 "panicked|^test result" "$work/live.log" | head -40
   step "backend live test" fail
 fi
 

@@ -426,6 +426,10 @@ struct DiffScan {
 /// known.
 const STOP: c_int = -libc::ECANCELED;
 
+/// How long `resize` waits for this handle to see the size it set (the
+/// header update from the lock owner arrives within milliseconds).
+const RESIZE_SEEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 unsafe extern "C" fn diff_cb(off: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `DiffScan` that `allocation` passes and keeps
     // alive across the synchronous `rbd_diff_iterate2` call.
@@ -518,6 +522,35 @@ impl BlockBackend for RbdBackend {
         let r = unsafe { (self.api.rbd_resize)(self.image, new_size) };
         if r < 0 {
             return Err(self.err("resize", i64::from(r)));
+        }
+        // When another client holds the image's exclusive lock, librbd
+        // hands the resize to that client and only marks this handle for
+        // a refresh, which its reads do not perform: a read past the old
+        // end fails EINVAL until something refreshes the handle (seen
+        // with librbd 16.2). `rbd_get_size` refreshes it; asking until it
+        // shows the new size makes a returned resize one that this
+        // handle's own I/O obeys.
+        let deadline = std::time::Instant::now() + RESIZE_SEEN_TIMEOUT;
+        loop {
+            let mut seen = 0u64;
+            // SAFETY: an open image; out pointer to a local.
+            let r = unsafe { (self.api.rbd_get_size)(self.image, &mut seen) };
+            if r < 0 {
+                return Err(self.err("get size", i64::from(r)));
+            }
+            if seen == new_size {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "rbd {}: resized to {new_size} bytes, but this client still sees {seen} after {:?}",
+                        self.spec, RESIZE_SEEN_TIMEOUT
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         self.size.store(new_size, Ordering::Release);
         Ok(())
@@ -880,6 +913,14 @@ mod live_lock {
             Some("a")
         );
         assert_eq!(b.metadata_get("ironsan.none").unwrap(), None);
+        // b resizes: librbd hands that to a, the owner, and b's own I/O
+        // obeys the new size as soon as resize returns (it used to read
+        // EINVAL past the old end until b's handle refreshed itself).
+        let size = b.size();
+        b.resize(size + 4096).unwrap();
+        b.read_at(&mut back, size).unwrap();
+        assert!(back.iter().all(|&x| x == 0), "the new end reads zeros");
+        b.resize(size).unwrap();
         // b takes over: a is fenced (blocklisted), b writes.
         b.lock_take_over().unwrap();
         assert!(b.is_lock_owner().unwrap());
