@@ -13,14 +13,16 @@
 //!
 //! The mapping is read in user space only by [`FileMap::read_guarded`]
 //! (a data digest over the pages that are then sent, with the file's
-//! writers held off by a [`crate::WriteGate`]), which recovers from SIGBUS;
+//! writers held off by a [`crate::WriteGate`]) and [`FileMap::load`] (a
+//! small read's copy, in place of `pread`), which recover from SIGBUS;
 //! otherwise its bytes are only handed to the kernel
 //! ([`FileMap::kernel_slice`]). If the file shrinks under it,
 //! the kernel's copy from a page past the end fails with `EFAULT` (the
 //! write is refused) where a user-space read would raise SIGBUS. And it is
-//! only used where [`FileMap::resident`] says every page is already in the
-//! page cache: a read fault on a hole of a tmpfs file would allocate the
-//! page (`sendfile` serves holes from the zero page instead).
+//! only used where every page is known to be in the page cache
+//! ([`FileMap::known_present`], [`FileMap::resident`]): a read fault on a
+//! hole of a tmpfs file would allocate the page (`sendfile` and `pread`
+//! serve holes from the zero page instead).
 //!
 //! A mapping made by [`FileMap::writable`] is also `PROT_WRITE`: a write's
 //! data-out is received straight into it ([`crate::Placed`]), by the
@@ -51,6 +53,10 @@ pub struct FileMap {
     /// ([`crate::FileRange::pin`]) and writes received into it announce
     /// themselves ([`Self::place`]).
     gate: Option<Arc<crate::WriteGate>>,
+    /// Pages known to be in the page cache ([`Self::mark_present`],
+    /// `known.rs`): asked before `mincore(2)`, and all that small reads
+    /// ([`Self::load`]) ask.
+    known: crate::known::KnownPages,
 }
 
 // SAFETY: the mapping is owned by this value alone (unmapped once, on
@@ -81,6 +87,7 @@ impl FileMap {
             len,
             file: None,
             gate: None,
+            known: crate::known::KnownPages::new(len, page_size()),
         })
     }
 
@@ -93,6 +100,7 @@ impl FileMap {
             len,
             file: Some(file),
             gate: None,
+            known: crate::known::KnownPages::new(len, page_size()),
         })
     }
 
@@ -158,9 +166,30 @@ impl FileMap {
         self.len == 0
     }
 
+    /// Records that the pages holding bytes `off .. off + len` are in the
+    /// page cache: the caller wrote them, or found them there (`SEEK_DATA`).
+    /// [`Self::store`] records what it stores by itself.
+    pub fn mark_present(&self, off: usize, len: usize) {
+        self.known.mark(off, len);
+    }
+
+    /// Forgets the pages holding bytes `off .. off + len`, whole or in part,
+    /// before the caller punches a hole there (`known.rs`).
+    pub fn forget_present(&self, off: usize, len: usize) {
+        self.known.forget(off, len);
+    }
+
+    /// True when every page holding bytes `off .. off + len` is recorded as
+    /// in the page cache ([`Self::mark_present`]); no system call. False
+    /// for an empty range and ranges outside the mapping.
+    pub fn known_present(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|e| e <= self.len) && self.known.all(off, len)
+    }
+
     /// True when every page holding bytes `off .. off + len` is in the page
-    /// cache (`mincore(2)`), so that reading them through the mapping
-    /// allocates nothing. False for ranges outside the mapping, and when
+    /// cache, so that reading them through the mapping allocates nothing:
+    /// known so ([`Self::known_present`]), or found so by `mincore(2)`
+    /// (and then recorded). False for ranges outside the mapping, and when
     /// the question cannot be asked.
     pub fn resident(&self, off: usize, len: usize) -> bool {
         let Some(end) = off.checked_add(len) else {
@@ -168,6 +197,9 @@ impl FileMap {
         };
         if len == 0 || end > self.len {
             return len == 0 && off <= self.len;
+        }
+        if self.known.all(off, len) {
+            return true;
         }
         let page = page_size();
         let mut at = off & !(page - 1);
@@ -186,6 +218,7 @@ impl FileMap {
             }
             at += n;
         }
+        self.known.mark(off, len);
         true
     }
 

@@ -19,6 +19,7 @@
 mod chain;
 mod filemap;
 mod gate;
+mod known;
 mod place;
 mod store;
 mod sums;

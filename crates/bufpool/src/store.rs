@@ -290,6 +290,18 @@ mod imp {
         faulted == 0
     }
 
+    /// Copies `len` bytes out of a mapping with `rep movsb`, whose fault
+    /// on the source is recovered as a store's is; returns how many were
+    /// not copied.
+    ///
+    /// # Safety
+    /// `dst .. dst + len` must be writable and `src .. src + len` inside a
+    /// mapping that lives for the call.
+    pub(super) unsafe fn load(dst: *mut u8, src: *const u8, len: usize) -> usize {
+        // SAFETY: the caller's obligations; faults are recovered.
+        unsafe { ironsan_store_copy(dst, src, len) }
+    }
+
     /// Copies `len` bytes; returns how many were not copied.
     ///
     /// # Safety
@@ -359,6 +371,46 @@ impl FileMap {
         }
     }
 
+    /// Copies bytes `off .. off + dst.len()` of the mapping into `dst` from
+    /// user space, recovering from a page that cannot be had (module docs);
+    /// returns how many bytes were copied, from the front (the first
+    /// `n` bytes of `dst` are then initialised). Fewer than `dst.len()`:
+    /// the rest must be read with `pread(2)`, which reports why (a range
+    /// outside the mapping, a file cut short, a full tmpfs, or a platform
+    /// without the recovering copy: 0 copied).
+    ///
+    /// Safe, but not free of effects: reading a hole of a tmpfs file
+    /// through the mapping allocates its page, so callers only load pages
+    /// they know are there. A write racing the copy may show in it in part,
+    /// as it may in `pread`'s.
+    pub fn load(&self, off: usize, dst: &mut [std::mem::MaybeUninit<u8>]) -> usize {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            let inside = off.checked_add(dst.len()).is_some_and(|e| e <= self.len());
+            if !inside || !imp::install() {
+                return 0;
+            }
+            // SAFETY: `off .. off + len` lies inside the mapping, which
+            // lives as long as `self`; `dst` is writable memory of that
+            // length. The copy is one instruction outside Rust's memory
+            // model (a racing store into the file is the kernel's or
+            // `store`'s), and a fault in it returns what was left.
+            let left = unsafe {
+                imp::load(
+                    dst.as_mut_ptr().cast(),
+                    self.base().as_ptr().add(off),
+                    dst.len(),
+                )
+            };
+            dst.len() - left
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            let _ = (off, dst);
+            0
+        }
+    }
+
     /// Stores `src` at byte `off` of the (writable) mapping from user space,
     /// recovering from a page that cannot be had (module docs); returns how
     /// many bytes were stored, from the front. Fewer than `src.len()`: the
@@ -375,7 +427,10 @@ impl FileMap {
             // SAFETY: `off .. off + len` lies inside the mapping, which is
             // writable and lives as long as `self`; `src` is a slice.
             let left = unsafe { imp::copy(self.base().as_ptr().add(off), src.as_ptr(), src.len()) };
-            src.len() - left
+            let stored = src.len() - left;
+            // A page stored into is in the page cache now.
+            self.mark_present(off, stored);
+            stored
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         {
@@ -456,6 +511,38 @@ mod tests {
         assert_eq!(m.store(4090, &data), 6);
         f.set_len(LEN as u64).unwrap();
         assert_eq!(m.store(3, &data), data.len());
+    }
+
+    #[test]
+    fn loads_copy_the_file_and_a_page_gone_cuts_them_short() {
+        let Ok(f) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "load") else {
+            return;
+        };
+        let data: Vec<u8> = (0..65536u32).map(|i| (i * 29 + 3) as u8).collect();
+        f.write_all_at(&data, 0).unwrap();
+        let m = FileMap::new(&f, 65536).unwrap();
+        let on = cfg!(all(target_arch = "x86_64", target_os = "linux"));
+        let mut buf = Vec::<u8>::with_capacity(65536);
+        let n = m.load(1000, &mut buf.spare_capacity_mut()[..30000]);
+        assert_eq!(n, if on { 30000 } else { 0 });
+        if !on {
+            return;
+        }
+        // SAFETY: `load` initialised the first `n` bytes.
+        unsafe { buf.set_len(n) };
+        assert_eq!(buf, data[1000..31000]);
+        // Outside the mapping: nothing copied.
+        assert_eq!(m.load(60000, &mut buf.spare_capacity_mut()[..8000]), 0);
+        // The file cut short: the copy stops exactly at the new end, and
+        // the process lives on; twice, to show the thread recovered.
+        f.set_len(8192 + 4096).unwrap();
+        for _ in 0..2 {
+            let mut b = Vec::<u8>::with_capacity(20000);
+            assert_eq!(
+                m.load(4000, &mut b.spare_capacity_mut()[..20000]),
+                12288 - 4000
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //! the default; write-back is opt-in (config, or MODE SELECT setting WCE).
 //!
 //! A file in memory (tmpfs, ramfs) is also mapped: large reads are sent
-//! from the mapping, large writes received into it, and smaller writes
+//! from the mapping, small reads of pages known to be there (written
+//! through this backend, or found at open) copied out of it
+//! (`bufpool::FileMap::load`: 0.61 µs for a cold 4 KiB block against
+//! 0.95 µs by `pread`),
+//! large writes received into it, and smaller writes
 //! stored into it from user space (`bufpool::FileMap::store`, which
 //! survives a page gone from under it: the rest goes by `pwrite`), at half
 //! the cost of `pwrite` (from 256 KiB by non-temporal stores, which do not
@@ -103,10 +107,57 @@ fn map_file(
     gate: &Arc<bufpool::WriteGate>,
 ) -> Option<Arc<bufpool::FileMap>> {
     let len = usize::try_from(size).ok()?;
-    bufpool::FileMap::writable(f.clone(), len)
+    let m = bufpool::FileMap::writable(f.clone(), len)
         .or_else(|_| bufpool::FileMap::new(f, len))
-        .ok()
-        .map(|m| Arc::new(m.with_gate(gate.clone())))
+        .ok()?;
+    mark_data(f, size, &m);
+    Some(Arc::new(m.with_gate(gate.clone())))
+}
+
+/// Records the file's data (`SEEK_DATA` to `SEEK_HOLE`; on tmpfs, the
+/// pages it holds) as present in `m`, so that small reads of what was
+/// written before the mapping was made are copied from it too
+/// ([`BlockBackend::read_bytes`]). Called before anything else can write
+/// the file through this backend (at open, and on resize under the gate).
+fn mark_data(f: &File, size: u64, m: &bufpool::FileMap) {
+    let mut at = 0;
+    while at < size {
+        let Ok(Some(data)) = seek_file(f, at, libc::SEEK_DATA) else {
+            return;
+        };
+        if data >= size {
+            return;
+        }
+        let hole = match seek_file(f, data, libc::SEEK_HOLE) {
+            Ok(h) => h.unwrap_or(size).min(size),
+            Err(_) => return,
+        };
+        if hole <= data {
+            return;
+        }
+        // Both fit: `size` is the mapping's length, a usize.
+        m.mark_present(data as usize, (hole - data) as usize);
+        at = hole;
+    }
+}
+
+/// `lseek(whence)` on `f` from `offset`; `None` for ENXIO (no data / hole
+/// past `offset`).
+fn seek_file(f: &File, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    let off = libc::off_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+    // SAFETY: lseek(2) on an open descriptor. The file position it moves
+    // is never used: all I/O is positional.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(r as u64))
 }
 
 impl FileBackend {
@@ -220,20 +271,19 @@ impl FileBackend {
     /// `lseek(whence)` from `offset`; `None` for ENXIO (no data / hole
     /// past `offset`).
     fn seek(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
-        use std::os::fd::AsRawFd;
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
-        // SAFETY: lseek(2) on a descriptor open for the lifetime of `self`.
-        // The file position it moves is never used: all I/O is positional.
-        let r = unsafe { libc::lseek(self.plain.as_raw_fd(), off, whence) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return match e.raw_os_error() {
-                Some(libc::ENXIO) => Ok(None),
-                _ => Err(e),
-            };
+        seek_file(&self.plain, offset, whence)
+    }
+
+    /// Before punching a hole into `offset .. offset + len` (or zeroing it,
+    /// which may punch): its pages are no longer known to be there.
+    fn forget_present(&self, offset: u64, len: u64) {
+        if let (Some(m), Ok(off), Ok(n)) = (
+            self.map.read().as_ref(),
+            usize::try_from(offset),
+            usize::try_from(len),
+        ) {
+            m.forget_present(off, n);
         }
-        Ok(Some(r as u64))
     }
 
     /// The path this backend serves.
@@ -334,7 +384,22 @@ impl BlockBackend for FileBackend {
         // capacity: no zeroing first, no allocation in steady state.
         let mut v = bufpool::take(len);
         let spare = &mut v.spare_capacity_mut()[..len];
-        pread_exact_uninit(&self.plain, spare, offset)?;
+        // Pages this backend knows are in the page cache (it wrote them,
+        // or found them there) are copied out of the mapping, which spares
+        // `pread`'s system call and page cache walk (a cold 4 KiB block:
+        // 0.61 µs against 0.95). What the copy could not take (a file
+        // cut short under the mapping) goes by `pread`, which says why.
+        let mut done = 0;
+        if let (true, Ok(off)) = (self.in_memory, usize::try_from(offset)) {
+            if let Some(m) = self.map.read().as_ref() {
+                if m.known_present(off, len) {
+                    done = m.load(off, spare);
+                }
+            }
+        }
+        if done < len {
+            pread_exact_uninit(&self.plain, &mut spare[done..], offset + done as u64)?;
+        }
         // SAFETY: `pread_exact_uninit` returned Ok, so it initialised all
         // `len` bytes of the spare capacity.
         unsafe { v.set_len(len) };
@@ -378,6 +443,7 @@ impl BlockBackend for FileBackend {
         check_range(self.size.load(Ordering::Relaxed), offset, total)?;
         let _one = self.one_large_write(total);
         let _w = self.gate.writing(offset, total as u64);
+        let first = offset;
         // A file in memory takes the pieces by stores into its mapping
         // (`FileMap::store`), half the cost of `pwrite`'s page cache walk;
         // memory is its medium, so they are as stable there as `pwrite`
@@ -407,13 +473,23 @@ impl BlockBackend for FileBackend {
         } else {
             &self.plain
         };
+        let left = total - (offset - first) as usize;
         if cut == 0 {
-            return pwritev_all(f, &bufs[done..], offset);
+            pwritev_all(f, &bufs[done..], offset)?;
+        } else {
+            let mut rest = Vec::with_capacity(bufs.len() - done);
+            rest.push(&bufs[done][cut..]);
+            rest.extend_from_slice(&bufs[done + 1..]);
+            pwritev_all(f, &rest, offset)?;
         }
-        let mut rest = Vec::with_capacity(bufs.len() - done);
-        rest.push(&bufs[done][cut..]);
-        rest.extend_from_slice(&bufs[done + 1..]);
-        pwritev_all(f, &rest, offset)
+        // The pages written are in the page cache now (stores record
+        // theirs themselves).
+        if let (true, Ok(off)) = (self.in_memory, usize::try_from(offset)) {
+            if let Some(m) = self.map.read().as_ref() {
+                m.mark_present(off, left);
+            }
+        }
+        Ok(())
     }
     fn flush(&self) -> io::Result<()> {
         self.plain.sync_data()
@@ -440,6 +516,7 @@ impl BlockBackend for FileBackend {
             return Ok(());
         }
         let _w = self.gate.writing(offset, len);
+        self.forget_present(offset, len);
         if self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len)? {
             return self.settle();
         }
@@ -451,6 +528,7 @@ impl BlockBackend for FileBackend {
             return Ok(());
         }
         let _w = self.gate.writing(offset, len);
+        self.forget_present(offset, len);
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         if self.fallocate(mode, offset, len)? {
             return self.settle();
@@ -641,9 +719,18 @@ mod tests {
 
     #[test]
     fn read_bytes_fills_pooled_buffers_and_reports_a_shrunk_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("rb.img");
-        let f = FileBackend::open(&p, Some(1 << 20), WriteCache::WriteBack).unwrap();
+        // On disk (pread), and in memory (copies out of the mapping, which
+        // recover from the pages cut off).
+        let disk = tempfile::tempdir().unwrap();
+        let shm = std::path::Path::new("/dev/shm");
+        let shm = shm.is_dir().then(|| tempfile::tempdir_in(shm).unwrap());
+        for dir in std::iter::once(&disk).chain(shm.as_ref()) {
+            read_bytes_in(&dir.path().join("rb.img"));
+        }
+    }
+
+    fn read_bytes_in(p: &Path) {
+        let f = FileBackend::open(p, Some(1 << 20), WriteCache::WriteBack).unwrap();
         let pattern: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 1) as u8).collect();
         f.write_at(&pattern, 4096, false).unwrap();
         for _ in 0..3 {
@@ -660,6 +747,65 @@ mod tests {
         f.plain.set_len(8192).unwrap();
         let e = f.read_bytes(4096, 8192).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn small_reads_copy_known_pages_and_never_fill_holes() {
+        let Some((_dir, f)) = shm_backend(1 << 20) else {
+            return;
+        };
+        const PAGE: u64 = 4096;
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+        f.write_at(&data, 4 * PAGE, false).unwrap();
+        let m = f.map.read().clone().unwrap();
+        assert!(m.known_present(4 * 4096, 8192), "written pages are known");
+        assert_eq!(&f.read_bytes(4 * PAGE, 8192).unwrap()[..], &data[..]);
+        let b = f.read_bytes(4 * PAGE + 100, 5000).unwrap();
+        assert_eq!(&b[..], &data[100..5100]);
+        // A hole reads as zeros (by pread), and stays a hole.
+        assert!(!m.known_present(64 * 4096, 4096));
+        let z = f.read_bytes(64 * PAGE, 4096).unwrap();
+        assert!(z.iter().all(|&x| x == 0));
+        assert!(!f.allocation(64 * PAGE, PAGE).unwrap().allocated);
+        // A discarded page is forgotten before the punch, so reading it
+        // afterwards does not fill the hole again through the mapping.
+        f.discard(4 * PAGE, PAGE).unwrap();
+        assert!(!m.known_present(4 * 4096, 4096));
+        assert!(m.known_present(5 * 4096, 4096));
+        let b = f.read_bytes(4 * PAGE, 8192).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 0));
+        assert_eq!(&b[4096..], &data[4096..]);
+        let e = f.allocation(4 * PAGE, PAGE).unwrap();
+        assert!(!e.allocated, "the read filled the hole: {e:?}");
+        // Written again, known again.
+        f.write_at(&data[..4096], 4 * PAGE, false).unwrap();
+        assert!(m.known_present(4 * 4096, 8192));
+    }
+
+    #[test]
+    fn pages_written_before_the_mapping_was_made_are_known() {
+        let shm = std::path::Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return;
+        }
+        let dir = tempfile::tempdir_in(shm).unwrap();
+        let p = dir.path().join("pre.img");
+        let data = vec![0x5Au8; 8192];
+        {
+            let f = File::create(&p).unwrap();
+            f.set_len(1 << 20).unwrap();
+            f.write_all_at(&data, 65536).unwrap();
+        }
+        let f = FileBackend::open(&p, None, WriteCache::WriteThrough).unwrap();
+        let known = |off, len| f.map.read().as_ref().unwrap().known_present(off, len);
+        assert!(known(65536, 8192));
+        assert!(!known(0, 4096));
+        assert!(!known(65536 + 8192, 4096));
+        assert_eq!(&f.read_bytes(65536, 8192).unwrap()[..], &data[..]);
+        // Resized: the new mapping knows the file's data as well.
+        f.resize(2 << 20).unwrap();
+        assert!(known(65536, 8192));
+        assert!(!known(1 << 20, 4096));
     }
 
     #[test]
