@@ -15,8 +15,11 @@
 //! recorded as present that is a hole again (another program punched it,
 //! or a read raced our own punch) costs one page of memory when it is
 //! read through the mapping, which then allocates it, filled with zeros:
-//! the bytes read are still the file's. A page present but not recorded
-//! is read with `pread(2)`, as before.
+//! the bytes read are still the file's. The same page taken as present
+//! for a write received in place ([`crate::FileMap::place`]) is allocated
+//! by the kernel's copy, which on a full tmpfs fails that write (WRITE
+//! ERROR) where `pwrite` would have said ENOSPC. A page present but not
+//! recorded is read with `pread(2)`, as before.
 //!
 //! One bit per page, in leaves of [`LEAF_PAGES`] pages allocated on their
 //! first mark: 4 KiB of record per 128 MiB of file written (4 KiB pages),
