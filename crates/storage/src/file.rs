@@ -400,8 +400,8 @@ impl BlockBackend for FileBackend {
         if done < len {
             pread_exact_uninit(&self.plain, &mut spare[done..], offset + done as u64)?;
         }
-        // SAFETY: `pread_exact_uninit` returned Ok, so it initialised all
-        // `len` bytes of the spare capacity.
+        // SAFETY: `load` initialised the first `done` bytes of the spare
+        // capacity and `pread_exact_uninit`, which returned Ok, the rest.
         unsafe { v.set_len(len) };
         Ok(v.freeze())
     }
