@@ -513,14 +513,21 @@ mod tests {
         assert_eq!(m.store(3, &data), data.len());
     }
 
-    #[test]
-    fn loads_copy_the_file_and_a_page_gone_cuts_them_short() {
-        let Ok(f) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "load") else {
-            return;
-        };
-        let data: Vec<u8> = (0..65536u32).map(|i| (i * 29 + 3) as u8).collect();
+    /// A 64 KiB file on /dev/shm (unlinked) holding a pattern, a read-only
+    /// mapping of it, and the pattern; `None` without /dev/shm.
+    fn patterned(tag: &str, mul: u32) -> Option<(std::fs::File, FileMap, Vec<u8>)> {
+        let f = crate::unlinked_file(std::path::Path::new("/dev/shm"), tag).ok()?;
+        let data: Vec<u8> = (0..65536u32).map(|i| (i * mul + 3) as u8).collect();
         f.write_all_at(&data, 0).unwrap();
         let m = FileMap::new(&f, 65536).unwrap();
+        Some((f, m, data))
+    }
+
+    #[test]
+    fn loads_copy_the_file_and_a_page_gone_cuts_them_short() {
+        let Some((f, m, data)) = patterned("load", 29) else {
+            return;
+        };
         let on = cfg!(all(target_arch = "x86_64", target_os = "linux"));
         let mut buf = Vec::<u8>::with_capacity(65536);
         let n = m.load(1000, &mut buf.spare_capacity_mut()[..30000]);
@@ -547,12 +554,9 @@ mod tests {
 
     #[test]
     fn guarded_reads_see_the_file_and_survive_a_page_gone() {
-        let Ok(f) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "guarded") else {
+        let Some((f, m, data)) = patterned("guarded", 13) else {
             return;
         };
-        let data: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 5) as u8).collect();
-        f.write_all_at(&data, 0).unwrap();
-        let m = FileMap::new(&f, 65536).unwrap();
         let on = cfg!(all(target_arch = "x86_64", target_os = "linux"));
         let mut seen = Vec::with_capacity(65536);
         // SAFETY: nothing writes the file meanwhile; its pages are all
