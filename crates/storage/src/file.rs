@@ -122,22 +122,41 @@ fn map_file(
 fn mark_data(f: &File, size: u64, m: &bufpool::FileMap) {
     let mut at = 0;
     while at < size {
-        let Ok(Some(data)) = seek_file(f, at, libc::SEEK_DATA) else {
+        // A filesystem that cannot tell (or any error): nothing more is
+        // known, and small reads of the rest go by `pread`.
+        let Ok(e) = extent_at(f, at, size) else {
             return;
         };
-        if data >= size {
-            return;
+        if e.allocated {
+            // Both fit: `size` is the mapping's length, a usize.
+            m.mark_present(at as usize, e.len as usize);
         }
-        let hole = match seek_file(f, data, libc::SEEK_HOLE) {
-            Ok(h) => h.unwrap_or(size).min(size),
-            Err(_) => return,
-        };
-        if hole <= data {
-            return;
+        at += e.len;
+    }
+}
+
+/// The extent of `f` that starts at `offset`, up to `end` (> `offset`):
+/// data up to the next hole, or a hole up to the next data (`SEEK_DATA`,
+/// `SEEK_HOLE`). EINVAL: the filesystem cannot tell.
+fn extent_at(f: &File, offset: u64, end: u64) -> io::Result<Extent> {
+    match seek_file(f, offset, libc::SEEK_DATA)? {
+        // A hole from `offset` up to the next data (or the end).
+        Some(d) if d > offset => Ok(Extent {
+            allocated: false,
+            len: d.min(end) - offset,
+        }),
+        None => Ok(Extent {
+            allocated: false,
+            len: end - offset,
+        }),
+        // Data at `offset`, up to the next hole (EOF counts as one).
+        Some(_) => {
+            let hole = seek_file(f, offset, libc::SEEK_HOLE)?.unwrap_or(end);
+            Ok(Extent {
+                allocated: true,
+                len: hole.clamp(offset + 1, end) - offset,
+            })
         }
-        // Both fit: `size` is the mapping's length, a usize.
-        m.mark_present(data as usize, (hole - data) as usize);
-        at = hole;
     }
 }
 
@@ -266,12 +285,6 @@ impl FileBackend {
         } else {
             self.plain.sync_data()
         }
-    }
-
-    /// `lseek(whence)` from `offset`; `None` for ENXIO (no data / hole
-    /// past `offset`).
-    fn seek(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
-        seek_file(&self.plain, offset, whence)
     }
 
     /// Before punching a hole into `offset .. offset + len` (or zeroing it,
@@ -546,7 +559,6 @@ impl BlockBackend for FileBackend {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
         }
-        let end = offset + len;
         let whole = Extent {
             allocated: true,
             len,
@@ -554,30 +566,10 @@ impl BlockBackend for FileBackend {
         if self.block_device {
             return Ok(whole);
         }
-        let data = match self.seek(offset, libc::SEEK_DATA) {
-            Ok(d) => d,
+        match extent_at(&self.plain, offset, offset + len) {
             // No SEEK_DATA support: everything counts as allocated.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(whole),
-            Err(e) => return Err(e),
-        };
-        match data {
-            // A hole from `offset` up to the next data (or the end).
-            Some(d) if d > offset => Ok(Extent {
-                allocated: false,
-                len: d.min(end) - offset,
-            }),
-            None => Ok(Extent {
-                allocated: false,
-                len,
-            }),
-            // Data at `offset`, up to the next hole (EOF counts as one).
-            Some(_) => {
-                let hole = self.seek(offset, libc::SEEK_HOLE)?.unwrap_or(end);
-                Ok(Extent {
-                    allocated: true,
-                    len: hole.clamp(offset + 1, end) - offset,
-                })
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(whole),
+            r => r,
         }
     }
 }
