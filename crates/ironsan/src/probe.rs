@@ -9,6 +9,14 @@
 //!   for the same shapes; with `--source-bytes` the replies come from a
 //!   large written region instead of one cached buffer, which shows what
 //!   reading memory (not the cache) costs the same exchange.
+//! * `cores`: how long two CPUs take to hand a cache line back and forth.
+//!   On a virtual machine the hypervisor moves virtual CPUs between physical
+//!   cores; two that share a last-level cache hand a line over in well under
+//!   100 ns, two on different dies take several times that. Every I/O over
+//!   loopback crosses between initiator and target threads several times,
+//!   so a queue-depth-1 exchange runs a third slower in the far placement.
+//!   The side-by-side script probes before and after every sample to know
+//!   which placement a sample ran in.
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -28,6 +36,20 @@ pub enum Probe {
     NullTarget(NullArgs),
     /// A raw loopback TCP request/response probe.
     Loopback(LoopArgs),
+    /// Cache-line round trip between two CPUs, in nanoseconds.
+    Cores(CoresArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CoresArgs {
+    /// The two CPUs (as numbered by the kernel); default: the first two this
+    /// process may run on.
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    cpus: Option<Vec<usize>>,
+    /// Round trips per measurement; the median of five measurements is
+    /// printed.
+    #[arg(long, default_value_t = 4000)]
+    trips: u64,
 }
 
 #[derive(Args, Debug)]
@@ -65,6 +87,7 @@ pub fn run(p: Probe) -> Result<()> {
     match p {
         Probe::NullTarget(a) => null_target(a),
         Probe::Loopback(a) => loopback(a),
+        Probe::Cores(a) => cores(a),
     }
 }
 
@@ -465,6 +488,122 @@ fn loopback(a: LoopArgs) -> Result<()> {
         qd,
         ops as f64 / el,
         ops as f64 * resp as f64 / el / 1e6
+    );
+    Ok(())
+}
+
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Result<Vec<usize>> {
+    // SAFETY: all-zero bytes are a valid (empty) cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most the size given, which is the set's.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET only reads the set, at an index below CPU_SETSIZE.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect())
+}
+
+/// Binds the calling thread to one CPU.
+fn pin_to(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: all-zero bytes are a valid (empty) cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes within the set: cpu < CPU_SETSIZE (above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the kernel reads at most the size given, which is the set's.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A counter on a cache line of its own, bounced between two pinned
+/// threads: one writes odd values, the other answers with the next even one.
+fn cores(a: CoresArgs) -> Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    /// Written instead of a count when either side gives up.
+    const STOP: u64 = u64::MAX;
+
+    let (x, y) = match a.cpus.as_deref() {
+        Some(&[x, y]) => (x, y),
+        _ => match allowed_cpus()?[..] {
+            [x, y, ..] => (x, y),
+            _ => anyhow::bail!("cores: this process may run on only one CPU"),
+        },
+    };
+    anyhow::ensure!(x != y, "cores: two different CPUs are needed");
+    let trips = a.trips.clamp(100, 100_000_000);
+    const ROUNDS: usize = 6; // a warm-up, then five measured
+    let line = std::sync::Arc::new(Line(AtomicU64::new(0)));
+    let echo = {
+        let line = line.clone();
+        std::thread::spawn(move || -> std::io::Result<()> {
+            if let Err(e) = pin_to(y) {
+                line.0.store(STOP, Ordering::Release);
+                return Err(e);
+            }
+            let mut want = 1;
+            loop {
+                match line.0.load(Ordering::Acquire) {
+                    STOP => return Ok(()),
+                    v if v == want => {
+                        line.0.store(v + 1, Ordering::Release);
+                        want += 2;
+                    }
+                    _ => std::hint::spin_loop(),
+                }
+            }
+        })
+    };
+    let mut ns = Vec::with_capacity(ROUNDS);
+    let pinned = pin_to(x);
+    if pinned.is_ok() {
+        let mut v = 1;
+        'rounds: for _ in 0..ROUNDS {
+            let t = Instant::now();
+            for _ in 0..trips {
+                // Only this thread writes odd values, so the swap fails only
+                // when the echo thread has written STOP.
+                if line
+                    .0
+                    .compare_exchange(v - 1, v, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    break 'rounds;
+                }
+                loop {
+                    match line.0.load(Ordering::Acquire) {
+                        w if w == v + 1 => break,
+                        STOP => break 'rounds,
+                        _ => std::hint::spin_loop(),
+                    }
+                }
+                v += 2;
+            }
+            ns.push(t.elapsed().as_nanos() as f64 / trips as f64);
+        }
+    }
+    line.0.store(STOP, Ordering::Release);
+    let echoed = echo
+        .join()
+        .map_err(|_| anyhow::anyhow!("cores: the echo thread panicked"))?;
+    pinned.map_err(|e| anyhow::anyhow!("cores: cannot run on CPU {x}: {e}"))?;
+    echoed.map_err(|e| anyhow::anyhow!("cores: cannot run on CPU {y}: {e}"))?;
+    anyhow::ensure!(ns.len() == ROUNDS, "cores: the exchange stopped early");
+    let mut measured = ns[1..].to_vec();
+    measured.sort_by(f64::total_cmp);
+    println!(
+        "cpus {x} {y}: {:.0} ns per cache-line round trip",
+        measured[measured.len() / 2]
     );
     Ok(())
 }

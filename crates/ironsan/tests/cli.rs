@@ -94,3 +94,41 @@ fn serves_then_stops_on_sigterm() {
     drop(conn);
     assert!(status.success(), "{status:?}");
 }
+
+/// `probe cores` (the side-by-side script's placement probe) measures a
+/// round trip between two CPUs, or says why it cannot, and never hangs.
+#[test]
+fn cores_probe_measures_two_cpus_or_says_why_not() {
+    refused(
+        &["probe", "cores", "--cpus", "0", "0"],
+        "two different CPUs",
+    );
+    // No machine has this CPU: the pinning fails on one side, and the other
+    // side must stop waiting for it.
+    refused(
+        &["probe", "cores", "--cpus", "0", "4000"],
+        "cannot run on CPU 4000",
+    );
+    refused(
+        &["probe", "cores", "--cpus", "4000", "0"],
+        "cannot run on CPU 4000",
+    );
+    let out = ironsan()
+        .args(["probe", "cores", "--trips", "1000"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("may run on only one CPU") {
+        return;
+    }
+    assert!(out.status.success(), "{err}");
+    let ns: f64 = text
+        .split_whitespace()
+        .nth(3)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no figure in {text:?}"));
+    // A cache line cannot cross between cores in under a nanosecond, and a
+    // round trip of a second would mean the two were never both running.
+    assert!(ns > 1.0 && ns < 1e9, "{text}");
+}
