@@ -524,25 +524,45 @@ fn pin_to(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A counter on a cache line of its own, bounced between two pinned
-/// threads: one writes odd values, the other answers with the next even one.
 fn cores(a: CoresArgs) -> Result<()> {
+    let (x, y) = match a.cpus.as_deref() {
+        Some(&[x, y]) => (x, y),
+        _ => first_two_cpus()?,
+    };
+    let ns = cache_line_round_trip(x, y, a.trips)?;
+    println!("cpus {x} {y}: {ns:.0} ns per cache-line round trip");
+    Ok(())
+}
+
+/// The first two CPUs this process may run on.
+pub fn first_two_cpus() -> Result<(usize, usize)> {
+    match allowed_cpus()?[..] {
+        [x, y, ..] => Ok((x, y)),
+        _ => anyhow::bail!("cores: this process may run on only one CPU"),
+    }
+}
+
+/// Nanoseconds per round trip of a cache line between CPUs `x` and `y`:
+/// a counter on a line of its own, bounced between two pinned threads (one
+/// writes odd values, the other answers with the next even one), `trips`
+/// round trips per measurement; the median of five, after a warm-up. Both
+/// threads are its own: the caller's CPU affinity is left as it was.
+pub fn cache_line_round_trip(x: usize, y: usize, trips: u64) -> Result<f64> {
+    std::thread::spawn(move || pinned_round_trip(x, y, trips))
+        .join()
+        .map_err(|_| anyhow::anyhow!("cores: the measuring thread panicked"))?
+}
+
+fn pinned_round_trip(x: usize, y: usize, trips: u64) -> Result<f64> {
     use std::sync::atomic::{AtomicU64, Ordering};
     #[repr(align(128))]
     struct Line(AtomicU64);
     /// Written instead of a count when either side gives up.
     const STOP: u64 = u64::MAX;
-
-    let (x, y) = match a.cpus.as_deref() {
-        Some(&[x, y]) => (x, y),
-        _ => match allowed_cpus()?[..] {
-            [x, y, ..] => (x, y),
-            _ => anyhow::bail!("cores: this process may run on only one CPU"),
-        },
-    };
-    anyhow::ensure!(x != y, "cores: two different CPUs are needed");
-    let trips = a.trips.clamp(100, 100_000_000);
     const ROUNDS: usize = 6; // a warm-up, then five measured
+
+    anyhow::ensure!(x != y, "cores: two different CPUs are needed");
+    let trips = trips.clamp(100, 100_000_000);
     let line = std::sync::Arc::new(Line(AtomicU64::new(0)));
     let echo = {
         let line = line.clone();
@@ -601,9 +621,5 @@ fn cores(a: CoresArgs) -> Result<()> {
     anyhow::ensure!(ns.len() == ROUNDS, "cores: the exchange stopped early");
     let mut measured = ns[1..].to_vec();
     measured.sort_by(f64::total_cmp);
-    println!(
-        "cpus {x} {y}: {:.0} ns per cache-line round trip",
-        measured[measured.len() / 2]
-    );
-    Ok(())
+    Ok(measured[measured.len() / 2])
 }

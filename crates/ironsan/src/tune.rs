@@ -395,6 +395,72 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
     f
 }
 
+/// A cache-line round trip above this many nanoseconds means the two CPUs
+/// do not share a last-level cache (this project's VMs: ~65 ns on one die,
+/// ~330 ns across dies; docs/PERFORMANCE.md, fourteenth session).
+pub const NEAR_NS: f64 = 150.0;
+
+/// Measures where the first two CPUs sit, five times over half a second
+/// (`ironsan probe cores`); nothing on a one-CPU host.
+fn measure_placement() -> Option<Finding> {
+    let (x, y) = crate::probe::first_two_cpus().ok()?;
+    let mut ns = Vec::new();
+    for i in 0..5 {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        ns.push(crate::probe::cache_line_round_trip(x, y, 2000).ok()?);
+    }
+    let vm = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" hypervisor"));
+    Some(placement_finding((x, y), &ns, vm))
+}
+
+/// The finding for cache-line round trips `ns` measured between CPUs `cpus`:
+/// every I/O crosses between the threads of the target (and of an initiator
+/// on the same host) several times, so CPUs that do not share a cache, or
+/// that a hypervisor moves apart now and then, slow every exchange (4K Q1
+/// reads over loopback: a third slower). The seeds' answer: NUMA affinity
+/// and, on ESXi, latency sensitivity high. `vm`: this host is a virtual
+/// machine (the CPU reports a hypervisor), where only the hypervisor can
+/// place the CPUs.
+pub fn placement_finding(cpus: (usize, usize), ns: &[f64], vm: bool) -> Finding {
+    let what = format!("CPU placement (CPUs {} and {})", cpus.0, cpus.1);
+    let lo = ns.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ns.iter().copied().fold(0.0, f64::max);
+    let range = if hi - lo < 1.0 {
+        format!("{lo:.0} ns per cache-line round trip")
+    } else {
+        format!("{lo:.0}-{hi:.0} ns per cache-line round trip")
+    };
+    let pin_vcpus = "on the hypervisor, pin the virtual CPUs to cores of one die: ESXi: VM Options > Latency Sensitivity = High (needs a full CPU and memory reservation; the seeds' setting), KVM: virsh vcpupin DOMAIN VCPU HOSTCPU for each vCPU onto cores that share an L3";
+    if hi <= NEAR_NS {
+        Finding {
+            level: Level::Ok,
+            what,
+            now: format!("{range} (they share a cache)"),
+            advice: String::new(),
+        }
+    } else if lo <= NEAR_NS {
+        Finding {
+            level: Level::Change,
+            what,
+            now: format!("{range}: they share a cache only part of the time (a hypervisor moving them)"),
+            advice: format!("{pin_vcpus}   # each move apart slows every I/O's hand-offs between threads (4K Q1 over loopback: a third)"),
+        }
+    } else {
+        Finding {
+            level: Level::Change,
+            what,
+            now: format!("{range}: they do not share a cache (different dies or sockets)"),
+            advice: if vm {
+                pin_vcpus.to_string()
+            } else {
+                "run the target's workers on cores of one die: numactl --physcpubind=CPUS ironsan serve ...   # CPUS: cores listed together in /sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list".into()
+            },
+        }
+    }
+}
+
 /// The mount that holds `path` in a `/proc/mounts` text: its mount point,
 /// file system type and options (the longest mount point that is `path` or
 /// one of its parent directories; octal escapes such as `\040` decoded).
@@ -812,6 +878,9 @@ pub fn run(a: TuneArgs) -> Result<()> {
             println!("ironsan tune: checking this host for the portals' interfaces {ifaces:?}\n");
             let mut findings = check_host(&h, &ifaces, a.sessions);
             findings.extend(check_lun_files(&h, &files));
+            if a.root == Path::new("/") {
+                findings.extend(measure_placement());
+            }
             print_findings(&findings);
             println!("\nPersist sysctl changes in /etc/sysctl.d/90-ironsan.conf; see docs/TUNING.md for why each one matters.");
             Ok(())
@@ -901,6 +970,33 @@ mod tests {
             interfaces_for(ip, &["127.0.0.1".parse().unwrap()]),
             vec!["lo"]
         );
+    }
+
+    #[test]
+    fn cpu_placement_near_far_and_moving() {
+        let near = placement_finding((0, 1), &[64.0, 66.0, 70.0], true);
+        assert_eq!(near.level, Level::Ok, "{near:?}");
+        assert!(near.now.starts_with("64-70 ns"), "{near:?}");
+        let far = placement_finding((0, 1), &[330.0, 330.4], false);
+        assert_eq!(far.level, Level::Change);
+        assert!(
+            far.now
+                .starts_with("330 ns per cache-line round trip: they do not share"),
+            "{far:?}"
+        );
+        assert!(far.advice.contains("numactl --physcpubind"), "{far:?}");
+        let far_vm = placement_finding((0, 1), &[330.0], true);
+        assert_eq!(far_vm.level, Level::Change);
+        assert!(far_vm.advice.contains("virsh vcpupin"), "{far_vm:?}");
+        let moving = placement_finding((2, 5), &[66.0, 325.0, 67.0], true);
+        assert_eq!(moving.level, Level::Change);
+        assert_eq!(moving.what, "CPU placement (CPUs 2 and 5)");
+        assert!(moving.now.contains("only part of the time"), "{moving:?}");
+        assert!(
+            moving.advice.contains("Latency Sensitivity = High"),
+            "{moving:?}"
+        );
+        assert!(moving.advice.contains("virsh vcpupin"), "{moving:?}");
     }
 
     #[test]
