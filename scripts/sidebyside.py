@@ -317,7 +317,7 @@ def main():
             left = [c for c in cells if not any(counted(smp) for smp in samples if (smp["row"], smp["digests"], smp["target"]) == c)]
             if not left:
                 break
-            print(f"extra pass {extra + 1}: {len(left)} cells had no sample in the usual placement", flush=True)
+            print(f"extra pass {extra + 1}: {len(left)} cells had no sample in the near placement", flush=True)
             for row, digests, name in (left if extra % 2 == 0 else list(reversed(left))):
                 # A far placement lasts seconds to minutes: wait for it to
                 # pass (within a budget for the whole run) rather than
@@ -332,7 +332,7 @@ def main():
             mine = [smp for smp in samples if (smp["row"], smp["digests"], smp["target"]) == (row, digests, name)]
             ok = [smp["value"] for smp in mine if counted(smp)]
             if not ok:
-                # Never in the usual placement: the best of what there is,
+                # Never in the near placement: the best of what there is,
                 # marked in the table.
                 unsettled.add((row, digests, name))
                 ok = [smp["value"] for smp in mine if smp["value"] is not None]
@@ -382,7 +382,7 @@ def cores_probe(ironsan):
 
 
 def placement(probes):
-    """The largest round trip that still counts as the usual placement.
+    """The largest round trip that still counts as the near placement.
 
     The probes of a run fall in one cluster (bare metal, or a VM whose CPUs
     stayed put) or two (CPUs that share a cache, and CPUs that do not). Two
