@@ -295,6 +295,7 @@ def main():
         cells = [(row, d, name) for row, unit, per, fn, tnames in tests for d in modes for name in tnames]
         fns = {row: fn for row, unit, per, fn, tnames in tests}
         samples = []
+        by_cell = {c: [] for c in cells}
 
         def measure(rnd, row, digests, name):
             p0 = cores_probe(a.ironsan)
@@ -302,6 +303,7 @@ def main():
             p1 = cores_probe(a.ironsan)
             samples.append({"round": rnd, "row": row, "digests": digests, "target": name, "value": v,
                             "probe_before_ns": p0, "probe_after_ns": p1, "time": time.time()})
+            by_cell[(row, digests, name)].append(samples[-1])
 
         for rnd in range(a.rounds):
             for row, unit, per, fn, tnames in tests:
@@ -312,9 +314,9 @@ def main():
             print(f"round {rnd + 1} of {a.rounds} done", flush=True)
         limit = placement([x for smp in samples for x in (smp["probe_before_ns"], smp["probe_after_ns"])])
         counted = lambda smp: smp["value"] is not None and settled(smp, limit)
-        wait_budget = [300]
+        wait_budget = 300
         for extra in range(a.rounds):
-            left = [c for c in cells if not any(counted(smp) for smp in samples if (smp["row"], smp["digests"], smp["target"]) == c)]
+            left = [c for c in cells if not any(counted(smp) for smp in by_cell[c])]
             if not left:
                 break
             print(f"extra pass {extra + 1}: {len(left)} cells had no sample in the near placement", flush=True)
@@ -322,14 +324,14 @@ def main():
                 # A far placement lasts seconds to minutes: wait for it to
                 # pass (within a budget for the whole run) rather than
                 # spend the pass inside it.
-                while wait_budget[0] > 0 and (cores_probe(a.ironsan) or 0) > limit:
+                while wait_budget > 0 and (cores_probe(a.ironsan) or 0) > limit:
                     time.sleep(2)
-                    wait_budget[0] -= 2
+                    wait_budget -= 2
                 measure(a.rounds + extra, row, digests, name)
         best = {(row, d): {} for row, *_ in tests for d in modes}
         unsettled = set()
         for row, digests, name in cells:
-            mine = [smp for smp in samples if (smp["row"], smp["digests"], smp["target"]) == (row, digests, name)]
+            mine = by_cell[(row, digests, name)]
             ok = [smp["value"] for smp in mine if counted(smp)]
             if not ok:
                 # Never in the near placement: the best of what there is,
