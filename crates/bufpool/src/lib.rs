@@ -22,11 +22,13 @@ mod gate;
 mod known;
 mod place;
 mod store;
+mod stream;
 mod sums;
 pub use chain::{Chain, FileRange, SegmentSums};
 pub use filemap::FileMap;
 pub use gate::{Pin, WriteGate, WriteToken};
 pub use place::{Held, LandBuf, Placed, Release};
+pub use stream::{copy_streaming, STREAM_MIN};
 pub use sums::{BlockSums, FileSums, MAX_SUM_BLOCKS, SUM_BLOCK, SUM_CHUNK};
 
 use std::cell::RefCell;

@@ -290,17 +290,31 @@ impl BlockBackend for MemBackend {
         });
         Ok(())
     }
-    /// A write of exactly one whole chunk becomes that chunk as it is (the
-    /// chunk it replaces goes back to this thread's buffer pool when
-    /// nothing shares it); anything else is copied as by
-    /// [`BlockBackend::write_at`]. The adopted buffer is immutable like
-    /// every chunk: while the caller (or a read) still holds it, a later
-    /// write to the chunk copies it first. A read still holding the
-    /// replaced chunk keeps it unchanged.
+    /// A write of exactly one whole chunk over a chunk held and shared
+    /// with no read is stored into it by non-temporal stores
+    /// ([`bufpool::copy_streaming`]), and the caller's buffer, still in
+    /// the cache where the socket put it, goes back to its pool for the
+    /// next write. Otherwise (a chunk never written, or one a read holds)
+    /// the buffer becomes that chunk as it is, and the chunk it replaces
+    /// goes back to this thread's buffer pool when nothing shares it.
+    /// Anything else is copied as by [`BlockBackend::write_at`]. An
+    /// adopted buffer is immutable like every chunk: while the caller (or
+    /// a read) still holds it, a later write to the chunk copies it first.
+    /// A read still holding the replaced chunk keeps it unchanged.
+    ///
+    /// Why not always adopt: the chunk it replaces has long left the cache,
+    /// so the next write, received into it, read every line of it from
+    /// memory before overwriting it. Storing into the held chunk leaves
+    /// one pooled buffer receiving every write, hot, and writes the chunk
+    /// without reading it first.
     fn write_bytes(&self, data: Bytes, offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.len(), offset, data.len())?;
         if data.len() != CHUNK as usize || offset & (CHUNK - 1) != 0 {
             return self.write_at(&data, offset, fua);
+        }
+        let idx = (offset >> CHUNK_SHIFT) as usize;
+        if self.store_whole(idx, &data) {
+            return Ok(());
         }
         let chunk = match data.try_into_mut() {
             // A buffer nobody else holds that is much larger than a chunk
@@ -313,7 +327,6 @@ impl BlockBackend for MemBackend {
             // the caller for a moment.
             Err(shared) => shared,
         };
-        let idx = (offset >> CHUNK_SHIFT) as usize;
         let mut g = self.chunk_for_write(idx).write();
         let (old, sums) = match g.take() {
             // The replaced chunk's sums are reused when no read holds
@@ -403,6 +416,32 @@ impl BlockBackend for MemBackend {
 }
 
 impl MemBackend {
+    /// Stores `data` (one whole chunk) into chunk `idx` when it is held
+    /// and no read shares it; false, with nothing done, otherwise.
+    fn store_whole(&self, idx: usize, data: &[u8]) -> bool {
+        let Some(c) = self.chunk(idx) else {
+            return false;
+        };
+        let mut g = c.write();
+        let Some(Stored { data: held, sums }) = g.take() else {
+            return false;
+        };
+        match held.try_into_mut() {
+            Ok(mut m) => {
+                // Nothing shares the bytes, so no one records a block CRC
+                // of them until they are stored again (BlockSums' rule).
+                sums.forget(0, m.len());
+                bufpool::copy_streaming(&mut m, data);
+                *g = Some(Stored::new(m.freeze(), Some(sums)));
+                true
+            }
+            Err(shared) => {
+                *g = Some(Stored { data: shared, sums });
+                false
+            }
+        }
+    }
+
     /// Runs `f` on bytes `within .. within + n` of chunk `idx` for
     /// writing: allocated (zeroed) when never written, copied first when a
     /// read still shares it. The blocks it touches are forgotten from the
@@ -528,29 +567,44 @@ mod tests {
     }
 
     #[test]
-    fn whole_chunk_writes_adopt_the_buffer() {
+    fn whole_chunk_writes_adopt_a_new_chunk_and_store_into_a_held_one() {
         let m = MemBackend::new(3 * CHUNK);
         let mut b = BytesMut::with_capacity(CHUNK as usize);
         b.resize(CHUNK as usize, 5);
         let ptr = b.as_ptr();
         m.write_bytes(b.freeze(), CHUNK, false).unwrap();
         let held = m.chunk(1).unwrap().read().as_ref().unwrap().data.clone();
-        assert_eq!(held.as_ptr(), ptr, "adopted, not copied");
+        assert_eq!(held.as_ptr(), ptr, "a chunk never written adopts");
         drop(held);
         let mut back = vec![0u8; 8192];
         m.read_at(&mut back, 2 * CHUNK - 4096).unwrap();
         assert!(back[..4096].iter().all(|&x| x == 5));
         assert!(back[4096..].iter().all(|&x| x == 0));
-        // The replaced chunk goes back to the pool, and a later small write
-        // modifies the adopted chunk in place (nothing shares it).
-        m.write_bytes(Bytes::from(vec![6u8; CHUNK as usize]), CHUNK, false)
-            .unwrap();
-        assert_eq!(bufpool::take(CHUNK as usize).as_ptr(), ptr);
-        let now = m.chunk(1).unwrap().read().as_ref().unwrap().data.as_ptr();
+        // A held chunk nothing shares is stored into: it stays where it
+        // is, and the caller's buffer is neither kept nor changed.
+        let mut next = BytesMut::with_capacity(CHUNK as usize);
+        next.resize(CHUNK as usize, 0);
+        for (i, x) in next.iter_mut().enumerate() {
+            *x = (i % 251) as u8;
+        }
+        let next = next.freeze();
+        let next_ptr = next.as_ptr();
+        m.write_bytes(next.clone(), CHUNK, false).unwrap();
+        let now = m.chunk(1).unwrap().read().as_ref().unwrap().data.clone();
+        assert_eq!(now.as_ptr(), ptr, "stored into, not replaced");
+        assert_eq!(now, next);
+        drop(now);
+        let back = next.try_into_mut().expect("the store kept no handle");
+        assert_eq!(back.as_ptr(), next_ptr);
+        // Block sums known before the store are not kept for the new bytes.
+        let chain = m.read_chain(CHUNK, CHUNK as usize).unwrap();
+        assert_eq!(chain.to_vec(), m.read_bytes(CHUNK, CHUNK as usize).unwrap());
+        drop(chain);
+        // A later small write modifies the chunk in place (nothing shares it).
         m.write_at(&[7u8; 512], CHUNK, false).unwrap();
         assert_eq!(
             m.chunk(1).unwrap().read().as_ref().unwrap().data.as_ptr(),
-            now
+            ptr
         );
         assert!(m
             .write_bytes(Bytes::from(vec![1u8; CHUNK as usize]), 3 * CHUNK, false)
