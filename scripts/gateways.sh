@@ -11,7 +11,10 @@
 #   3. implicit failover: the killed gateway restarts (standby: the
 #      survivor owns the image), the survivor is killed; a plain libiscsi
 #      client (no ALUA) is served by the restarted one within seconds, and
-#      the data reads back right.
+#      the data reads back right;
+#   4. a resize made elsewhere (`rbd resize`, while A owns the image and B
+#      is standby) reaches both: A reports the new capacity within
+#      seconds, and so does B once A is killed and B has taken over.
 #
 #   scripts/gateways.sh [IRONSAN_BINARY]
 #
@@ -166,6 +169,37 @@ if [ -n "$ok" ] && [ -n "$id" ] &&
 else
   cat "$work/rc.txt" "$work/read2.txt" 2>/dev/null | tail -5 >&2
   step "implicit take-over" "fail (after ${took} s)"
+fi
+
+say "4. a resize made elsewhere reaches every gateway"
+gateway b "$port_b" 2 17 1 1 || exit 1
+# capacity URL: the bytes READ CAPACITY reports (nothing while standby).
+capacity() { "$bin" inq "$1" 2>/dev/null | awk '/^Capacity:/ { print $2 }'; }
+want=$((512 * 1024 * 1024))
+if rbd resize --size 512M "$image" >"$work/resize.txt" 2>&1; then
+  seen_a=
+  for _ in $(seq 40); do
+    seen_a=$(capacity "$url_a")
+    [ "$seen_a" = "$want" ] && break
+    sleep 0.25
+  done
+  kill -9 "$pid_a"
+  wait "$pid_a" 2>/dev/null
+  pid_a=
+  seen_b=
+  for _ in $(seq 80); do
+    seen_b=$(capacity "$url_b")
+    [ -n "$seen_b" ] && break
+    sleep 0.25
+  done
+  if [ "$seen_a" = "$want" ] && [ "$seen_b" = "$want" ]; then
+    step "rbd resize to 512 MiB seen by the owner A, and by B after taking over" pass
+  else
+    step "resize made elsewhere" "fail (A reported ${seen_a:-nothing}, B after take-over ${seen_b:-nothing}; want $want)"
+  fi
+else
+  cat "$work/resize.txt" >&2
+  step "rbd resize" fail
 fi
 
 say "$pass passed, $fail failed"

@@ -1,7 +1,7 @@
 //! Hand-written bindings to the part of Ceph's C client libraries that
 //! ironsan uses: librados (cluster handle, pool I/O context) and librbd
 //! (image open/close/size, asynchronous I/O with completions, exclusive
-//! lock).
+//! lock, header update watches).
 //!
 //! Every declaration below was written from Debian 12's
 //! `/usr/include/rados/librados.h` and `/usr/include/rbd/librbd.h`
@@ -43,6 +43,10 @@ pub type rbd_completion_t = *mut c_void;
 /// `typedef void (*rbd_callback_t)(rbd_completion_t cb, void *arg);` called
 /// on a librbd thread when an asynchronous operation completes.
 pub type rbd_callback_t = Option<unsafe extern "C" fn(cb: rbd_completion_t, arg: *mut c_void)>;
+/// `typedef void (*rbd_update_callback_t)(void *arg);` called on a librbd
+/// thread when the image's header changes (a resize, a snapshot, a lock
+/// owner change), by any client.
+pub type rbd_update_callback_t = Option<unsafe extern "C" fn(arg: *mut c_void)>;
 /// `typedef enum { RBD_LOCK_MODE_EXCLUSIVE = 0, RBD_LOCK_MODE_SHARED = 1 }
 /// rbd_lock_mode_t;` (a C enum: `int`-sized).
 pub type rbd_lock_mode_t = c_int;
@@ -237,6 +241,11 @@ api! {
         fn rbd_metadata_get(rbd_image_t, *const c_char, *mut c_char, *mut usize) -> c_int;
         /// `int rbd_metadata_set(rbd_image_t image, const char *key, const char *value);`
         fn rbd_metadata_set(rbd_image_t, *const c_char, *const c_char) -> c_int;
+        /// `int rbd_update_watch(rbd_image_t image, uint64_t *handle,
+        /// rbd_update_callback_t watch_cb, void *arg);`
+        fn rbd_update_watch(rbd_image_t, *mut u64, rbd_update_callback_t, *mut c_void) -> c_int;
+        /// `int rbd_update_unwatch(rbd_image_t image, uint64_t handle);`
+        fn rbd_update_unwatch(rbd_image_t, u64) -> c_int;
     }
 }
 

@@ -536,6 +536,31 @@ impl LogicalUnit {
         Ok(())
     }
 
+    /// Makes the capacity follow the backend's medium when something else
+    /// resizes it (another gateway, or `rbd resize`, on a shared RBD
+    /// image: [`BlockBackend::on_resized_elsewhere`]), as [`Self::resize`]
+    /// does for a resize made here. The backend holds only a weak
+    /// reference to the unit.
+    pub fn follow_backend_size(self: &Arc<Self>) {
+        let lu = Arc::downgrade(self);
+        self.backend.on_resized_elsewhere(Box::new(move |bytes| {
+            if let Some(lu) = lu.upgrade() {
+                lu.medium_resized(bytes);
+            }
+        }));
+    }
+
+    /// The medium is now `bytes` long (cut down to whole blocks): the
+    /// capacity follows, and when it changed every I_T nexus gets
+    /// CAPACITY DATA HAS CHANGED (2A/09). After a shrink, commands past the
+    /// new end are refused (LBA OUT OF RANGE).
+    pub fn medium_resized(&self, bytes: u64) {
+        let blocks = bytes / u64::from(self.cfg.block_size);
+        if self.num_blocks.swap(blocks, Ordering::Relaxed) != blocks {
+            self.ua.broadcast(Asc::CAPACITY_DATA_CHANGED, None);
+        }
+    }
+
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn BlockBackend> {
         &self.backend

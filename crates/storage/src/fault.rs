@@ -124,6 +124,9 @@ impl BlockBackend for FaultBackend {
     fn max_atomic_write(&self) -> u64 {
         self.inner.max_atomic_write()
     }
+    fn on_resized_elsewhere(&self, changed: crate::SizeChanged) {
+        self.inner.on_resized_elsewhere(changed);
+    }
     fn atomic_alignment(&self) -> u64 {
         self.inner.atomic_alignment()
     }

@@ -66,6 +66,10 @@ pub enum WriteCache {
     WriteBack,
 }
 
+/// What [`BlockBackend::on_resized_elsewhere`] calls with the new size in
+/// bytes.
+pub type SizeChanged = Box<dyn Fn(u64) + Send + Sync>;
+
 /// A byte-addressed store with the contract in the module docs.
 pub trait BlockBackend: Send + Sync + 'static {
     /// A short name of the backend kind (`mem`, `null`, `file`).
@@ -169,6 +173,16 @@ pub trait BlockBackend: Send + Sync + 'static {
             io::ErrorKind::Unsupported,
             "this backend cannot be resized",
         ))
+    }
+
+    /// Asks to be told when the medium changes size from outside this
+    /// process (another gateway, or `rbd resize`, resized a shared RBD
+    /// image): `changed(new_size)` is then called on a thread of the
+    /// backend's own, once [`Self::size`] reports the new size. A later
+    /// call replaces the callback. Backends whose size only
+    /// [`Self::resize`] changes ignore it (the default).
+    fn on_resized_elsewhere(&self, changed: SizeChanged) {
+        let _ = changed;
     }
 
     /// The cache policy in force.

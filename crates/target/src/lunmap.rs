@@ -286,11 +286,13 @@ pub fn build_lu(
     let lu = LogicalUnit::new(backend, lu_cfg)
         .map_err(|e| format!("{at}: {e}"))?
         .with_port_groups(pg.clone());
-    Ok(Arc::new(if reservations {
+    let lu = Arc::new(if reservations {
         lu
     } else {
         lu.without_reservations()
-    }))
+    });
+    lu.follow_backend_size();
+    Ok(lu)
 }
 
 /// Opens the RBD image of an rbd LUN.

@@ -300,3 +300,90 @@ fn plans_through_the_api() {
         2 * BS
     );
 }
+
+/// A RAM backend whose size something else changes: it keeps the
+/// callback of `on_resized_elsewhere` for the test to call.
+struct SharedMedium {
+    mem: MemBackend,
+    changed: parking_lot::Mutex<Option<storage::SizeChanged>>,
+}
+
+impl BlockBackend for SharedMedium {
+    fn kind(&self) -> &'static str {
+        "shared"
+    }
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.mem.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn write_cache(&self) -> WriteCache {
+        WriteCache::WriteThrough
+    }
+    fn set_write_cache(&self, _: WriteCache) -> io::Result<()> {
+        Ok(())
+    }
+    fn on_resized_elsewhere(&self, changed: storage::SizeChanged) {
+        *self.changed.lock() = Some(changed);
+    }
+}
+
+impl SharedMedium {
+    /// Another client resizes the medium.
+    fn resize_elsewhere(&self, bytes: u64) {
+        self.mem.resize(bytes).unwrap();
+        if let Some(f) = &*self.changed.lock() {
+            f(bytes);
+        }
+    }
+}
+
+#[test]
+fn capacity_follows_a_medium_resized_elsewhere() {
+    let medium = Arc::new(SharedMedium {
+        mem: MemBackend::new(BLOCKS * u64::from(BS)),
+        changed: parking_lot::Mutex::new(None),
+    });
+    let lu = Arc::new(LogicalUnit::new(medium.clone(), cfg()).unwrap());
+    lu.follow_backend_size();
+    for n in [N1, N2] {
+        good(&lu.execute(&cmd(&TUR, &[], n)));
+    }
+    let past_end = u32::try_from(BLOCKS).unwrap();
+    lba_oob(&run(&lu, &read10(past_end, 1), &[]));
+    // Grown by another gateway: every nexus hears it once, and the new
+    // blocks can be read.
+    medium.resize_elsewhere(2 * BLOCKS * u64::from(BS));
+    assert_eq!(lu.num_blocks(), 2 * BLOCKS);
+    for n in [N1, N2] {
+        sense(
+            &lu.execute(&cmd(&TUR, &[], n)),
+            SenseKey::UnitAttention,
+            Asc::CAPACITY_DATA_CHANGED,
+        );
+        good(&lu.execute(&cmd(&read10(past_end, 1), &[], n)));
+    }
+    // A notification that changes nothing raises nothing.
+    medium.resize_elsewhere(2 * BLOCKS * u64::from(BS));
+    good(&run(&lu, &TUR, &[]));
+    // Shrunk: the blocks past the new end are out of range.
+    medium.resize_elsewhere(BLOCKS * u64::from(BS) / 2);
+    assert_eq!(lu.num_blocks(), BLOCKS / 2);
+    sense(
+        &run(&lu, &TUR, &[]),
+        SenseKey::UnitAttention,
+        Asc::CAPACITY_DATA_CHANGED,
+    );
+    lba_oob(&run(&lu, &read10(past_end / 2, 1), &[]));
+    // The backend holds the unit weakly: once it is gone, a late
+    // notification finds nothing to tell.
+    drop(lu);
+    medium.resize_elsewhere(BLOCKS * u64::from(BS));
+}

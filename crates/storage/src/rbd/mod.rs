@@ -17,6 +17,7 @@
 //! |                | under `rbd_discard_granularity_bytes`, leaving old data)      |
 //! | `allocation`   | `rbd_diff_iterate2` from the image's creation                 |
 //! | `resize`       | `rbd_resize`                                                  |
+//! | `on_resized_elsewhere` | `rbd_update_watch`, then `rbd_get_size` (see `watch`)  |
 //!
 //! **Durability.** An OSD acknowledges a write once it is stable on every
 //! replica, so without librbd's client cache every acknowledged write is
@@ -57,6 +58,7 @@ use crate::{check_range, check_range_u64, AsyncIo, BlockBackend, Extent, WriteCa
 
 mod aio;
 mod lock;
+mod watch;
 
 /// Where an RBD image is and how to reach its cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -97,12 +99,16 @@ pub struct RbdBackend {
     ioctx: rados_ioctx_t,
     image: rbd_image_t,
     spec: Arc<str>,
-    size: AtomicU64,
+    /// The size ranges are checked against; shared with the helper of
+    /// [`BlockBackend::on_resized_elsewhere`] (`watch`).
+    size: Arc<AtomicU64>,
     obj_size: u64,
     write_back: AtomicBool,
     /// Offer [`AsyncIo`]; `IRONSAN_RBD_WAIT=1` at open turns it off (every
     /// call then runs on the I/O pool, for comparison).
     completions: bool,
+    /// The header watch that follows resizes made elsewhere, once asked for.
+    size_watch: parking_lot::Mutex<Option<watch::SizeWatch>>,
 }
 
 // SAFETY: the handles are plain pointers to librados/librbd objects that
@@ -291,10 +297,11 @@ impl RbdBackend {
             ioctx,
             image,
             spec: spec.into(),
-            size: AtomicU64::new(0),
+            size: Arc::new(AtomicU64::new(0)),
             obj_size: 0,
             write_back: AtomicBool::new(policy == WriteCache::WriteBack),
             completions: std::env::var_os("IRONSAN_RBD_WAIT").is_none_or(|v| v != "1"),
+            size_watch: parking_lot::Mutex::new(None),
         };
         let mut info = rbd_sys::rbd_image_info_t::default();
         // SAFETY: an open image and a struct of the size passed.
@@ -404,6 +411,8 @@ impl RbdBackend {
 
 impl Drop for RbdBackend {
     fn drop(&mut self) {
+        // The watch ends (and its helper is joined) while the image is open.
+        drop(self.size_watch.get_mut().take());
         // SAFETY: handles created in `open`, closed once, image before its
         // ioctx before its cluster; `&mut self` means no call is running.
         unsafe {
@@ -554,6 +563,19 @@ impl BlockBackend for RbdBackend {
         }
         self.size.store(new_size, Ordering::Release);
         Ok(())
+    }
+
+    /// Watches the image's header (see `watch`); a failure to watch is
+    /// logged, and the LU then keeps the size it had.
+    fn on_resized_elsewhere(&self, changed: crate::SizeChanged) {
+        let mut w = self.size_watch.lock();
+        // The old watch (and its helper) ends before the new one starts.
+        drop(w.take());
+        match watch::SizeWatch::start(self.api, self.image, &self.spec, self.size.clone(), changed)
+        {
+            Ok(sw) => *w = Some(sw),
+            Err(e) => tracing::warn!(error = %e, "rbd: resizes made elsewhere will not be seen"),
+        }
     }
 
     fn write_cache(&self) -> WriteCache {
@@ -916,11 +938,25 @@ mod live_lock {
         // b resizes: librbd hands that to a, the owner, and b's own I/O
         // obeys the new size as soon as resize returns (it used to read
         // EINVAL past the old end until b's handle refreshed itself).
+        // a, watching, hears of each resize and checks ranges against it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        a.on_resized_elsewhere(Box::new(move |n| {
+            let _ = tx.lock().unwrap().send(n);
+        }));
+        let heard = || rx.recv_timeout(std::time::Duration::from_secs(10));
         let size = b.size();
         b.resize(size + 4096).unwrap();
         b.read_at(&mut back, size).unwrap();
         assert!(back.iter().all(|&x| x == 0), "the new end reads zeros");
+        assert_eq!(heard(), Ok(size + 4096));
+        assert_eq!(a.size(), size + 4096);
+        a.read_at(&mut back, size).unwrap();
         b.resize(size).unwrap();
+        assert_eq!(heard(), Ok(size));
+        assert!(a.read_at(&mut back, size).is_err(), "past the end again");
+        // A second watch replaces the first (whose helper is joined).
+        a.on_resized_elsewhere(Box::new(|_| {}));
         // b takes over: a is fenced (blocklisted), b writes.
         b.lock_take_over().unwrap();
         assert!(b.is_lock_owner().unwrap());
