@@ -108,7 +108,7 @@ fn follow(
             continue;
         }
         if size.swap(now, Ordering::AcqRel) != now {
-            tracing::info!(bytes = now, "rbd: the image was resized elsewhere");
+            tracing::info!(bytes = now, "rbd: the image has a new size");
             changed(now);
         }
     }
