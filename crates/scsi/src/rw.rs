@@ -241,9 +241,15 @@ pub fn write(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outcome,
                 let _range = lu
                     .locks
                     .shared(f.lba, (data.len() >> lu.block_shift) as u64);
-                lu.backend
-                    .write_bytes(buf.slice(..data.len()), offset, fua)
-                    .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+                // The buffer itself when it is all data (the steady state:
+                // nothing allocated), else a share of its front.
+                let r = if buf.len() == data.len() {
+                    lu.backend.write_bytes(buf, offset, fua)
+                } else {
+                    lu.backend
+                        .write_bytes(&buf.slice(..data.len()), offset, fua)
+                };
+                r.map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
             }
             _ => drop(write_blocks(lu, f.lba, data, fua)?),
         }

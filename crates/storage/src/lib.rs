@@ -149,15 +149,18 @@ pub trait BlockBackend: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Writes `data` at `offset` like [`Self::write_at`], taking a share
-    /// of the buffer: a backend that keeps its data in memory may keep the
-    /// buffer itself instead of copying it. `data` must be a buffer of its
-    /// own, not a slice of a larger one others use (a receive buffer),
-    /// which keeping would pin whole; other handles to it may still exist
-    /// for a while (it is immutable, as every [`bytes::Bytes`]). The
-    /// default copies with [`Self::write_at`].
-    fn write_bytes(&self, data: bytes::Bytes, offset: u64, fua: bool) -> io::Result<()> {
-        self.write_at(&data, offset, fua)
+    /// Writes `data` at `offset` like [`Self::write_at`], from a buffer
+    /// the backend may take a share of: one that keeps its data in memory
+    /// may keep the buffer itself (a clone of the handle) instead of
+    /// copying it. `data` must be a buffer of its own, not a slice of a
+    /// larger one others use (a receive buffer), which keeping would pin
+    /// whole; other handles to it may still exist for a while (it is
+    /// immutable, as every [`bytes::Bytes`]). Borrowed, so that a backend
+    /// that copies costs the caller no new handle (cloning a buffer that
+    /// has one owner allocates its shared reference count). The default
+    /// copies with [`Self::write_at`].
+    fn write_bytes(&self, data: &bytes::Bytes, offset: u64, fua: bool) -> io::Result<()> {
+        self.write_at(data, offset, fua)
     }
 
     /// Makes every completed write stable.

@@ -292,41 +292,32 @@ impl BlockBackend for MemBackend {
     }
     /// A write of exactly one whole chunk over a chunk held and shared
     /// with no read is stored into it by non-temporal stores
-    /// ([`bufpool::copy_streaming`]), and the caller's buffer, still in
-    /// the cache where the socket put it, goes back to its pool for the
-    /// next write. Otherwise (a chunk never written, or one a read holds)
-    /// the buffer becomes that chunk as it is, and the chunk it replaces
-    /// goes back to this thread's buffer pool when nothing shares it.
-    /// Anything else is copied as by [`BlockBackend::write_at`]. An
-    /// adopted buffer is immutable like every chunk: while the caller (or
-    /// a read) still holds it, a later write to the chunk copies it first.
-    /// A read still holding the replaced chunk keeps it unchanged.
+    /// ([`bufpool::copy_streaming`]); the caller's buffer, still in the
+    /// cache where the socket put it, goes back to its pool for the next
+    /// write, and nothing is allocated. Otherwise (a chunk never written,
+    /// or one a read holds) the buffer becomes that chunk as it is (a
+    /// clone of the handle), and the chunk it replaces goes back to this
+    /// thread's buffer pool when nothing shares it. Anything else is
+    /// copied as by [`BlockBackend::write_at`]. An adopted buffer is
+    /// immutable like every chunk: while the caller (or a read) still
+    /// holds it, a later write to the chunk copies it first. A read still
+    /// holding the replaced chunk keeps it unchanged.
     ///
     /// Why not always adopt: the chunk it replaces has long left the cache,
     /// so the next write, received into it, read every line of it from
     /// memory before overwriting it. Storing into the held chunk leaves
     /// one pooled buffer receiving every write, hot, and writes the chunk
     /// without reading it first.
-    fn write_bytes(&self, data: Bytes, offset: u64, fua: bool) -> io::Result<()> {
+    fn write_bytes(&self, data: &Bytes, offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.len(), offset, data.len())?;
         if data.len() != CHUNK as usize || offset & (CHUNK - 1) != 0 {
-            return self.write_at(&data, offset, fua);
+            return self.write_at(data, offset, fua);
         }
         let idx = (offset >> CHUNK_SHIFT) as usize;
-        if self.store_whole(idx, &data) {
+        if self.store_whole(idx, data) {
             return Ok(());
         }
-        let chunk = match data.try_into_mut() {
-            // A buffer nobody else holds that is much larger than a chunk
-            // would waste its tail: copied.
-            Ok(m) if m.capacity() > 2 * CHUNK as usize => {
-                return self.write_at(&m, offset, fua);
-            }
-            Ok(m) => m.freeze(),
-            // Shared: a buffer of its own per the contract, still held by
-            // the caller for a moment.
-            Err(shared) => shared,
-        };
+        let chunk = data.clone();
         let mut g = self.chunk_for_write(idx).write();
         let (old, sums) = match g.take() {
             // The replaced chunk's sums are reused when no read holds
@@ -572,7 +563,7 @@ mod tests {
         let mut b = BytesMut::with_capacity(CHUNK as usize);
         b.resize(CHUNK as usize, 5);
         let ptr = b.as_ptr();
-        m.write_bytes(b.freeze(), CHUNK, false).unwrap();
+        m.write_bytes(&b.freeze(), CHUNK, false).unwrap();
         let held = m.chunk(1).unwrap().read().as_ref().unwrap().data.clone();
         assert_eq!(held.as_ptr(), ptr, "a chunk never written adopts");
         drop(held);
@@ -589,7 +580,7 @@ mod tests {
         }
         let next = next.freeze();
         let next_ptr = next.as_ptr();
-        m.write_bytes(next.clone(), CHUNK, false).unwrap();
+        m.write_bytes(&next, CHUNK, false).unwrap();
         let now = m.chunk(1).unwrap().read().as_ref().unwrap().data.clone();
         assert_eq!(now.as_ptr(), ptr, "stored into, not replaced");
         assert_eq!(now, next);
@@ -607,10 +598,10 @@ mod tests {
             ptr
         );
         assert!(m
-            .write_bytes(Bytes::from(vec![1u8; CHUNK as usize]), 3 * CHUNK, false)
+            .write_bytes(&Bytes::from(vec![1u8; CHUNK as usize]), 3 * CHUNK, false)
             .is_err());
         assert!(m
-            .write_bytes(Bytes::from(vec![1u8; 512]), 3 * CHUNK, false)
+            .write_bytes(&Bytes::from(vec![1u8; 512]), 3 * CHUNK, false)
             .is_err());
     }
 
@@ -619,7 +610,7 @@ mod tests {
         let m = MemBackend::new(4 * CHUNK);
         // Unaligned: copied across two chunks.
         let data = Bytes::from((0..CHUNK as u32).map(|i| i as u8).collect::<Vec<u8>>());
-        m.write_bytes(data.clone(), 4096, false).unwrap();
+        m.write_bytes(&data, 4096, false).unwrap();
         let mut back = vec![0u8; CHUNK as usize];
         m.read_at(&mut back, 4096).unwrap();
         assert_eq!(back, data[..]);
@@ -630,7 +621,7 @@ mod tests {
         // Aligned and still held by the caller: adopted, and a later write
         // to the chunk copies it first, so the caller's bytes never change.
         let held = data.clone();
-        m.write_bytes(data, 2 * CHUNK, false).unwrap();
+        m.write_bytes(&data, 2 * CHUNK, false).unwrap();
         assert_eq!(
             m.chunk(2).unwrap().read().as_ref().unwrap().data.as_ptr(),
             held.as_ptr()
@@ -644,18 +635,6 @@ mod tests {
         let mut b = vec![0u8; 4];
         m.read_at(&mut b, 2 * CHUNK).unwrap();
         assert_eq!(b, [9u8; 4]);
-        // A lone buffer far larger than a chunk is copied, not kept.
-        let mut big = BytesMut::with_capacity(4 * CHUNK as usize);
-        big.resize(CHUNK as usize, 3);
-        let big = big.freeze();
-        let ptr = big.as_ptr();
-        m.write_bytes(big, 3 * CHUNK, false).unwrap();
-        assert_ne!(
-            m.chunk(3).unwrap().read().as_ref().unwrap().data.as_ptr(),
-            ptr
-        );
-        m.read_at(&mut b, 3 * CHUNK).unwrap();
-        assert_eq!(b, [3u8; 4]);
     }
 
     #[test]
@@ -663,7 +642,7 @@ mod tests {
         let m = MemBackend::new(2 * CHUNK);
         m.write_at(&vec![1u8; CHUNK as usize], 0, false).unwrap();
         let held = m.read_chain(0, CHUNK as usize).unwrap();
-        m.write_bytes(Bytes::from(vec![2u8; CHUNK as usize]), 0, false)
+        m.write_bytes(&Bytes::from(vec![2u8; CHUNK as usize]), 0, false)
             .unwrap();
         assert!(held.to_vec().iter().all(|&b| b == 1));
         let mut now = vec![0u8; 4096];
@@ -671,7 +650,7 @@ mod tests {
         assert!(now.iter().all(|&b| b == 2));
         // Shrinking frees an adopted chunk like any other; growing reads
         // zeros there.
-        m.write_bytes(Bytes::from(vec![4u8; CHUNK as usize]), CHUNK, false)
+        m.write_bytes(&Bytes::from(vec![4u8; CHUNK as usize]), CHUNK, false)
             .unwrap();
         m.resize(CHUNK).unwrap();
         assert_eq!(m.resident_bytes(), CHUNK);
@@ -861,7 +840,7 @@ mod tests {
                             m.write_at(&vec![v; n], a, false).unwrap()
                         }
                         Op::WholeChunk(a, v) => m
-                            .write_bytes(Bytes::from(vec![v; CHUNK as usize]), a, false)
+                            .write_bytes(&Bytes::from(vec![v; CHUNK as usize]), a, false)
                             .unwrap(),
                         Op::Zeroes(a, n) if fits(a, n) => m.write_zeroes(a, n).unwrap(),
                         Op::Discard(a, n) if fits(a, n) => m.discard(a, n).unwrap(),
