@@ -301,56 +301,9 @@ fn plans_through_the_api() {
     );
 }
 
-/// A RAM backend whose size something else changes: it keeps the
-/// callback of `on_resized_elsewhere` for the test to call.
-struct SharedMedium {
-    mem: MemBackend,
-    changed: parking_lot::Mutex<Option<storage::SizeChanged>>,
-}
-
-impl BlockBackend for SharedMedium {
-    fn kind(&self) -> &'static str {
-        "shared"
-    }
-    fn size(&self) -> u64 {
-        self.mem.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.mem.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
-        self.mem.write_at(buf, offset, fua)
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn write_cache(&self) -> WriteCache {
-        WriteCache::WriteThrough
-    }
-    fn set_write_cache(&self, _: WriteCache) -> io::Result<()> {
-        Ok(())
-    }
-    fn on_resized_elsewhere(&self, changed: storage::SizeChanged) {
-        *self.changed.lock() = Some(changed);
-    }
-}
-
-impl SharedMedium {
-    /// Another client resizes the medium.
-    fn resize_elsewhere(&self, bytes: u64) {
-        self.mem.resize(bytes).unwrap();
-        if let Some(f) = &*self.changed.lock() {
-            f(bytes);
-        }
-    }
-}
-
 #[test]
 fn capacity_follows_a_medium_resized_elsewhere() {
-    let medium = Arc::new(SharedMedium {
-        mem: MemBackend::new(BLOCKS * u64::from(BS)),
-        changed: parking_lot::Mutex::new(None),
-    });
+    let medium = Arc::new(TestBackend::new(BLOCKS * u64::from(BS)));
     let lu = Arc::new(LogicalUnit::new(medium.clone(), cfg()).unwrap());
     lu.follow_backend_size();
     for n in [N1, N2] {

@@ -169,6 +169,8 @@ pub struct TestBackend {
     pub flushes: AtomicUsize,
     pub fua_writes: AtomicUsize,
     pub writes: AtomicUsize,
+    /// What `on_resized_elsewhere` was given ([`Self::resize_elsewhere`]).
+    resized: parking_lot::Mutex<Option<storage::SizeChanged>>,
 }
 
 impl TestBackend {
@@ -183,6 +185,16 @@ impl TestBackend {
             flushes: AtomicUsize::new(0),
             fua_writes: AtomicUsize::new(0),
             writes: AtomicUsize::new(0),
+            resized: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Another client resizes the medium: the store changes size and the
+    /// backend's user hears of it.
+    pub fn resize_elsewhere(&self, bytes: u64) {
+        self.mem.resize(bytes).unwrap();
+        if let Some(f) = &*self.resized.lock() {
+            f(bytes);
         }
     }
 
@@ -245,5 +257,8 @@ impl BlockBackend for TestBackend {
     }
     fn may_block(&self) -> bool {
         true
+    }
+    fn on_resized_elsewhere(&self, changed: storage::SizeChanged) {
+        *self.resized.lock() = Some(changed);
     }
 }
