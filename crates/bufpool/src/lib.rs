@@ -28,7 +28,7 @@ pub use chain::{Chain, FileRange, SegmentSums};
 pub use filemap::FileMap;
 pub use gate::{Pin, WriteGate, WriteToken};
 pub use place::{Held, LandBuf, Placed, Release};
-pub use stream::{copy_streaming, STREAM_MIN};
+pub use stream::copy_streaming;
 pub use sums::{BlockSums, FileSums, MAX_SUM_BLOCKS, SUM_BLOCK, SUM_CHUNK};
 
 use std::cell::RefCell;

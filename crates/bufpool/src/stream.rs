@@ -10,13 +10,12 @@
 //! same store the file backend's guarded copy makes into its mapping
 //! (`store.rs`), for plain memory that cannot fault.
 
-/// Copies of at least this many bytes go by non-temporal stores; smaller
-/// ones by `copy_from_slice` (the destination of a small copy is likely
-/// to be read again soon, and the stores' fence is not free).
-pub const STREAM_MIN: usize = 256 * 1024;
+use crate::store::NT_STORE_MIN;
 
 /// Copies `src` into `dst` (of the same length), by non-temporal stores
-/// when it is at least [`STREAM_MIN`] bytes on x86-64, so `dst`'s lines
+/// when it is at least [`NT_STORE_MIN`] bytes on x86-64 (the threshold of
+/// the guarded store too: the destination of a smaller copy is likely to
+/// be read again soon, and the stores' fence is not free), so `dst`'s lines
 /// are neither read first nor left in the cache. The stores are fenced
 /// before it returns: what it copied is visible to every thread that
 /// later synchronises with this one, as after any copy.
@@ -26,7 +25,7 @@ pub const STREAM_MIN: usize = 256 * 1024;
 pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if src.len() >= STREAM_MIN {
+    if src.len() >= NT_STORE_MIN {
         x86::copy_nt(dst, src);
         return;
     }
@@ -77,15 +76,15 @@ mod tests {
 
     #[test]
     fn copies_every_byte_at_any_alignment_and_length() {
-        let src: Vec<u8> = (0..STREAM_MIN + 300)
+        let src: Vec<u8> = (0..NT_STORE_MIN + 300)
             .map(|i| (i * 7 + i / 251) as u8)
             .collect();
         for (off, len) in [
-            (0, STREAM_MIN),
-            (1, STREAM_MIN),
-            (13, STREAM_MIN + 63),
-            (64, STREAM_MIN + 1),
-            (5, STREAM_MIN - 1),
+            (0, NT_STORE_MIN),
+            (1, NT_STORE_MIN),
+            (13, NT_STORE_MIN + 63),
+            (64, NT_STORE_MIN + 1),
+            (5, NT_STORE_MIN - 1),
             (0, 100),
             (3, 0),
         ] {
