@@ -314,24 +314,34 @@ impl BlockBackend for MemBackend {
             return self.write_at(data, offset, fua);
         }
         let idx = (offset >> CHUNK_SHIFT) as usize;
-        if self.store_whole(idx, data) {
-            return Ok(());
-        }
-        let chunk = data.clone();
         let mut g = self.chunk_for_write(idx).write();
         let (old, sums) = match g.take() {
-            // The replaced chunk's sums are reused when no read holds
-            // them (the steady state of large writes: nothing allocated).
-            Some(Stored { data, mut sums }) => match Arc::get_mut(&mut sums) {
-                Some(s) => {
-                    s.rebase(chunk.as_ptr(), chunk.len());
-                    (Some(data), Some(sums))
-                }
-                None => (Some(data), None),
-            },
             None => (None, None),
+            Some(Stored {
+                data: held,
+                mut sums,
+            }) => match held.try_into_mut() {
+                // Nothing shares the bytes (the steady state): stored into
+                // them, and no one records a block CRC of them until they
+                // are stored again (BlockSums' rule).
+                Ok(mut m) => {
+                    sums.forget(0, m.len());
+                    bufpool::copy_streaming(&mut m, data);
+                    *g = Some(Stored::new(m.freeze(), Some(sums)));
+                    return Ok(());
+                }
+                // A read holds them: it keeps them, and the buffer is
+                // adopted, with the sums when no read holds those.
+                Err(shared) => match Arc::get_mut(&mut sums) {
+                    Some(s) => {
+                        s.rebase(data.as_ptr(), data.len());
+                        (Some(shared), Some(sums))
+                    }
+                    None => (Some(shared), None),
+                },
+            },
         };
-        *g = Some(Stored::new(chunk, sums));
+        *g = Some(Stored::new(data.clone(), sums));
         drop(g);
         if let Some(old) = old {
             bufpool::give(old);
@@ -407,32 +417,6 @@ impl BlockBackend for MemBackend {
 }
 
 impl MemBackend {
-    /// Stores `data` (one whole chunk) into chunk `idx` when it is held
-    /// and no read shares it; false, with nothing done, otherwise.
-    fn store_whole(&self, idx: usize, data: &[u8]) -> bool {
-        let Some(c) = self.chunk(idx) else {
-            return false;
-        };
-        let mut g = c.write();
-        let Some(Stored { data: held, sums }) = g.take() else {
-            return false;
-        };
-        match held.try_into_mut() {
-            Ok(mut m) => {
-                // Nothing shares the bytes, so no one records a block CRC
-                // of them until they are stored again (BlockSums' rule).
-                sums.forget(0, m.len());
-                bufpool::copy_streaming(&mut m, data);
-                *g = Some(Stored::new(m.freeze(), Some(sums)));
-                true
-            }
-            Err(shared) => {
-                *g = Some(Stored { data: shared, sums });
-                false
-            }
-        }
-    }
-
     /// Runs `f` on bytes `within .. within + n` of chunk `idx` for
     /// writing: allocated (zeroed) when never written, copied first when a
     /// read still shares it. The blocks it touches are forgotten from the
