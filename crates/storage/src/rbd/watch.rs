@@ -32,7 +32,8 @@ use crate::SizeChanged;
 pub(super) struct SizeWatch {
     api: &'static Api,
     image: rbd_image_t,
-    handle: u64,
+    /// The watch's handle; `None` when registering it failed.
+    handle: Option<u64>,
     /// The callback's argument: boxed so its address stays put.
     wake: Box<Sender<()>>,
     helper: Option<JoinHandle<()>>,
@@ -75,15 +76,15 @@ impl SizeWatch {
         // SAFETY: an open image, an out pointer, and an argument that lives
         // until `Drop` has unwatched.
         let r = unsafe { (api.rbd_update_watch)(image, &mut handle, Some(header_changed), arg) };
-        let mut w = SizeWatch {
+        let w = SizeWatch {
             api,
             image,
-            handle,
+            handle: (r >= 0).then_some(handle),
             wake,
             helper: Some(helper),
         };
         if r < 0 {
-            w.handle = u64::MAX;
+            // Dropping `w` ends the helper.
             return Err(super::rbd_error(spec, "rbd_update_watch", i64::from(r)));
         }
         Ok(w)
@@ -116,10 +117,10 @@ fn follow(
 
 impl Drop for SizeWatch {
     fn drop(&mut self) {
-        if self.handle != u64::MAX {
+        if let Some(h) = self.handle {
             // SAFETY: a watch registered on this open image; librbd waits
             // for a callback in flight before returning.
-            unsafe { (self.api.rbd_update_unwatch)(self.image, self.handle) };
+            unsafe { (self.api.rbd_update_unwatch)(self.image, h) };
         }
         // Closing the channel ends the helper's loop.
         let (tx, _) = channel();
