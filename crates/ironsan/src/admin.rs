@@ -1,5 +1,7 @@
 //! `ironsan admin`: the admin API from the command line.
 
+use std::path::PathBuf;
+
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
@@ -13,21 +15,47 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9260";
 /// Where the admin endpoint is (shared by `admin` and `top`).
 #[derive(Args, Debug, Clone)]
 pub struct EndpointArgs {
-    /// The admin endpoint: http://HOST:PORT.
-    #[arg(
-        long,
-        default_value = "http://127.0.0.1:9260",
-        env = "IRONSAN_ADMIN_URL"
-    )]
-    pub url: String,
-    /// The admin token, if the endpoint has one.
-    #[arg(long, env = "IRONSAN_ADMIN_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// The admin endpoint over HTTP: http://HOST:PORT. Default: the admin
+    /// socket, which needs no token.
+    #[arg(long, env = "IRONSAN_ADMIN_URL")]
+    pub url: Option<String>,
+    /// The admin socket (default: admin.sock in the state directory); --url wins.
+    #[arg(long, env = "IRONSAN_ADMIN_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// The server's state directory (its --state-dir or [admin] dir), where
+    /// the socket and the generated token are.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// With --url: a file whose first line is the token (also
+    /// IRONSAN_ADMIN_TOKEN; default: the state directory's admin.token).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 impl EndpointArgs {
     pub fn endpoint(&self) -> Result<Endpoint> {
-        Endpoint::parse(&self.url, self.token.clone())
+        use target::admin::auth;
+        let dir = self.state_dir.clone().unwrap_or_else(auth::default_dir);
+        let Some(url) = &self.url else {
+            let path = self
+                .socket
+                .clone()
+                .unwrap_or_else(|| dir.join(auth::SOCKET_FILE));
+            return Ok(Endpoint::socket(path));
+        };
+        let token = match (&self.token_file, std::env::var("IRONSAN_ADMIN_TOKEN")) {
+            (Some(f), _) => auth::read_token_file(f).map_err(anyhow::Error::msg)?,
+            (None, Ok(t)) => t,
+            (None, Err(_)) => {
+                let f = dir.join(auth::TOKEN_FILE);
+                auth::read_token_file(&f).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{url} needs the admin token: {e}; give --token-file or IRONSAN_ADMIN_TOKEN, or leave out --url to use the admin socket"
+                    )
+                })?
+            }
+        };
+        Endpoint::parse(url, token)
     }
 }
 
@@ -47,6 +75,9 @@ pub struct AdminArgs {
 enum AdminCmd {
     /// Targets, LUNs (NAA id, size), ALUA states and portals.
     List,
+    /// Print a one-time link (good for a minute) that logs a browser in to
+    /// the web console; the token itself never goes into a URL.
+    Console,
     /// Sessions: initiator, ISID, portal, negotiated parameters, I/O.
     Sessions,
     /// Add a LUN: SPEC is mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE.
@@ -290,6 +321,28 @@ fn seg(s: &str) -> String {
 pub fn run(a: AdminArgs) -> Result<()> {
     let ep = a.ep.endpoint()?;
     match a.cmd {
+        AdminCmd::Console => {
+            let (code, body) = ep.request("POST", "/api/login-codes", Some("{}"))?;
+            check(code, &body)?;
+            let v: Value = serde_json::from_str(&body).context("login code: not JSON")?;
+            let path = v["path"].as_str().unwrap_or_default();
+            let host = match ep.http_addr() {
+                Some(a) => a.to_string(),
+                None => {
+                    let a: std::net::SocketAddr =
+                        v["http"]
+                            .as_str()
+                            .and_then(|s| s.parse().ok())
+                            .context("the server did not say where its HTTP endpoint is")?;
+                    if a.ip().is_unspecified() {
+                        format!("127.0.0.1:{}", a.port())
+                    } else {
+                        a.to_string()
+                    }
+                }
+            };
+            println!("http://{host}{path}");
+        }
         AdminCmd::List => {
             let mut t = ep.get_json("/api/targets")?;
             for t in t.as_array_mut().into_iter().flatten() {

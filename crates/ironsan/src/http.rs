@@ -1,23 +1,33 @@
-//! A minimal HTTP/1.1 client for the admin endpoint (JSON over loopback or
-//! a trusted network): one request per connection, `Connection: close`.
+//! A minimal HTTP/1.1 client for the admin endpoint (JSON over the admin
+//! Unix socket, or over HTTP on loopback or a trusted network): one request
+//! per connection, `Connection: close`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+/// Where the admin endpoint is.
+#[derive(Clone, Debug)]
+pub enum Via {
+    /// HTTP to `host:port`, with the token.
+    Http { addr: String, token: String },
+    /// The admin Unix socket (authenticated by the caller's user id).
+    Socket(PathBuf),
+}
+
 /// Where the admin endpoint is and how to authenticate.
 #[derive(Clone, Debug)]
 pub struct Endpoint {
-    /// `host:port`.
-    pub addr: String,
-    pub token: Option<String>,
+    pub via: Via,
 }
 
 impl Endpoint {
     /// From `http://host:port[/]` or `host:port`.
-    pub fn parse(url: &str, token: Option<String>) -> Result<Endpoint> {
+    pub fn parse(url: &str, token: String) -> Result<Endpoint> {
         let rest = url.strip_prefix("http://").unwrap_or(url);
         if url.starts_with("https://") {
             bail!("{url}: https is not supported; put a TLS proxy in front or use an SSH tunnel");
@@ -26,22 +36,54 @@ impl Endpoint {
         if addr.is_empty() || addr.contains('/') {
             bail!("{url}: expected http://HOST:PORT");
         }
-        Ok(Endpoint { addr, token })
+        Ok(Endpoint {
+            via: Via::Http { addr, token },
+        })
+    }
+
+    /// The admin socket at `path`.
+    pub fn socket(path: PathBuf) -> Endpoint {
+        Endpoint {
+            via: Via::Socket(path),
+        }
+    }
+
+    /// The HTTP address, if the endpoint is reached over HTTP.
+    pub fn http_addr(&self) -> Option<&str> {
+        match &self.via {
+            Via::Http { addr, .. } => Some(addr),
+            Via::Socket(_) => None,
+        }
     }
 
     /// Sends `method path` with an optional JSON body; returns the status
     /// and the body.
     pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
-        let mut s = TcpStream::connect(&self.addr)
-            .with_context(|| format!("connecting to the admin endpoint {}", self.addr))?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let (mut s, host, auth): (Box<dyn Stream>, &str, String) = match &self.via {
+            Via::Http { addr, token } => {
+                let s = TcpStream::connect(addr)
+                    .with_context(|| format!("connecting to the admin endpoint {addr}"))?;
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                (
+                    Box::new(s),
+                    addr,
+                    format!("Authorization: Bearer {token}\r\n"),
+                )
+            }
+            Via::Socket(p) => {
+                let s = UnixStream::connect(p).with_context(|| {
+                    format!(
+                        "connecting to the admin socket {} (is `ironsan serve --admin` running as this user, with this --state-dir?)",
+                        p.display()
+                    )
+                })?;
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                (Box::new(s), "localhost", String::new())
+            }
+        };
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAccept: application/json\r\n",
-            self.addr
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept: application/json\r\n{auth}"
         );
-        if let Some(t) = &self.token {
-            req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-        }
         if let Some(b) = body {
             req.push_str(&format!(
                 "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -65,6 +107,10 @@ impl Endpoint {
         serde_json::from_str(&body).with_context(|| format!("{path}: not JSON"))
     }
 }
+
+/// A byte stream to the endpoint.
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
 
 /// Fails with the API's `{"error": …}` message on a non-2xx status.
 pub fn check(code: u16, body: &str) -> Result<()> {
@@ -130,12 +176,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r, (200, "abcde".into()));
-        assert!(Endpoint::parse("https://x:1", None).is_err());
+        assert!(Endpoint::parse("https://x:1", String::new()).is_err());
         assert_eq!(
-            Endpoint::parse("http://127.0.0.1:9260/", None)
+            Endpoint::parse("http://127.0.0.1:9260/", String::new())
                 .unwrap()
-                .addr,
-            "127.0.0.1:9260"
+                .http_addr(),
+            Some("127.0.0.1:9260")
         );
     }
 }

@@ -110,11 +110,20 @@ struct ServeArgs {
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
     /// Require CHAP from initiators (every target and discovery); the secret is 12..=255 bytes.
+    /// Visible to every user in `ps`: prefer --chap-file or IRONSAN_CHAP.
     #[arg(long, value_name = "USER:SECRET", value_parser = CredConfig::from_spec)]
     chap: Option<CredConfig>,
+    /// As --chap, from a file (mode 0600) whose first line is USER:SECRET; also IRONSAN_CHAP
+    /// (USER:SECRET in the environment).
+    #[arg(long, value_name = "FILE", conflicts_with = "chap")]
+    chap_file: Option<PathBuf>,
     /// The target's own CHAP credentials for mutual CHAP (needs --chap; a different secret).
+    /// Visible in `ps`: prefer --mutual-chap-file or IRONSAN_MUTUAL_CHAP.
     #[arg(long, value_name = "USER:SECRET", value_parser = CredConfig::from_spec)]
     mutual_chap: Option<CredConfig>,
+    /// As --mutual-chap, from a file whose first line is USER:SECRET; also IRONSAN_MUTUAL_CHAP.
+    #[arg(long, value_name = "FILE", conflicts_with = "mutual_chap")]
+    mutual_chap_file: Option<PathBuf>,
     /// Allow only this initiator name on every target (repeatable).
     #[arg(long = "allow", value_name = "IQN")]
     allow: Vec<String>,
@@ -130,17 +139,17 @@ struct ServeArgs {
     /// Changes made through the admin API are written back to it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Serve the admin API, /metrics and the web console (default address 127.0.0.1:9260).
+    /// Serve the admin API, /metrics and the web console over HTTP (default address
+    /// 127.0.0.1:9260), and the admin socket for `ironsan admin` (docs/ADMIN.md).
     #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1, default_missing_value = admin::DEFAULT_ADMIN)]
     admin: Option<SocketAddr>,
-    /// Token the admin endpoint requires (required off loopback); also IRONSAN_ADMIN_TOKEN.
-    #[arg(
-        long,
-        value_name = "TOKEN",
-        env = "IRONSAN_ADMIN_TOKEN",
-        hide_env_values = true
-    )]
-    admin_token: Option<String>,
+    /// A file whose first line is the token HTTP requests must carry; also IRONSAN_ADMIN_TOKEN.
+    /// Default: the admin directory's admin.token, generated at the first start.
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// Serve GET /metrics without the token (read-only counters).
+    #[arg(long)]
+    admin_metrics_open: bool,
 }
 
 fn parse_digest(s: &str) -> Result<DigestConfig, String> {
@@ -251,8 +260,15 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     if let Some(l) = a.admin {
         cfg.admin.listen = Some(l);
     }
-    if let Some(t) = &a.admin_token {
-        cfg.admin.token = Some(t.clone());
+    if let Some(f) = &a.admin_token_file {
+        cfg.admin.token_file = Some(f.clone());
+        cfg.admin.token = None;
+    } else if let Ok(t) = std::env::var("IRONSAN_ADMIN_TOKEN") {
+        cfg.admin.token = Some(target::config::SecretString(t));
+        cfg.admin.token_file = None;
+    }
+    if a.admin_metrics_open {
+        cfg.admin.metrics_open = true;
     }
     if let Some(w) = a.workers {
         cfg.workers = Some(w);
@@ -276,13 +292,25 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     if let Some(d) = a.data_digest {
         cfg.limits.data_digest = d;
     }
-    if a.chap.is_some() || a.mutual_chap.is_some() {
+    let chap = secret_arg(
+        a.chap.as_ref(),
+        a.chap_file.as_deref(),
+        "chap",
+        "IRONSAN_CHAP",
+    )?;
+    let mutual_chap = secret_arg(
+        a.mutual_chap.as_ref(),
+        a.mutual_chap_file.as_deref(),
+        "mutual-chap",
+        "IRONSAN_MUTUAL_CHAP",
+    )?;
+    if chap.is_some() || mutual_chap.is_some() {
         for t in &mut cfg.target {
-            t.chap.clone_from(&a.chap);
-            t.mutual_chap.clone_from(&a.mutual_chap);
+            t.chap.clone_from(&chap);
+            t.mutual_chap.clone_from(&mutual_chap);
         }
-        cfg.discovery.chap.clone_from(&a.chap);
-        cfg.discovery.mutual_chap.clone_from(&a.mutual_chap);
+        cfg.discovery.chap.clone_from(&chap);
+        cfg.discovery.mutual_chap.clone_from(&mutual_chap);
     }
     if !a.allow.is_empty() {
         for t in &mut cfg.target {
@@ -291,6 +319,89 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     }
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// Start-up output of `serve`: a closed or broken stdout must not stop the
+/// target (println! would panic on EPIPE once a supervisor stops reading).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, $($t)*);
+        let _ = o.flush();
+    }};
+}
+
+/// CHAP credentials from `--NAME USER:SECRET` (visible in `ps`: warned
+/// about), `--NAME-file FILE` or the environment variable `env`.
+fn secret_arg(
+    flag: Option<&CredConfig>,
+    file: Option<&std::path::Path>,
+    name: &str,
+    env: &str,
+) -> Result<Option<CredConfig>> {
+    if let Some(c) = flag {
+        tracing::warn!(
+            "--{name} USER:SECRET puts the secret where every user of this host can read it (ps, /proc/PID/cmdline): use --{name}-file or {env}"
+        );
+        return Ok(Some(c.clone()));
+    }
+    if let Some(f) = file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("--{name}-file {}", f.display()))?;
+        let line = text.lines().next().unwrap_or("");
+        return CredConfig::from_spec(line)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--{name}-file {}: {e}", f.display()));
+    }
+    match std::env::var(env) {
+        Ok(v) => CredConfig::from_spec(&v)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("{env}: {e}")),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The admin endpoint's options: the token (given, or generated in the
+/// admin directory), the socket and the path policy.
+fn admin_options(
+    cfg: &Config,
+    listen: SocketAddr,
+    config_path: Option<PathBuf>,
+) -> Result<target::admin::AdminOptions> {
+    use target::admin::auth;
+    let dir = cfg
+        .admin
+        .dir
+        .clone()
+        .or_else(|| cfg.state_dir.clone())
+        .unwrap_or_else(auth::default_dir);
+    let token = match (&cfg.admin.token, &cfg.admin.token_file) {
+        (Some(t), _) => {
+            auth::check_token(&t.0).map_err(anyhow::Error::msg)?;
+            t.0.clone()
+        }
+        (None, Some(f)) => auth::read_token_file(f).map_err(anyhow::Error::msg)?,
+        (None, None) => {
+            let (t, created) = auth::load_or_create_token(&dir).map_err(anyhow::Error::msg)?;
+            if created {
+                say!(
+                    "ironsan: admin token generated in {} (mode 0600)",
+                    dir.join(auth::TOKEN_FILE).display()
+                );
+            }
+            t
+        }
+    };
+    Ok(target::admin::AdminOptions {
+        listen,
+        token,
+        socket: Some(dir.join(auth::SOCKET_FILE)),
+        allowed_hosts: cfg.admin.allowed_hosts.clone(),
+        metrics_open: cfg.admin.metrics_open,
+        paths: target::admin::paths::PathPolicy::from_config(cfg, &dir),
+        config_path,
+    })
 }
 
 /// Installs the SIGINT and SIGTERM handlers now (so a signal that arrives
@@ -308,17 +419,6 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-/// Start-up output of `serve`: a closed or broken stdout must not stop the
-/// target (println! would panic on EPIPE once a supervisor stops reading).
-macro_rules! say {
-    ($($t:tt)*) => {{
-        use std::io::Write;
-        let mut o = std::io::stdout().lock();
-        let _ = writeln!(o, $($t)*);
-        let _ = o.flush();
-    }};
-}
-
 fn serve(a: ServeArgs) -> Result<()> {
     let cfg = build_config(&a)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -332,18 +432,17 @@ fn serve(a: ServeArgs) -> Result<()> {
             .map_err(anyhow::Error::msg)?;
         let addrs = server.local_addrs();
         if let Some(listen) = cfg.admin.listen {
-            let admin = target::admin::Admin::bind(
-                target::admin::AdminOptions {
-                    listen,
-                    token: cfg.admin.token.clone(),
-                    config_path: a.config.clone(),
-                },
-                server.control(),
-            )
-            .await
-            .map_err(anyhow::Error::msg)?;
+            let opts = admin_options(&cfg, listen, a.config.clone())?;
+            let socket = opts.socket.clone();
+            let admin = target::admin::Admin::bind(opts, server.control())
+                .await
+                .map_err(anyhow::Error::msg)?;
             let at = admin.local_addr().context("admin endpoint address")?;
-            println!("ironsan: admin API and console on http://{at}/");
+            say!("ironsan: admin API and console on http://{at}/");
+            say!("ironsan: every admin request is authenticated: `ironsan admin console` prints a log-in link");
+            if let Some(s) = socket {
+                say!("ironsan: admin socket {} (this user and root only)", s.display());
+            }
             if a.config.is_none() {
                 println!(
                     "ironsan: no --config: changes made through the admin API last until exit"

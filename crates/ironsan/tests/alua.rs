@@ -15,6 +15,7 @@ fn ironsan() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ironsan"));
     c.env("RUST_BACKTRACE", "0")
         .env_remove("IRONSAN_ADMIN_URL")
+        .env_remove("IRONSAN_ADMIN_SOCKET")
         .env_remove("IRONSAN_ADMIN_TOKEN");
     c
 }
@@ -58,7 +59,8 @@ impl Server {
         let mut child = ironsan()
             .args(["--log", "warn", "serve", "--config"])
             .arg(&cfg)
-            .args(["--admin", "127.0.0.1:0"])
+            .args(["--admin", "127.0.0.1:0", "--state-dir"])
+            .arg(dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -95,7 +97,8 @@ impl Server {
 
     fn admin(&self, args: &[&str]) {
         let out = ironsan()
-            .args(["admin", "--url", &self.admin])
+            .args(["admin", "--url", &self.admin, "--state-dir"])
+            .arg(self._dir.path())
             .args(args)
             .output()
             .unwrap();

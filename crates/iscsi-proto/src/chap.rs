@@ -83,21 +83,19 @@ pub struct ChapPolicy {
 
 /// The CHAP response: MD5(id ‖ secret ‖ challenge) (RFC 1994 §4.1).
 pub fn response(id: u8, secret: &Secret, challenge: &[u8]) -> [u8; 16] {
-    let mut m = Md5::new();
-    m.update(&[id]);
+    use md5::Digest;
+    let mut m = md5::Md5::new();
+    m.update([id]);
     m.update(secret.expose());
     m.update(challenge);
-    m.finish()
+    m.finalize().into()
 }
 
-/// Compares without an early exit, so the time taken does not tell how
-/// many leading bytes matched. Lengths are not secret.
+/// Compares in constant time (`subtle`), so the time taken does not tell
+/// how many leading bytes matched. Lengths are not secret.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 /// Encodes binary as a hex constant (`0x…`).
@@ -195,93 +193,13 @@ pub fn parse_id(v: &str) -> Option<u8> {
     v.parse().ok()
 }
 
-/// MD5 (RFC 1321), enough for CHAP: small inputs, no streaming API needed
-/// beyond `update`.
-struct Md5 {
-    state: [u32; 4],
-    buf: Vec<u8>,
-    len: u64,
-}
-
-const S: [u32; 64] = [
-    7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9,
-    14, 20, 5, 9, 14, 20, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 6, 10, 15,
-    21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
-];
-
-fn k(i: usize) -> u32 {
-    // floor(abs(sin(i + 1)) * 2^32), RFC 1321 §3.4.
-    ((i as f64 + 1.0).sin().abs() * 4_294_967_296.0) as u32
-}
-
-impl Md5 {
-    fn new() -> Self {
-        Md5 {
-            state: [0x6745_2301, 0xefcd_ab89, 0x98ba_dcfe, 0x1032_5476],
-            buf: Vec::with_capacity(64),
-            len: 0,
-        }
-    }
-
-    fn update(&mut self, data: &[u8]) {
-        self.len = self.len.wrapping_add(data.len() as u64);
-        for &b in data {
-            self.buf.push(b);
-            if self.buf.len() == 64 {
-                let block: [u8; 64] = self.buf[..].try_into().expect("64 bytes");
-                self.block(&block);
-                self.buf.clear();
-            }
-        }
-    }
-
-    fn finish(mut self) -> [u8; 16] {
-        let bits = self.len.wrapping_mul(8);
-        self.update(&[0x80]);
-        while self.buf.len() != 56 {
-            self.update(&[0]);
-        }
-        self.update(&bits.to_le_bytes());
-        let mut out = [0u8; 16];
-        for (i, w) in self.state.iter().enumerate() {
-            out[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
-        }
-        out
-    }
-
-    fn block(&mut self, block: &[u8; 64]) {
-        let mut m = [0u32; 16];
-        for (i, w) in m.iter_mut().enumerate() {
-            *w = u32::from_le_bytes(block[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-        }
-        let [mut a, mut b, mut c, mut d] = self.state;
-        for (i, &shift) in S.iter().enumerate() {
-            let (f, g) = match i / 16 {
-                0 => ((b & c) | (!b & d), i),
-                1 => ((d & b) | (!d & c), (5 * i + 1) % 16),
-                2 => (b ^ c ^ d, (3 * i + 5) % 16),
-                _ => (c ^ (b | !d), (7 * i) % 16),
-            };
-            let f = f.wrapping_add(a).wrapping_add(k(i)).wrapping_add(m[g]);
-            a = d;
-            d = c;
-            c = b;
-            b = b.wrapping_add(f.rotate_left(shift));
-        }
-        for (s, v) in self.state.iter_mut().zip([a, b, c, d]) {
-            *s = s.wrapping_add(v);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn md5(data: &[u8]) -> String {
-        let mut m = Md5::new();
-        m.update(data);
-        encode_hex(&m.finish())
+        use md5::Digest;
+        encode_hex(&md5::Md5::digest(data))
     }
 
     #[test]

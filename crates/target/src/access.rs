@@ -400,11 +400,10 @@ impl iscsi_proto::TargetDirectory for Directory<'_> {
     }
 }
 
-/// A CHAP identifier and challenge from the OS random source.
+/// A CHAP identifier and challenge from the OS random source (`getrandom`).
 pub(crate) fn random_challenge() -> std::io::Result<(u8, [u8; chap::CHALLENGE_LEN])> {
-    use std::io::Read;
     let mut b = [0u8; chap::CHALLENGE_LEN + 1];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    getrandom::fill(&mut b).map_err(std::io::Error::other)?;
     let mut c = [0u8; chap::CHALLENGE_LEN];
     c.copy_from_slice(&b[1..]);
     Ok((b[0], c))

@@ -176,16 +176,49 @@ fn default_gateway_check_ms() -> u64 {
     1000
 }
 
-/// The admin endpoint: `ironsan serve --admin` and `--admin-token`
-/// override these.
+/// The admin endpoint: `ironsan serve --admin` and `--admin-token-file`
+/// override these. Every request is authenticated (docs/ADMIN.md "Trust
+/// model"): over the Unix socket by the peer's user id, over HTTP by the
+/// token (or a console session cookie obtained with it).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
-    /// Address to serve the admin API on; none: no admin endpoint.
+    /// Address to serve the admin API on over HTTP; none: no admin
+    /// endpoint (neither HTTP nor the socket).
     pub listen: Option<SocketAddr>,
-    /// Bearer token the API requires (`Authorization: Bearer TOKEN` or
-    /// `?token=`); mandatory when `listen` is not a loopback address.
-    pub token: Option<String>,
+    /// The bearer token HTTP requests must carry
+    /// (`Authorization: Bearer TOKEN`); at least 16 bytes. Prefer
+    /// `token_file`: this file is then a secret too.
+    pub token: Option<SecretString>,
+    /// A file whose first line is the token. Neither: the token in
+    /// `<dir>/admin.token`, generated (32 random bytes, mode 0600) at the
+    /// first start.
+    pub token_file: Option<PathBuf>,
+    /// Where the admin socket (`admin.sock`, mode 0600) and the generated
+    /// token live. Default: `state_dir` when set, else `/var/lib/ironsan`
+    /// for root and `$XDG_STATE_HOME/ironsan` (`~/.local/state/ironsan`)
+    /// for other users.
+    pub dir: Option<PathBuf>,
+    /// Host names (besides the bound address and `localhost`) that HTTP
+    /// requests may name in `Host` and `Origin`, e.g. the name of a
+    /// reverse proxy or of this host.
+    pub allowed_hosts: Vec<String>,
+    /// Serve `GET /metrics` without a token (read-only counters, never a
+    /// secret), for a Prometheus that cannot send one.
+    pub metrics_open: bool,
+    /// Directories under which a file or block-device LUN added through
+    /// the API may lie (symlinks resolved first). Default: `<dir>/luns`
+    /// and the directories of the file LUNs of the configuration.
+    pub lun_roots: Option<Vec<PathBuf>>,
+    /// Directories under which a `secret_file` given through the API (and
+    /// a `ceph_conf`/`ceph_keyring` of an RBD LUN added through it) may
+    /// lie. Default: `<dir>`, `/etc/ceph` and the directories of the files
+    /// the configuration names.
+    pub secret_roots: Option<Vec<PathBuf>>,
+    /// Let a file LUN added through the API open (and grow) an existing
+    /// regular file under `lun_roots`. Default: the API only creates new
+    /// files.
+    pub api_existing_files: bool,
 }
 
 fn default_listen() -> Vec<SocketAddr> {

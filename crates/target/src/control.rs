@@ -112,6 +112,11 @@ impl Control {
         Control { shared }
     }
 
+    /// `NotFound` unless target `name` exists.
+    pub fn target_exists(&self, name: &str) -> Result<(), ControlError> {
+        self.target(name).map(|_| ())
+    }
+
     fn target(&self, name: &str) -> Result<&TargetRt, ControlError> {
         self.shared
             .target(name)

@@ -115,10 +115,22 @@ async fn put(
     st: &super::AdminState,
     scope: ChapScope<'_>,
     role: ChapRole,
-    c: CredConfig,
+    mut c: CredConfig,
     flags: &ChangeFlags,
 ) -> Response {
     let _g = st.change.lock().await;
+    // A secret file named through the API: only under secret_roots, and
+    // every failure to use it answered alike (nothing about whether it
+    // exists or how long it is).
+    if let Some(f) = c.secret_file.clone() {
+        match st.paths.secret_path(&f) {
+            Ok(p) => c.secret_file = Some(p),
+            Err(m) => return super::err(StatusCode::BAD_REQUEST, m),
+        }
+        if c.secret.is_none() && c.resolve("secret_file").is_err() {
+            return super::err(StatusCode::BAD_REQUEST, st.paths.secret_refusal());
+        }
+    }
     let cred = match st.ctl.check_chap(scope, role, &c) {
         Ok(c) => c,
         Err(e) => return e.into_response(),

@@ -30,13 +30,16 @@
 //! ends those the new rules no longer allow (after a CHAP change: every
 //! session of the target).
 //!
-//! With a token, every request must carry `Authorization: Bearer TOKEN`
-//! (or `?token=TOKEN`, which the console uses). A non-loopback address
-//! requires a token. Changes are serialised; when the server was started
-//! with `--config`, each change is written to the file first
-//! (the `persist` module) and applied only if that succeeded.
+//! Every request is authenticated (the `auth` module): over the Unix
+//! socket by the peer's user id, over HTTP by the token or a console
+//! session cookie, with `Host` and `Origin` checked. Paths the API names
+//! are under policy (the `paths` module). Changes are serialised; when the
+//! server was started with `--config`, each change is written to the file
+//! first (the `persist` module) and applied only if that succeeded.
 
 mod acl;
+pub mod auth;
+pub mod paths;
 mod persist;
 mod prom;
 mod rates;
@@ -65,15 +68,29 @@ pub use rates::{Rate, HISTORY};
 /// How the admin endpoint is set up.
 #[derive(Clone, Debug)]
 pub struct AdminOptions {
+    /// The HTTP address.
     pub listen: SocketAddr,
-    pub token: Option<String>,
+    /// The token HTTP requests must carry (at least 16 bytes).
+    pub token: String,
+    /// The Unix socket (mode 0600) for `ironsan admin`; none: HTTP only.
+    pub socket: Option<PathBuf>,
+    /// Host names HTTP requests may name besides the bound address and
+    /// `localhost`.
+    pub allowed_hosts: Vec<String>,
+    /// `GET /metrics` without a token.
+    pub metrics_open: bool,
+    /// Which files the API may make the server open.
+    pub paths: paths::PathPolicy,
     /// The configuration file to keep in step (`serve --config`).
     pub config_path: Option<PathBuf>,
 }
 
 struct AdminState {
     ctl: Control,
-    token: Option<String>,
+    /// The bound HTTP address.
+    http: SocketAddr,
+    gate: auth::Gate,
+    paths: paths::PathPolicy,
     config_path: Option<PathBuf>,
     /// Serialises changes (and their file writes).
     change: tokio::sync::Mutex<()>,
@@ -85,6 +102,7 @@ type St = State<Arc<AdminState>>;
 /// A bound admin endpoint.
 pub struct Admin {
     listener: tokio::net::TcpListener,
+    socket: Option<auth::PeerChecked>,
     state: Arc<AdminState>,
 }
 
@@ -95,25 +113,28 @@ impl std::fmt::Debug for Admin {
 }
 
 impl Admin {
-    /// Checks the options and binds the address.
+    /// Checks the options and binds the address and the socket.
     pub async fn bind(opts: AdminOptions, ctl: Control) -> Result<Admin, String> {
-        if opts.token.as_deref().is_some_and(str::is_empty) {
-            return Err("the admin token is empty".into());
-        }
-        if !opts.listen.ip().is_loopback() && opts.token.is_none() {
-            return Err(format!(
-                "the admin endpoint on {} is reachable from other hosts: give it a token (--admin-token or [admin] token)",
-                opts.listen
-            ));
-        }
+        auth::check_token(&opts.token)?;
         let listener = tokio::net::TcpListener::bind(opts.listen)
             .await
             .map_err(|e| format!("admin endpoint {}: {e}", opts.listen))?;
+        let http = listener
+            .local_addr()
+            .map_err(|e| format!("admin endpoint {}: {e}", opts.listen))?;
+        let socket = opts
+            .socket
+            .as_deref()
+            .map(auth::PeerChecked::bind)
+            .transpose()?;
         Ok(Admin {
             listener,
+            socket,
             state: Arc::new(AdminState {
                 ctl,
-                token: opts.token,
+                http,
+                gate: auth::Gate::new(opts.token, opts.allowed_hosts, opts.metrics_open),
+                paths: opts.paths,
                 config_path: opts.config_path,
                 change: tokio::sync::Mutex::new(()),
                 rates: parking_lot::Mutex::default(),
@@ -140,16 +161,44 @@ impl Admin {
                 st.rates.lock().push(snap, Instant::now(), t_ms);
             }
         });
-        let app = router(self.state);
-        if let Err(e) = axum::serve(self.listener, app).await {
-            tracing::error!(error = %e, "admin endpoint stopped");
+        let bound = match self.listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "admin endpoint has no address");
+                return;
+            }
+        };
+        let http = axum::serve(
+            self.listener,
+            router(self.state.clone(), auth::Via::Http(bound)),
+        );
+        match self.socket {
+            Some(sock) => {
+                let unix = axum::serve(sock, router(self.state, auth::Via::Socket));
+                tokio::select! {
+                    r = http => if let Err(e) = r {
+                        tracing::error!(error = %e, "admin endpoint stopped");
+                    },
+                    r = unix => if let Err(e) = r {
+                        tracing::error!(error = %e, "admin socket stopped");
+                    },
+                }
+            }
+            None => {
+                if let Err(e) = http.await {
+                    tracing::error!(error = %e, "admin endpoint stopped");
+                }
+            }
         }
     }
 }
 
-fn router(state: Arc<AdminState>) -> Router {
+fn router(state: Arc<AdminState>, via: auth::Via) -> Router {
     Router::new()
         .route("/", get(console))
+        .route("/login", get(login_with_code))
+        .route("/api/session", post(open_session).delete(close_session))
+        .route("/api/login-codes", post(new_login_code))
         .route("/metrics", get(metrics))
         .route("/api/targets", get(targets))
         .route("/api/targets/{target}/luns", post(add_lun))
@@ -188,35 +237,121 @@ fn router(state: Arc<AdminState>) -> Router {
         .route("/api/sessions", get(sessions))
         .route("/api/stats", get(stats))
         .route("/api/history", get(history))
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state((state.clone(), via), guard))
         .with_state(state)
 }
 
-/// Compares without an early exit, so timing tells nothing of the token.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+/// Every request passes here first (the `auth` module).
+async fn guard(
+    State((st, via)): State<(Arc<AdminState>, auth::Via)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let auth::Via::Http(bound) = via {
+        if let Err(r) = st
+            .gate
+            .check(req.method(), req.uri().path(), req.headers(), bound)
+        {
+            let (code, msg) = auth::refusal_status(&r);
+            let mut resp = err(code, msg);
+            if code == StatusCode::UNAUTHORIZED {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer realm=\"ironsan\""),
+                );
+            }
+            return resp;
+        }
+    }
+    next.run(req).await
 }
 
-async fn auth(State(st): St, req: Request, next: Next) -> Response {
-    let Some(token) = &st.token else {
-        return next.run(req).await;
-    };
-    let bearer = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let query = req.uri().query().and_then(|q| {
-        q.split('&')
-            .find_map(|kv| kv.strip_prefix("token="))
-            .map(str::to_string)
-    });
-    let ok = bearer.is_some_and(|b| same(b.as_bytes(), token.as_bytes()))
-        || query.is_some_and(|q| same(q.as_bytes(), token.as_bytes()));
-    if ok {
-        next.run(req).await
-    } else {
-        err(StatusCode::UNAUTHORIZED, "a valid admin token is required")
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoginReq {
+    token: String,
+}
+
+/// The console's cookie for a session.
+fn session_cookie(id: &str, max_age: u64) -> header::HeaderValue {
+    header::HeaderValue::from_str(&format!(
+        "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}",
+        auth::COOKIE
+    ))
+    .unwrap_or_else(|_| header::HeaderValue::from_static(""))
+}
+
+/// `POST /api/session {"token": …}`: opens a console session (a cookie).
+async fn open_session(State(st): St, Body(r): Body<LoginReq>) -> Response {
+    if !st.gate.is_token(r.token.trim()) {
+        // Tokens are long and random; still, make guessing slow.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        return err(StatusCode::UNAUTHORIZED, "wrong token");
+    }
+    cookie_answer(&st, StatusCode::NO_CONTENT)
+}
+
+/// `code` with a new session's cookie (and, for a redirect, to `/`).
+fn cookie_answer(st: &AdminState, code: StatusCode) -> Response {
+    match st.gate.open_session() {
+        Ok(id) => {
+            let mut r = code.into_response();
+            r.headers_mut()
+                .insert(header::SET_COOKIE, session_cookie(&id, 12 * 3600));
+            if code.is_redirection() {
+                r.headers_mut()
+                    .insert(header::LOCATION, header::HeaderValue::from_static("/"));
+            }
+            r
+        }
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+/// `DELETE /api/session`: ends the console session.
+async fn close_session(State(st): St, headers: HeaderMap) -> Response {
+    if let Some(c) = auth::session_cookie(&headers) {
+        st.gate.close_session(c);
+    }
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    r.headers_mut()
+        .insert(header::SET_COOKIE, session_cookie("", 0));
+    r
+}
+
+#[derive(Deserialize)]
+struct CodeQuery {
+    code: String,
+}
+
+/// `GET /login?code=…`: spends a one-time code from `ironsan admin
+/// console` and opens a console session.
+async fn login_with_code(State(st): St, Query(q): Query<CodeQuery>) -> Response {
+    if !st.gate.spend_code(&q.code) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        return err(
+            StatusCode::UNAUTHORIZED,
+            "this log-in link was used or has expired: run `ironsan admin console` again",
+        );
+    }
+    cookie_answer(&st, StatusCode::SEE_OTHER)
+}
+
+/// `POST /api/login-codes` (authenticated): a one-time code for the
+/// console, good for a minute.
+async fn new_login_code(State(st): St) -> Response {
+    match st.gate.new_code() {
+        Ok(code) => (
+            StatusCode::CREATED,
+            Json(json!({
+                "code": code,
+                "path": format!("/login?code={code}"),
+                "http": st.http,
+                "expires_in_s": auth::CODE_TTL.as_secs(),
+            })),
+        )
+            .into_response(),
+        Err(e) => err(StatusCode::TOO_MANY_REQUESTS, e),
     }
 }
 
@@ -299,7 +434,12 @@ fn persist(
 
 async fn console() -> impl IntoResponse {
     (
-        [(header::CACHE_CONTROL, "no-store")],
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            // Never inside another site's frame (clickjacking).
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
+        ],
         Html(include_str!("console.html")),
     )
 }
@@ -337,6 +477,15 @@ async fn add_lun(
         },
     };
     c.number = Some(n);
+    if let Err(e) = st.ctl.target_exists(&target) {
+        return e.into_response();
+    }
+    // Paths under policy; a new file is created here and removed again
+    // if the LUN does not go into service.
+    let created = match st.paths.admit_lun(&mut c) {
+        Ok(g) => g,
+        Err(m) => return err(StatusCode::FORBIDDEN, m),
+    };
     let lu = match st.ctl.build_lun(&target, n, &c) {
         Ok(lu) => lu,
         Err(e) => return e.into_response(),
@@ -346,11 +495,14 @@ async fn add_lun(
         Err(r) => return *r,
     };
     match st.ctl.install_lun(&target, n, lu) {
-        Ok(v) => (
-            StatusCode::CREATED,
-            Json(json!({ "lun": v, "persisted": persisted })),
-        )
-            .into_response(),
+        Ok(v) => {
+            created.keep();
+            (
+                StatusCode::CREATED,
+                Json(json!({ "lun": v, "persisted": persisted })),
+            )
+                .into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
