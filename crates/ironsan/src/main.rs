@@ -419,7 +419,26 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
+/// Raises the soft limit on open files to the hard one: every connection
+/// is a descriptor, and admission control (target::admission) needs room
+/// to accept and evict a flood of idle sockets.
+fn raise_open_files() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit for getrlimit to fill and setrlimit to
+    // read; neither keeps the pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 fn serve(a: ServeArgs) -> Result<()> {
+    raise_open_files();
     let cfg = build_config(&a)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -217,6 +217,12 @@ pub(crate) struct AccessControl {
     pub max_sessions: usize,
     connections: Arc<AtomicUsize>,
     pub failures: FailureLog,
+    /// Connections still logging in (bounded, evicting).
+    pub admission: crate::admission::Admission,
+    /// CHAP responses spaced across connections.
+    pub throttle: crate::admission::Throttle,
+    /// Their counters (/metrics).
+    pub counters: Arc<crate::admission::AdmissionCounters>,
 }
 
 /// Holds one connection slot; released when dropped.
@@ -255,7 +261,15 @@ impl AccessControl {
                 },
             );
         }
+        let counters = Arc::<crate::admission::AdmissionCounters>::default();
         Ok(AccessControl {
+            admission: crate::admission::Admission::new(
+                cfg.limits.max_pending,
+                cfg.limits.max_pending_per_source,
+                counters.clone(),
+            ),
+            throttle: Default::default(),
+            counters,
             targets: RwLock::new(targets),
             discovery: RwLock::new(cfg.discovery.policy("discovery")?),
             max_connections: cfg.limits.max_connections,
@@ -286,6 +300,15 @@ impl AccessControl {
             .get(target)
             .map_or(0, |t| t.max_sessions);
         (self.max_sessions == 0 || all < self.max_sessions) && (per == 0 || this < per)
+    }
+
+    /// Whether `initiator` is named on some target's ACL (its connections
+    /// are kept longest while logging in).
+    pub fn listed(&self, initiator: &str) -> bool {
+        self.targets
+            .read()
+            .values()
+            .any(|t| t.allow.iter().any(|a| a == initiator))
     }
 
     /// The targets `initiator` from `peer` may log in to.

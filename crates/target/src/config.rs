@@ -271,6 +271,13 @@ pub struct LimitsConfig {
     /// Normal sessions at once over all targets (0: no limit). More are
     /// refused at login with 0x0302 (out of resources).
     pub max_sessions: usize,
+    /// Connections still logging in, over all sources. At the bound a new
+    /// connection evicts an older one still logging in (one that sent
+    /// nothing first, one whose initiator is on an ACL last).
+    pub max_pending: usize,
+    /// Connections still logging in from one source address; at the bound
+    /// a new one evicts that address's least promising one.
+    pub max_pending_per_source: usize,
 }
 
 impl Default for LimitsConfig {
@@ -291,6 +298,8 @@ impl Default for LimitsConfig {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             max_connections: 4096,
             max_sessions: 1024,
+            max_pending: 512,
+            max_pending_per_source: 32,
         }
     }
 }
@@ -320,6 +329,9 @@ impl From<DigestConfig> for DigestPolicy {
 pub struct TimeoutsConfig {
     /// A login must complete within this time.
     pub login: u64,
+    /// A login must be past its security stage (authenticated, RFC 7143
+    /// §6.3) within this time of the connection.
+    pub security: u64,
     /// Send a NOP-In ping after this much silence from the initiator.
     pub nop_interval: u64,
     /// Drop the connection when a ping stays unanswered this long.
@@ -330,6 +342,7 @@ impl Default for TimeoutsConfig {
     fn default() -> Self {
         TimeoutsConfig {
             login: 15,
+            security: 5,
             nop_interval: 10,
             nop_timeout: 30,
         }

@@ -102,6 +102,9 @@ pub(crate) async fn serve(
         tracing::warn!(%peer, "connection limit reached: closed");
         return;
     };
+    // Its place among the connections still logging in (a newer one may
+    // take it: crate::admission).
+    let ticket = shared.access.admission.admit(peer.ip());
     let _ = stream.set_nodelay(true);
     if shared.socket_buffer > 0 {
         let s = socket2::SockRef::from(&stream);
@@ -120,9 +123,14 @@ pub(crate) async fn serve(
     };
     // A connection still logging in has nothing in flight: shutdown ends it.
     let login = tokio::select! {
-        r = tokio::time::timeout(shared.login_timeout, c.login(&shared, portal)) => r,
+        r = tokio::time::timeout(shared.login_timeout, c.login(&shared, portal, &ticket)) => r,
         _ = shutdown.changed() => return,
+        _ = ticket.evicted.notified() => {
+            tracing::debug!(%peer, "still logging in and evicted for a newer connection");
+            return;
+        }
     };
+    drop(ticket);
     let (session, key, isid) = match login {
         Ok(Ok(Some(s))) => s,
         Ok(Ok(None)) => {
@@ -219,6 +227,12 @@ pub(crate) async fn serve(
     if let Some(t) = target {
         t.luns().iter().for_each(|(_, lu)| lu.nexus_lost(nexus));
     }
+}
+
+/// The value of `key` (e.g. `b"CHAP_R="`) in a login text segment
+/// (NUL-separated `key=value` pairs, RFC 7143 §6.1).
+fn text_value<'a>(data: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    data.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key))
 }
 
 /// The session list's description of a session that just logged in.
@@ -493,6 +507,7 @@ impl Conn {
         &mut self,
         shared: &Shared,
         portal: Portal,
+        ticket: &crate::admission::Ticket,
     ) -> io::Result<Option<(Session, Option<SessionKey>, [u8; 6])>> {
         let mut login = TargetLogin::new(shared.limits.clone(), portal.tpgt);
         let (id, challenge) = crate::access::random_challenge()?;
@@ -504,11 +519,32 @@ impl Conn {
         };
         let lim = FrameLimits::LOGIN;
         let mut first = true;
+        // Until the security stage is over, reading is bounded by its
+        // deadline (crate::admission).
+        let security_deadline = tokio::time::Instant::now() + shared.security_timeout;
+        let mut authenticated = false;
+        let mut initiator = String::new();
         loop {
             let len = match frame_len(&self.rbuf, &lim) {
                 Ok(Some(n)) => n,
                 Ok(None) => {
-                    if !self.fill().await? {
+                    let more = if authenticated {
+                        self.fill().await?
+                    } else {
+                        match tokio::time::timeout_at(security_deadline, self.fill()).await {
+                            Ok(r) => r?,
+                            Err(_) => {
+                                shared
+                                    .access
+                                    .counters
+                                    .security_timeouts
+                                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                tracing::warn!(peer = %self.peer, "security stage timed out");
+                                return Ok(None);
+                            }
+                        }
+                    };
+                    if !more {
                         return Ok(None);
                     }
                     continue;
@@ -541,8 +577,71 @@ impl Conn {
                 return Ok(None);
             }
             first = false;
-            match login.handle(&req, &raw.data, &dir) {
+            if let Some(name) = text_value(&raw.data, b"InitiatorName=") {
+                if initiator.is_empty() {
+                    initiator = String::from_utf8_lossy(name).into_owned();
+                    ticket.stand(if shared.access.listed(&initiator) {
+                        crate::admission::Standing::Listed
+                    } else {
+                        crate::admission::Standing::Talking
+                    });
+                }
+            }
+            // A CHAP response waits its turn with others from the same
+            // address or for the same initiator name (crate::admission).
+            let chap_response = text_value(&raw.data, b"CHAP_R=").is_some();
+            if chap_response {
+                let now = Instant::now();
+                let counters = &shared.access.counters;
+                match shared
+                    .access
+                    .throttle
+                    .reserve(self.peer.ip(), &initiator, now)
+                {
+                    Some(w) if w.is_zero() => {}
+                    Some(w) => {
+                        counters
+                            .chap_delayed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tokio::time::sleep(w).await;
+                    }
+                    None => {
+                        // Refused unchecked, but not at once: an answer
+                        // must cost a guesser as much as a check would.
+                        counters
+                            .chap_refused
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tokio::time::sleep(crate::admission::MAX_WAIT).await;
+                        crate::access::refused(
+                            shared,
+                            self.peer,
+                            login_status::AUTH_FAILED,
+                            "too many failed CHAP responses: refused without checking",
+                        );
+                        self.push_login(&login_reject(&raw.bhs, login_status::AUTH_FAILED), &[]);
+                        self.flush().await?;
+                        return Ok(None);
+                    }
+                }
+            }
+            let step = login.handle(&req, &raw.data, &dir);
+            if chap_response {
+                let ok = !matches!(step, LoginStep::Fail { .. });
+                if !ok {
+                    shared
+                        .access
+                        .counters
+                        .chap_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                shared
+                    .access
+                    .throttle
+                    .outcome(self.peer.ip(), &initiator, ok, Instant::now());
+            }
+            match step {
                 LoginStep::Continue { resp, text } => {
+                    authenticated |= resp.csg >= 1 || (resp.transit && resp.nsg >= 1);
                     self.push_login(&resp, &text);
                     self.flush().await?;
                 }

@@ -112,6 +112,11 @@ impl Control {
         Control { shared }
     }
 
+    /// The admission and CHAP throttle counters.
+    pub fn admission_counters(&self) -> Arc<crate::admission::AdmissionCounters> {
+        self.shared.access.counters.clone()
+    }
+
     /// `NotFound` unless target `name` exists.
     pub fn target_exists(&self, name: &str) -> Result<(), ControlError> {
         self.target(name).map(|_| ())

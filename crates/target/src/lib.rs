@@ -7,6 +7,7 @@
 
 mod access;
 pub mod admin;
+pub mod admission;
 pub mod config;
 mod conn;
 pub mod control;

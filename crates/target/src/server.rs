@@ -93,6 +93,8 @@ pub(crate) struct Shared {
     /// How long a connection polls its socket before it sleeps.
     pub busy_poll: Duration,
     pub login_timeout: Duration,
+    /// The security stage must be over within this time of the connection.
+    pub security_timeout: Duration,
     pub nop_interval: Duration,
     pub nop_timeout: Duration,
     pub targets: Vec<TargetRt>,
@@ -270,6 +272,7 @@ impl Server {
             tcp_congestion: cfg.limits.tcp_congestion.clone(),
             busy_poll: Duration::from_micros(u64::from(cfg.limits.busy_poll_us)),
             login_timeout: Duration::from_secs(cfg.timeouts.login.max(1)),
+            security_timeout: Duration::from_secs(cfg.timeouts.security.max(1)),
             nop_interval: Duration::from_secs(cfg.timeouts.nop_interval),
             nop_timeout: Duration::from_secs(cfg.timeouts.nop_timeout.max(1)),
             targets,

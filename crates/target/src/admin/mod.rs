@@ -445,7 +445,8 @@ async fn console() -> impl IntoResponse {
 }
 
 async fn metrics(State(st): St) -> impl IntoResponse {
-    let text = prom::render(&st.ctl.stats(), &st.ctl.targets());
+    let mut text = prom::render(&st.ctl.stats(), &st.ctl.targets());
+    prom::render_admission(&mut text, &st.ctl.admission_counters());
     (
         [(
             header::CONTENT_TYPE,

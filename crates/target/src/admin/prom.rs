@@ -15,6 +15,46 @@ const BUCKETS: [f64; 16] = [
     0.05, 0.1, 0.25, 1.0, 10.0,
 ];
 
+/// The admission and CHAP throttle counters (crate::admission), appended
+/// to `text`.
+pub fn render_admission(text: &mut String, c: &crate::admission::AdmissionCounters) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut o = Out {
+        text: std::mem::take(text),
+    };
+    for (name, help, v) in [
+        (
+            "ironsan_connections_evicted_total",
+            "Connections still logging in closed to admit a newer one (per-source and overall bounds).",
+            &c.evicted,
+        ),
+        (
+            "ironsan_security_timeouts_total",
+            "Logins that did not finish the security stage in time.",
+            &c.security_timeouts,
+        ),
+        (
+            "ironsan_chap_failures_total",
+            "CHAP responses that failed.",
+            &c.chap_failures,
+        ),
+        (
+            "ironsan_chap_delayed_total",
+            "CHAP responses held back by the per-address and per-name throttle.",
+            &c.chap_delayed,
+        ),
+        (
+            "ironsan_chap_refused_total",
+            "CHAP responses refused unchecked: the throttle's wait would have been too long.",
+            &c.chap_refused,
+        ),
+    ] {
+        o.family(name, "counter", help);
+        o.sample(name, "", v.load(Relaxed));
+    }
+    *text = o.text;
+}
+
 /// Escapes a label value (backslash, double quote, newline).
 pub fn escape(v: &str) -> String {
     let mut o = String::with_capacity(v.len());
