@@ -145,16 +145,19 @@ pub fn orwrite(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome,
 pub fn write_atomic(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, Sense> {
     no_protection(cdb)?;
     let lba = be64(cdb, 2);
+    let len = be16(cdb, 12);
+    // The range first: a request past the end is LOGICAL BLOCK ADDRESS
+    // OUT OF RANGE whatever else is wrong with it (SBC-4 §5.48, as for
+    // every write).
+    lu.check_range(lba, u32::from(len))?;
     if be16(cdb, 10) != 0 {
         // ATOMIC BOUNDARY: MAXIMUM ATOMIC BOUNDARY SIZE is 0.
         return Err(Sense::invalid_cdb(10, None));
     }
-    let len = be16(cdb, 12);
     if u32::from(len) > lu.max_atomic_blocks {
         return Err(Sense::invalid_cdb(12, None));
     }
     lu.check_writable()?;
-    lu.check_range(lba, u32::from(len))?;
     if lu.atomic_align_blocks != 0 && !lba.is_multiple_of(u64::from(lu.atomic_align_blocks)) {
         return Err(Sense::invalid_cdb(2, None));
     }

@@ -263,11 +263,18 @@ fn write_atomic_limit_follows_the_backend() {
     let o = run(&lu, &[op::INQUIRY, 1, 0xB0, 0, 64, 0], &[]);
     assert_eq!(&o.data[44..48], &u32::from(max).to_be_bytes());
     good(&run(&lu, &wa(0, 0, BLOCKS as u16, 0), &big));
-    invalid_cdb(&run(&lu, &wa(0, 0, max + 1, 0), &big), 12, None);
+    // One block more than the maximum is also past this small unit's end:
+    // the range is checked first.
+    assert!(u64::from(max) + 1 > BLOCKS);
+    lba_oob(&run(&lu, &wa(0, 0, max + 1, 0), &big));
     // A backend with no crash-atomicity promise: one block.
     let (lu, _) = test_lu(cfg());
     good(&run(&lu, &wa(0, 0, 1, 0), &big));
     invalid_cdb(&run(&lu, &wa(0, 0, 2, 0), &big), 12, None);
+    // Past the end and over the limit: the range is checked first (5/21,
+    // not 5/24).
+    lba_oob(&run(&lu, &wa(BLOCKS - 1, 0, 2, 0), &big));
+    lba_oob(&run(&lu, &wa(BLOCKS - 1, 1, 2, 0), &big));
     let o = run(&lu, &[op::INQUIRY, 1, 0xB0, 0, 64, 0], &[]);
     assert_eq!(&o.data[44..48], &1u32.to_be_bytes());
 }
