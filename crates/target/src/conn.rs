@@ -30,6 +30,12 @@ use crate::lunmap::{answer_above_lu, run_on_lu, submit_fast, LunTable, Origin, T
 use crate::server::{AbortRequests, Portal, SessionEntry, SessionKey, Shared};
 use crate::stats::{ConnStats, SessionInfo, PUBLISH_EVERY};
 
+/// Numbers the connections that serve sessions (crate::server::SessionEntry::conn).
+static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// How long a connection reinstatement waits for the old connection to end.
+const REINSTATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How often an idle connection publishes its stats and checks whether to
 /// ping (`PUBLISH_EVERY` while it works).
 const IDLE_TICK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -155,17 +161,26 @@ pub(crate) async fn serve(
         }
     };
     shared.stats.portal_event(portal.tpgt, |e| e.logins += 1);
-    let (nexus, kill, aborts, tsih) = match &key {
+    let (nexus, kill, aborts, tsih, conn_id, done) = match &key {
         Some(k) => {
             let reg = shared.registry.lock();
             let e = reg.get(k).expect("registered at login");
-            (e.nexus, e.kill.clone(), e.aborts.clone(), e.tsih)
+            (
+                e.nexus,
+                e.kill.clone(),
+                e.aborts.clone(),
+                e.tsih,
+                e.conn,
+                Some(e.done.clone()),
+            )
         }
         None => (
             shared.fresh_nexus(),
             Arc::new(tokio::sync::Notify::new()),
             Arc::default(),
             0,
+            0,
+            None,
         ),
     };
     let target = shared.target(&session.params().target_name);
@@ -218,14 +233,24 @@ pub(crate) async fn serve(
     if !matches!(why, "logout" | "target shutting down or portal removed") {
         shared.stats.portal_event(portal.tpgt, |e| e.dropped += 1);
     }
+    // A connection reinstatement (RFC 7143 §6.3.4) handed the session, and
+    // its I_T nexus, to a new connection: the nexus goes on there.
+    let mut handed_over = false;
     if let Some(k) = key {
         let mut reg = shared.registry.lock();
-        if reg.get(&k).is_some_and(|e| e.nexus == nexus) {
-            reg.remove(&k);
+        match reg.get(&k) {
+            Some(e) if e.nexus == nexus && e.conn != conn_id => handed_over = true,
+            Some(e) if e.nexus == nexus => {
+                reg.remove(&k);
+            }
+            _ => {}
         }
     }
-    if let Some(t) = target {
+    if let (Some(t), false) = (target, handed_over) {
         t.luns().iter().for_each(|(_, lu)| lu.nexus_lost(nexus));
+    }
+    if let Some(d) = done {
+        d.notify_one();
     }
 }
 
@@ -565,16 +590,26 @@ impl Conn {
             }
             let req = LoginReq::decode(&raw.bhs);
             if first && req.tsih != 0 {
-                // Adding a connection to a session: MaxConnections is 1.
-                let exists = shared.registry.lock().values().any(|e| e.tsih == req.tsih);
-                let code = if exists {
-                    login_status::TOO_MANY_CONNECTIONS
-                } else {
-                    login_status::SESSION_DOES_NOT_EXIST
+                // A connection for an existing session: with the CID of its
+                // connection, a connection reinstatement (RFC 7143 §6.3.4,
+                // checked again when the login completes); any other CID
+                // would be a second connection, and MaxConnections is 1.
+                let cid = shared
+                    .registry
+                    .lock()
+                    .iter()
+                    .find(|(k, e)| e.tsih == req.tsih && k.isid == req.isid)
+                    .map(|(_, e)| e.cid);
+                let code = match cid {
+                    Some(c) if c == req.cid => None,
+                    Some(_) => Some(login_status::TOO_MANY_CONNECTIONS),
+                    None => Some(login_status::SESSION_DOES_NOT_EXIST),
                 };
-                self.push_login(&login_reject(&raw.bhs, code), &[]);
-                self.flush().await?;
-                return Ok(None);
+                if let Some(code) = code {
+                    self.push_login(&login_reject(&raw.bhs, code), &[]);
+                    self.flush().await?;
+                    return Ok(None);
+                }
             }
             first = false;
             if let Some(name) = text_value(&raw.data, b"InitiatorName=") {
@@ -667,7 +702,27 @@ impl Conn {
                         self.flush().await?;
                         return Ok(None);
                     }
-                    if outcome.params.session_type == SessionType::Normal {
+                    if outcome.params.session_type == SessionType::Normal && outcome.tsih != 0 {
+                        let k = SessionKey {
+                            initiator: outcome.params.initiator_name.clone(),
+                            isid: outcome.isid,
+                            target: outcome.params.target_name.clone(),
+                            tpgt: portal.tpgt,
+                        };
+                        match self.reinstate_connection(shared, &k, &outcome).await {
+                            Some(tsih) => {
+                                resp.tsih = tsih;
+                                key = Some(k);
+                            }
+                            None => {
+                                let code = login_status::SESSION_DOES_NOT_EXIST;
+                                crate::access::refused(shared, self.peer, code, "no such session");
+                                self.push_login(&login_reject(&raw.bhs, code), &[]);
+                                self.flush().await?;
+                                return Ok(None);
+                            }
+                        }
+                    } else if outcome.params.session_type == SessionType::Normal {
                         let k = SessionKey {
                             initiator: outcome.params.initiator_name.clone(),
                             isid: outcome.isid,
@@ -684,6 +739,9 @@ impl Conn {
                                 peer: self.peer.ip(),
                                 kill: Arc::new(tokio::sync::Notify::new()),
                                 aborts: Arc::default(),
+                                cid: outcome.cid,
+                                conn: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                                done: Arc::new(tokio::sync::Notify::new()),
                             },
                         );
                         if let Some(old) = old {
@@ -716,6 +774,46 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Connection reinstatement (RFC 7143 §6.3.4, §7.1.4.3 at
+    /// ErrorRecoveryLevel 0): session `k` with this TSIH and CID goes on in
+    /// this connection. The old connection is ended, its tasks terminated
+    /// without responses, and waited for (up to [`REINSTATE_WAIT`]); the
+    /// session keeps its TSIH and I_T nexus (reservations, unit attentions
+    /// and mode pages stay), and its command numbering starts again from
+    /// this login's CmdSN. Returns the TSIH, or `None` when no such session
+    /// exists for this initiator, target and portal group.
+    async fn reinstate_connection(
+        &self,
+        shared: &Shared,
+        k: &SessionKey,
+        outcome: &iscsi_proto::LoginOutcome,
+    ) -> Option<u16> {
+        let (old_kill, old_done, tsih) = {
+            let mut reg = shared.registry.lock();
+            let e = reg
+                .get_mut(k)
+                .filter(|e| e.tsih == outcome.tsih && e.cid == outcome.cid)?;
+            let old = (e.kill.clone(), e.done.clone(), e.tsih);
+            e.kill = Arc::new(tokio::sync::Notify::new());
+            e.done = Arc::new(tokio::sync::Notify::new());
+            e.conn = NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            e.peer = self.peer.ip();
+            old
+        };
+        old_kill.notify_one();
+        let ended = tokio::time::timeout(REINSTATE_WAIT, old_done.notified())
+            .await
+            .is_ok();
+        tracing::info!(
+            initiator = %k.initiator,
+            tsih,
+            cid = outcome.cid,
+            old_connection_ended = ended,
+            "connection reinstated"
+        );
+        Some(tsih)
     }
 
     /// The full feature phase; returns why the connection ended.

@@ -61,6 +61,13 @@ pub(crate) struct SessionEntry {
     pub kill: Arc<Notify>,
     /// LUNs whose tasks this session must abort (PREEMPT AND ABORT).
     pub aborts: Arc<AbortRequests>,
+    /// The connection's CID (MaxConnections is 1: the only one).
+    pub cid: u16,
+    /// Which connection serves the session now (a connection
+    /// reinstatement hands the entry to a new one).
+    pub conn: u64,
+    /// Notified when that connection has ended.
+    pub done: Arc<Notify>,
 }
 
 /// Task-set aborts asked of one session by another session's PERSISTENT

@@ -503,3 +503,95 @@ fn an_initiator_that_stops_reading_stalls_nobody() {
     drop(c);
     sanity(a[0], 20);
 }
+
+/// A Login Request on a new connection for session `tsih` with `cid`.
+fn relogin(c: &mut Client, isid: [u8; 6], tsih: u16, cid: u16) -> LoginResp {
+    let req = LoginReq {
+        tsih,
+        cid,
+        cmd_sn: c.cmd_sn,
+        isid,
+        ..login_req(false, true)
+    };
+    let keys = [
+        ("InitiatorName", "iqn.2026-11.test:e2e"),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+    ];
+    let body = text::encode(&keys);
+    c.send(req.encode(body.len()), &body);
+    let r = c
+        .recv_within(Duration::from_secs(10))
+        .expect("login response");
+    let resp = LoginResp::decode(&r.bhs);
+    c.stat_sn = resp.sn.stat_sn.next();
+    resp
+}
+
+#[test]
+fn connection_reinstatement_mid_write_keeps_the_session_going() {
+    let (a, _s) = srv();
+    let isid = [0x80, 0, 0, 0, 0x42, 1];
+    // The first connection logs in and writes.
+    let mut old = Client::connect(a[0]);
+    let r = old.login(
+        isid,
+        &[
+            ("InitiatorName", "iqn.2026-11.test:e2e"),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+            ("InitialR2T", "Yes"),
+            ("ImmediateData", "No"),
+        ],
+    );
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    let tsih = r.tsih;
+    let (st, _, _) = old.command(&rw10(0x2a, 0, 8), 4096, false, &[0xaa; 4096], 0);
+    assert_eq!(st, 0);
+    // Mid-write: the command and half its data, then the path dies (the
+    // target sees no FIN, as when a cable or a switch port goes).
+    let itt = old.cmd(&rw10(0x2a, 0, 64), 32768, false, true, true, &[]);
+    let r2t = old.recv().expect("R2T");
+    let Pdu::R2t(t) = Pdu::parse(&r2t.bhs) else {
+        panic!("expected an R2T");
+    };
+    old.data_out(itt, t.ttt, 0, 0, false, &[0xbb; 16384]);
+
+    // Another CID of the same session: MaxConnections is 1.
+    let mut other = Client::connect(a[0]);
+    other.cmd_sn = old.cmd_sn;
+    let r = relogin(&mut other, isid, tsih, 1);
+    assert_eq!(
+        (r.status_class, r.status_detail),
+        iscsi_proto::login::status::TOO_MANY_CONNECTIONS
+    );
+    // No such session.
+    let mut other = Client::connect(a[0]);
+    let r = relogin(&mut other, isid, tsih.wrapping_add(100), 0);
+    assert_eq!(
+        (r.status_class, r.status_detail),
+        iscsi_proto::login::status::SESSION_DOES_NOT_EXIST
+    );
+
+    // The initiator logs in again with the same ISID, TSIH and CID.
+    let mut new = Client::connect(a[0]);
+    new.cmd_sn = old.cmd_sn;
+    let r = relogin(&mut new, isid, tsih, 0);
+    assert_eq!((r.status_class, r.status_detail), (0, 0), "reinstated");
+    assert_eq!(r.tsih, tsih, "the same session");
+    // The old connection was ended by the target.
+    assert!(
+        old.closed_within(Duration::from_secs(10)),
+        "old connection still open"
+    );
+    // The same I_T nexus: no unit attention (a new session would get 29/07).
+    let (st, _, sense) = new.command(&[0; 6], 0, false, &[], 0);
+    assert_eq!((st, sense), (0, Vec::new()), "TEST UNIT READY");
+    // I/O goes on: the write retried on the new connection, and read back.
+    let data: Vec<u8> = (0..32768u32).map(|i| (i / 512) as u8 ^ 0x5c).collect();
+    let (st, _, _) = new.command(&rw10(0x2a, 0, 64), 32768, false, &data, 0);
+    assert_eq!(st, 0);
+    let (st, din, _) = new.command(&rw10(0x28, 0, 64), 32768, true, &[], 0);
+    assert_eq!(st, 0);
+    assert!(din == data, "read back what the new connection wrote");
+}
