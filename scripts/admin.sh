@@ -120,5 +120,7 @@ grep -q "allow = \[\"$ini\"\]" "$work/t.toml" || fail "ACL not in the file: $(ca
 grep -q "size = \"32M\"" "$work/t.toml" || fail "size not in the file"
 grep -q ":$p2\"" "$work/t.toml" && fail "removed portal still in the file"
 grep -q "admin-secret-12" "$work/target.log" && fail "a secret was logged"
+grep -q "$token" "$work/target.log" && fail "the admin token was logged"
+curl -s -H "Authorization: Bearer $token" "http://127.0.0.1:$pa/metrics" | grep -q "$token" && fail "the token in /metrics"
 ok "configuration file in step, no secret logged"
 echo "admin: $pass passed, 0 failed"
