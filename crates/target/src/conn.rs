@@ -638,6 +638,14 @@ impl Conn {
                         counters
                             .chap_delayed
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        // At most one a second per address or name: the
+                        // throttle itself bounds this log.
+                        tracing::warn!(
+                            peer = %self.peer,
+                            %initiator,
+                            wait_ms = w.as_millis() as u64,
+                            "CHAP response held back after failed ones"
+                        );
                         tokio::time::sleep(w).await;
                     }
                     None => {
