@@ -7,10 +7,13 @@
 3. Target RSS with 64 idle sessions (logged in, no I/O): under 64 MiB
    beyond LUN memory (null LUN: no LUN memory at all); and their CPU:
    under 2 % of a core (connections busy-poll only right after work).
-4. With --soak SECONDS: RSS sampled every 10 s under full load; the last
+4. Rounds of 1000 sessions logged in at once and then closed (--rounds,
+   default 5): target RSS after the last round within 10 % (+4 MiB) of
+   after the first; memory freed at teardown goes back to the system.
+5. With --soak SECONDS: RSS sampled every 10 s under full load; the last
    samples must not exceed the first by more than 10 %.
 
-Usage: scale.py --ironsan target/release/ironsan [--secs 5] [--soak 600]
+Usage: scale.py --ironsan target/release/ironsan [--secs 5] [--rounds 5] [--soak 600]
 """
 
 import argparse
@@ -20,6 +23,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 IQN = "iqn.2026-11.io.ironsan:scale"
@@ -79,6 +83,33 @@ def login(port, isid):
     return s
 
 
+def session_rounds(pid, port, rounds, n=1000):
+    """RSS (KiB) after each round of `n` sessions logged in at once (from 8
+    threads) and then closed."""
+    after = []
+    for r in range(rounds):
+        socks = [None] * n
+
+        def work(lo, hi):
+            for i in range(lo, hi):
+                socks[i] = login(port, 0x100000 + i)
+
+        ts = [threading.Thread(target=work, args=(k * n // 8, (k + 1) * n // 8)) for k in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if any(s is None for s in socks):
+            raise RuntimeError(f"round {r + 1}: not every session logged in")
+        peak = rss_kib(pid)
+        for s in socks:
+            s.close()
+        time.sleep(3)
+        after.append(rss_kib(pid))
+        print(f"  round {r + 1}: {n} sessions, RSS {peak / 1024:.1f} MiB logged in, {after[-1] / 1024:.1f} MiB after")
+    return after
+
+
 def bench(a, port, lun, jobs, depth, secs):
     url = f"iscsi://127.0.0.1:{port}/{IQN}/{lun}"
     r = subprocess.run([a.ironsan, "bench", "--json", "--runtime", f"{secs}s", "--numjobs", str(jobs), "--iodepth",
@@ -94,6 +125,7 @@ def main():
     ap.add_argument("--ironsan", required=True)
     ap.add_argument("--secs", type=int, default=5)
     ap.add_argument("--soak", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     port = free_port()
     srv = subprocess.Popen([a.ironsan, "--log", "warn", "serve", "--listen", f"127.0.0.1:{port}", "--target", IQN,
@@ -137,6 +169,12 @@ def main():
         print(f"CPU with 64 idle sessions: {busy * 100:.2f} % of a core -> {'met' if good else 'MISSED'}")
         for s in socks:
             s.close()
+        if a.rounds:
+            after = session_rounds(srv.pid, port, a.rounds)
+            good = after[-1] <= after[0] * 1.1 + 4096
+            ok &= good
+            print(f"RSS over {a.rounds} rounds of 1000 concurrent sessions: {after[0] / 1024:.1f} MiB after the first, "
+                  f"{after[-1] / 1024:.1f} MiB after the last -> {'met' if good else 'MISSED'}")
         if a.soak:
             samples = []
             url = f"iscsi://127.0.0.1:{port}/{IQN}/1"

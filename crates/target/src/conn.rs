@@ -252,6 +252,7 @@ pub(crate) async fn serve(
     if let Some(d) = done {
         d.notify_one();
     }
+    crate::memory::connection_ended();
 }
 
 /// The value of `key` (e.g. `b"CHAP_R="`) in a login text segment

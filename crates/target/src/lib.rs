@@ -14,6 +14,7 @@ pub mod control;
 pub mod control_acl;
 pub mod gateway;
 mod lunmap;
+mod memory;
 mod server;
 pub mod size;
 pub mod stats;

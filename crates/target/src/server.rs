@@ -413,6 +413,7 @@ impl Server {
         for (l, portal) in self.listeners {
             accepts.spawn(accept(l, portal));
         }
+        let trimmer = tokio::spawn(crate::memory::trim_after_teardown());
         let mut new_portals = self.new_portals;
         tokio::pin!(shutdown);
         loop {
@@ -429,6 +430,7 @@ impl Server {
         for tx in self.shared.portal_stops.lock().values() {
             tx.send_replace(true);
         }
+        trimmer.abort();
         while accepts.join_next().await.is_some() {}
         drop(senders);
         let _ = tokio::task::spawn_blocking(move || {
