@@ -960,7 +960,23 @@ impl Conn {
                     // Answers are going out: the next command may follow.
                     worked = true;
                 }
-                _ = kill.notified() => return "session ended by the target (reinstated or access revoked)",
+                _ = kill.notified() => {
+                    // Its tasks end without responses (RFC 7143 §7.1.4.3 at
+                    // ErrorRecoveryLevel 0), but backend I/O already under
+                    // way finishes first: every such I/O holds a sender, so
+                    // the channel closes when the last one is done. Nothing
+                    // of this connection reaches a LU after the session has
+                    // moved on to a reinstated connection.
+                    drop(tx);
+                    let drained = tokio::time::timeout(REINSTATE_WAIT, async {
+                        while rx.recv().await.is_some() {}
+                    })
+                    .await;
+                    if drained.is_err() {
+                        tracing::warn!(peer = %self.peer, "backend I/O still running after the connection was ended");
+                    }
+                    return "session ended by the target (reinstated or access revoked)";
+                }
                 _ = aborts.notify.notified() => {
                     let luns = std::mem::take(&mut *aborts.luns.lock());
                     for lun in luns {

@@ -531,6 +531,24 @@ fn relogin(c: &mut Client, isid: [u8; 6], tsih: u16, cid: u16) -> LoginResp {
 #[test]
 fn connection_reinstatement_mid_write_keeps_the_session_going() {
     let (a, _s) = srv();
+    reinstate_mid_write(a[0]);
+}
+
+#[test]
+fn connection_reinstatement_on_a_file_lun() {
+    // A file LUN runs writes on I/O threads: the old connection's are
+    // drained before the session moves on.
+    let dir = tempfile::tempdir().unwrap();
+    let lun = format!(
+        "[[target.lun]]\nbackend = \"file\"\npath = \"{}\"\nsize = \"16M\"",
+        dir.path().join("lun.img").display()
+    );
+    let (a, _s) = start(config(&lun, "[timeouts]\nlogin = 2"));
+    reinstate_mid_write(a[0]);
+}
+
+fn reinstate_mid_write(portal: std::net::SocketAddr) {
+    let a = [portal];
     let isid = [0x80, 0, 0, 0, 0x42, 1];
     // The first connection logs in and writes.
     let mut old = Client::connect(a[0]);
@@ -594,4 +612,38 @@ fn connection_reinstatement_mid_write_keeps_the_session_going() {
     let (st, din, _) = new.command(&rw10(0x28, 0, 64), 32768, true, &[], 0);
     assert_eq!(st, 0);
     assert!(din == data, "read back what the new connection wrote");
+}
+
+#[test]
+fn a_session_whose_connection_closed_is_gone_as_time2retain_0_says() {
+    // ironsan answers DefaultTime2Retain=0 (RFC 7143 §13.16: connection and
+    // session state discarded at once): once the target has seen the
+    // connection close, a login with its TSIH finds no session (0x020A) and
+    // the initiator starts a new one (TSIH 0, the same ISID).
+    let (a, _s) = srv();
+    let isid = [0x80, 0, 0, 0, 0x42, 2];
+    let mut old = Client::connect(a[0]);
+    let r = old.login(
+        isid,
+        &[
+            ("InitiatorName", "iqn.2026-11.test:e2e"),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+        ],
+    );
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    let tsih = r.tsih;
+    old.s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(old);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut again = Client::connect(a[0]);
+    let r = relogin(&mut again, isid, tsih, 0);
+    assert_eq!(
+        (r.status_class, r.status_detail),
+        iscsi_proto::login::status::SESSION_DOES_NOT_EXIST
+    );
+    let mut fresh = Client::connect(a[0]);
+    let r = relogin(&mut fresh, isid, 0, 0);
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    assert_ne!(r.tsih, 0);
 }
