@@ -217,6 +217,9 @@ pub(crate) struct AccessControl {
     pub max_sessions: usize,
     connections: Arc<AtomicUsize>,
     pub failures: FailureLog,
+    /// Connections at once from one address (0: no limit).
+    max_per_source: usize,
+    per_source: PerSource,
     /// Connections still logging in (bounded, evicting).
     pub admission: crate::admission::Admission,
     /// CHAP responses spaced across connections.
@@ -225,13 +228,29 @@ pub(crate) struct AccessControl {
     pub counters: Arc<crate::admission::AdmissionCounters>,
 }
 
-/// Holds one connection slot; released when dropped.
+/// Connections at once per source address.
+type PerSource = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// Holds one connection slot (overall and for its source address);
+/// released when dropped.
 #[derive(Debug)]
-pub(crate) struct ConnSlot(Arc<AtomicUsize>);
+pub(crate) struct ConnSlot {
+    all: Arc<AtomicUsize>,
+    source: Option<(PerSource, IpAddr)>,
+}
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.all.fetch_sub(1, Ordering::AcqRel);
+        if let Some((m, ip)) = &self.source {
+            let mut m = m.lock();
+            if let Some(n) = m.get_mut(ip) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(ip);
+                }
+            }
+        }
     }
 }
 
@@ -268,7 +287,12 @@ impl AccessControl {
                 cfg.limits.max_pending_per_source,
                 counters.clone(),
             ),
-            throttle: Default::default(),
+            throttle: crate::admission::Throttle::new(
+                cfg.limits.chap_free_failures,
+                Duration::from_millis(cfg.limits.chap_max_delay_ms),
+            ),
+            max_per_source: cfg.limits.max_connections_per_source,
+            per_source: Arc::default(),
             counters,
             targets: RwLock::new(targets),
             discovery: RwLock::new(cfg.discovery.policy("discovery")?),
@@ -279,11 +303,27 @@ impl AccessControl {
         })
     }
 
-    /// Takes a connection slot, or `None` at the limit.
-    pub fn connection_slot(&self) -> Option<ConnSlot> {
+    /// Takes a connection slot for a connection from `ip`, or `None` at
+    /// the overall or the per-address limit.
+    pub fn connection_slot(&self, ip: IpAddr) -> Option<ConnSlot> {
         let n = self.connections.fetch_add(1, Ordering::AcqRel);
-        let slot = ConnSlot(self.connections.clone());
-        (self.max_connections == 0 || n < self.max_connections).then_some(slot)
+        let mut slot = ConnSlot {
+            all: self.connections.clone(),
+            source: None,
+        };
+        if self.max_connections != 0 && n >= self.max_connections {
+            return None;
+        }
+        if self.max_per_source != 0 {
+            let mut m = self.per_source.lock();
+            let c = m.entry(ip).or_default();
+            if *c >= self.max_per_source {
+                return None;
+            }
+            *c += 1;
+            slot.source = Some((self.per_source.clone(), ip));
+        }
+        Some(slot)
     }
 
     /// Whether one more normal session to `target` fits, given the live
@@ -534,6 +574,28 @@ mod tests {
         };
         assert_eq!(f.resolve("t").unwrap().secret.expose(), b"from-a-file-123");
         std::fs::remove_file(dir).unwrap();
+    }
+
+    #[test]
+    fn connections_are_bounded_per_source() {
+        let cfg = crate::Config::from_toml(
+            "[limits]\nmax_connections = 4\nmax_connections_per_source = 2\n[[target]]\nname = \"iqn.2026-12.x:t\"\n[[target.lun]]\nbackend = \"null\"\nsize = \"1M\"\n",
+        )
+        .unwrap();
+        let ac = AccessControl::from_config(&cfg).unwrap();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let a1 = ac.connection_slot(a).unwrap();
+        let _a2 = ac.connection_slot(a).unwrap();
+        assert!(ac.connection_slot(a).is_none(), "a third from one address");
+        let _b1 = ac.connection_slot(b).unwrap();
+        drop(a1);
+        let _a3 = ac.connection_slot(a).expect("a slot freed");
+        let _b2 = ac.connection_slot(b).unwrap();
+        assert!(
+            ac.connection_slot("192.0.2.3".parse().unwrap()).is_none(),
+            "the overall limit"
+        );
     }
 
     #[test]

@@ -12,10 +12,11 @@
 //! - **The security stage** (RFC 7143 §6.3) must end within
 //!   `timeouts.security` seconds of the connection (the whole login within
 //!   `timeouts.login`).
-//! - **CHAP responses** are answered no faster than one per `spacing` per
+//! - **CHAP responses** are answered no faster than one per spacing per
 //!   source address and per initiator name, across connections, where the
-//!   spacing grows with the recent failures of that address or name (none:
-//!   no delay). A response that would wait longer than [`MAX_WAIT`] is
+//!   spacing grows with the recent failures of that address or name: none
+//!   for the first `chap_free_failures` (3), then 125 ms doubling up to
+//!   `chap_max_delay_ms` (1 s). A response that would wait longer than [`MAX_WAIT`] is
 //!   refused without being checked (authentication failure), after
 //!   [`MAX_WAIT`]: a refusal costs a guesser as much time as a check.
 
@@ -196,9 +197,19 @@ struct Record {
 }
 
 /// CHAP responses spaced per source address and per initiator name.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Throttle {
     keys: Mutex<HashMap<Key, Record>>,
+    /// Failures answered without delay.
+    free: u32,
+    /// The largest spacing.
+    max: Duration,
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle::new(3, Duration::from_secs(1))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -207,16 +218,26 @@ enum Key {
     Name(String),
 }
 
-/// The spacing after `failures` recent failures: none for the first two,
-/// then 125 ms doubling up to 1 s.
-fn spacing(failures: u32) -> Duration {
-    match failures {
-        0..=2 => Duration::ZERO,
-        n => Duration::from_millis(125u64 << (n - 3).min(3)),
-    }
-}
-
 impl Throttle {
+    /// `free` failures answered at once, then a spacing from 125 ms
+    /// doubling up to `max`.
+    pub fn new(free: u32, max: Duration) -> Throttle {
+        Throttle {
+            keys: Mutex::default(),
+            free,
+            max,
+        }
+    }
+
+    /// The spacing after `failures` recent failures.
+    fn spacing(&self, failures: u32) -> Duration {
+        if failures < self.free {
+            return Duration::ZERO;
+        }
+        let n = (failures - self.free).min(16);
+        Duration::from_millis(125u64 << n).min(self.max)
+    }
+
     /// Reserves the next check of a CHAP response from `ip` for
     /// `initiator`: how long to wait first, or `None` when that would be
     /// longer than [`MAX_WAIT`] (refuse it).
@@ -250,7 +271,7 @@ impl Throttle {
                 failures: 0,
                 last_failure: now,
             });
-            r.next_free = start + spacing(r.failures);
+            r.next_free = start + self.spacing(r.failures);
         }
         Some(wait)
     }

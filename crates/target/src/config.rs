@@ -278,6 +278,15 @@ pub struct LimitsConfig {
     /// Connections still logging in from one source address; at the bound
     /// a new one evicts that address's least promising one.
     pub max_pending_per_source: usize,
+    /// Connections at once from one source address, logging in or logged
+    /// in (0: no limit). More are closed at once.
+    pub max_connections_per_source: usize,
+    /// Failed CHAP responses per source address or initiator name answered
+    /// without delay (within 5 minutes).
+    pub chap_free_failures: u32,
+    /// The largest spacing between two CHAP responses checked for one
+    /// source address or initiator name after failures, in milliseconds.
+    pub chap_max_delay_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -300,6 +309,9 @@ impl Default for LimitsConfig {
             max_sessions: 1024,
             max_pending: 512,
             max_pending_per_source: 32,
+            max_connections_per_source: 1024,
+            chap_free_failures: 3,
+            chap_max_delay_ms: 1000,
         }
     }
 }

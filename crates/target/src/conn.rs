@@ -104,7 +104,7 @@ pub(crate) async fn serve(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let Some(_slot) = shared.access.connection_slot() else {
+    let Some(_slot) = shared.access.connection_slot(peer.ip()) else {
         tracing::warn!(%peer, "connection limit reached: closed");
         return;
     };
