@@ -95,4 +95,30 @@ refused "ironsan inq with a wrong target secret" $bin inq --initiator "$ok_ini" 
 if grep -q "alice-secret-1\|target-secret-2" "$work/target.log"; then fail "a secret was logged"; fi
 grep -q "login refused" "$work/target.log" || fail "refused logins are not logged"
 ok "failed logins logged, secrets not"
+
+# Secrets off the command line: --chap-file and IRONSAN_CHAP keep the secret
+# out of ps and /proc/PID/cmdline; --chap USER:SECRET still works and warns.
+printf 'bob:bob-secret-1234\n' >"$work/chap"
+chmod 600 "$work/chap"
+iqn2=iqn.2026-12.io.ironsan:cmdline
+serve_with() { # log, extra serve arguments...
+  local log=$1; shift
+  local p2; p2=$(port)
+  $bin --log info serve --listen "127.0.0.1:$p2" --target "$iqn2" --lun mem:16M "$@" >"$log" 2>&1 &
+  extra=$!
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p2) 2>/dev/null && break; sleep 0.1; done
+  iscsi-inq "iscsi://bob%bob-secret-1234@127.0.0.1:$p2/$iqn2/0" >/dev/null 2>&1 || fail "CHAP login ($*): $(cat "$log")"
+  if iscsi-inq "iscsi://127.0.0.1:$p2/$iqn2/0" >/dev/null 2>&1; then fail "no CHAP accepted ($*)"; fi
+  tr '\0' ' ' </proc/$extra/cmdline >"$work/cmdline"
+  kill $extra; wait $extra 2>/dev/null || true
+}
+serve_with "$work/t2.log" --chap-file "$work/chap"
+if grep -q "bob-secret-1234" "$work/cmdline"; then fail "--chap-file: the secret is in the command line"; fi
+IRONSAN_CHAP=bob:bob-secret-1234 serve_with "$work/t3.log"
+if grep -q "bob-secret-1234" "$work/cmdline"; then fail "IRONSAN_CHAP: the secret is in the command line"; fi
+if grep -q "bob-secret-1234" "$work/t2.log" "$work/t3.log"; then fail "a secret was logged"; fi
+serve_with "$work/t4.log" --chap bob:bob-secret-1234
+grep -q "use --chap-file or IRONSAN_CHAP" "$work/t4.log" || fail "--chap did not warn: $(cat "$work/t4.log")"
+if grep -q "bob-secret-1234" "$work/t4.log"; then fail "--chap: the secret was logged"; fi
+ok "--chap-file and IRONSAN_CHAP keep the secret out of ps; --chap warns"
 echo "security: $pass passed, 0 failed"
