@@ -214,6 +214,15 @@ pub(crate) async fn serve(
             .register(session_info(&shared, &session, peer, portal, isid, tsih))
     });
     let mut conn_stats = ConnStats::new(stats.clone());
+    // How long the session outlives a failed connection (RFC 7143 §13.16:
+    // DefaultTime2Retain is also the session state timeout when the last
+    // connection fails; 0: discarded at once).
+    let retain = {
+        let p = session.params();
+        (p.time2retain > 0).then(|| {
+            std::time::Duration::from_secs(u64::from(p.time2wait) + u64::from(p.time2retain))
+        })
+    };
     let why = c
         .full_feature(
             session,
@@ -234,25 +243,78 @@ pub(crate) async fn serve(
         shared.stats.portal_event(portal.tpgt, |e| e.dropped += 1);
     }
     // A connection reinstatement (RFC 7143 §6.3.4) handed the session, and
-    // its I_T nexus, to a new connection: the nexus goes on there.
-    let mut handed_over = false;
-    if let Some(k) = key {
+    // its I_T nexus, to a new connection: the nexus goes on there. A
+    // connection that failed (no logout, not ended by the target) leaves
+    // its session failed but kept for the negotiated time, waiting for a
+    // reinstatement; then it is discarded (RFC 7143 §6.3.6).
+    let failed = !matches!(
+        why,
+        "logout"
+            | "target shutting down or portal removed"
+            | "session ended by the target (reinstated or access revoked)"
+    );
+    let mut keep_nexus = false;
+    if let Some(k) = &key {
         let mut reg = shared.registry.lock();
-        match reg.get(&k) {
-            Some(e) if e.nexus == nexus && e.conn != conn_id => handed_over = true,
-            Some(e) if e.nexus == nexus => {
-                reg.remove(&k);
-            }
+        match reg.get_mut(k) {
+            Some(e) if e.nexus == nexus && e.conn != conn_id => keep_nexus = true,
+            Some(e) if e.nexus == nexus => match retain.filter(|_| failed) {
+                Some(wait) => {
+                    e.conn = 0;
+                    e.failed_by = conn_id;
+                    keep_nexus = true;
+                    tracing::info!(
+                        initiator = %k.initiator,
+                        tsih,
+                        seconds = wait.as_secs(),
+                        "session failed: kept for reinstatement"
+                    );
+                    tokio::spawn(discard_failed_session(
+                        shared.clone(),
+                        k.clone(),
+                        conn_id,
+                        wait,
+                    ));
+                }
+                None => {
+                    reg.remove(k);
+                }
+            },
             _ => {}
         }
     }
-    if let (Some(t), false) = (target, handed_over) {
+    if let (Some(t), false) = (target, keep_nexus) {
         t.luns().iter().for_each(|(_, lu)| lu.nexus_lost(nexus));
     }
     if let Some(d) = done {
         d.notify_one();
     }
     crate::memory::connection_ended();
+}
+
+/// Discards session `k`, failed when connection `conn` ended, after
+/// `wait` unless a connection took it over (or another session replaced
+/// it) meanwhile: its I_T nexus is then lost.
+async fn discard_failed_session(
+    shared: Arc<Shared>,
+    k: SessionKey,
+    conn: u64,
+    wait: std::time::Duration,
+) {
+    tokio::time::sleep(wait).await;
+    let gone = {
+        let mut reg = shared.registry.lock();
+        match reg.get(&k) {
+            Some(e) if e.conn == 0 && e.failed_by == conn => reg.remove(&k),
+            _ => None,
+        }
+    };
+    if let Some(e) = gone {
+        tracing::info!(initiator = %k.initiator, tsih = e.tsih, "failed session discarded (Time2Retain over)");
+        if let Some(t) = shared.target(&k.target) {
+            t.luns().iter().for_each(|(_, lu)| lu.nexus_lost(e.nexus));
+        }
+    }
 }
 
 /// The value of `key` (e.g. `b"CHAP_R="`) in a login text segment
@@ -750,6 +812,7 @@ impl Conn {
                                 aborts: Arc::default(),
                                 cid: outcome.cid,
                                 conn: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                                failed_by: 0,
                                 done: Arc::new(tokio::sync::Notify::new()),
                             },
                         );
@@ -808,6 +871,7 @@ impl Conn {
             e.kill = Arc::new(tokio::sync::Notify::new());
             e.done = Arc::new(tokio::sync::Notify::new());
             e.conn = NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            e.failed_by = 0;
             e.peer = self.peer.ip();
             old
         };

@@ -64,8 +64,13 @@ pub(crate) struct SessionEntry {
     /// The connection's CID (MaxConnections is 1: the only one).
     pub cid: u16,
     /// Which connection serves the session now (a connection
-    /// reinstatement hands the entry to a new one).
+    /// reinstatement hands the entry to a new one); 0 while the session has
+    /// failed and is kept for DefaultTime2Wait + DefaultTime2Retain
+    /// (RFC 7143 §6.3.6, §13.16) waiting for a reinstatement.
     pub conn: u64,
+    /// While failed: the connection whose end failed it (its timer
+    /// discards the session unless another connection took over since).
+    pub failed_by: u64,
     /// Notified when that connection has ended.
     pub done: Arc<Notify>,
 }

@@ -615,11 +615,61 @@ fn reinstate_mid_write(portal: std::net::SocketAddr) {
 }
 
 #[test]
-fn a_session_whose_connection_closed_is_gone_as_time2retain_0_says() {
-    // ironsan answers DefaultTime2Retain=0 (RFC 7143 §13.16: connection and
-    // session state discarded at once): once the target has seen the
-    // connection close, a login with its TSIH finds no session (0x020A) and
-    // the initiator starts a new one (TSIH 0, the same ISID).
+fn a_connection_closed_mid_write_is_reinstated_within_time2retain() {
+    // The initiator closes its connection (FIN, no logout) in the middle of
+    // a write: the session has failed, and with DefaultTime2Retain 20 (the
+    // default: not offered) it is kept for Time2Wait + Time2Retain (RFC 7143
+    // §6.3.6, §13.16). A login with its ISID, TSIH and CID takes it over.
+    let (a, _s) = srv();
+    let isid = [0x80, 0, 0, 0, 0x42, 3];
+    let mut old = Client::connect(a[0]);
+    let r = old.login(
+        isid,
+        &[
+            ("InitiatorName", "iqn.2026-11.test:e2e"),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+            ("InitialR2T", "Yes"),
+            ("ImmediateData", "No"),
+        ],
+    );
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    let tsih = r.tsih;
+    let itt = old.cmd(&rw10(0x2a, 0, 64), 32768, false, true, true, &[]);
+    let r2t = old.recv().expect("R2T");
+    let Pdu::R2t(t) = Pdu::parse(&r2t.bhs) else {
+        panic!("expected an R2T");
+    };
+    old.data_out(itt, t.ttt, 0, 0, false, &[0xbb; 16384]);
+    let cmd_sn = old.cmd_sn;
+    old.s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(old);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut new = Client::connect(a[0]);
+    new.cmd_sn = cmd_sn;
+    let r = relogin(&mut new, isid, tsih, 0);
+    assert_eq!((r.status_class, r.status_detail), (0, 0), "reinstated");
+    assert_eq!(r.tsih, tsih);
+    let (st, _, sense) = new.command(&[0; 6], 0, false, &[], 0);
+    assert_eq!(
+        (st, sense),
+        (0, Vec::new()),
+        "the same I_T nexus: no unit attention"
+    );
+    let data: Vec<u8> = (0..32768u32).map(|i| (i / 512) as u8 ^ 0x3c).collect();
+    let (st, _, _) = new.command(&rw10(0x2a, 0, 64), 32768, false, &data, 0);
+    assert_eq!(st, 0);
+    let (st, din, _) = new.command(&rw10(0x28, 0, 64), 32768, true, &[], 0);
+    assert_eq!(st, 0);
+    assert!(din == data, "read back what the new connection wrote");
+}
+
+#[test]
+fn with_time2retain_0_a_closed_connections_session_is_gone() {
+    // DefaultTime2Retain=0 (what libiscsi, open-iscsi and ESXi offer):
+    // session state is discarded at once (RFC 7143 §13.16); a login with
+    // the old TSIH finds no session (0x020A), and a new one (TSIH 0, the
+    // same ISID) is made.
     let (a, _s) = srv();
     let isid = [0x80, 0, 0, 0, 0x42, 2];
     let mut old = Client::connect(a[0]);
@@ -629,6 +679,7 @@ fn a_session_whose_connection_closed_is_gone_as_time2retain_0_says() {
             ("InitiatorName", "iqn.2026-11.test:e2e"),
             ("TargetName", IQN),
             ("SessionType", "Normal"),
+            ("DefaultTime2Retain", "0"),
         ],
     );
     assert_eq!((r.status_class, r.status_detail), (0, 0));
@@ -646,4 +697,43 @@ fn a_session_whose_connection_closed_is_gone_as_time2retain_0_says() {
     let r = relogin(&mut fresh, isid, 0, 0);
     assert_eq!((r.status_class, r.status_detail), (0, 0));
     assert_ne!(r.tsih, 0);
+}
+
+#[test]
+fn a_failed_session_is_discarded_after_time2wait_plus_time2retain() {
+    // DefaultTime2Retain 1 (Time2Wait: the target's 2): the failed session
+    // holds its I_T nexus, and so its RESERVE(6), for about 3 s, then is
+    // discarded: the reservation goes, its TSIH no longer logs in.
+    let (a, _s) = srv();
+    let isid = [0x80, 0, 0, 0, 0x42, 4];
+    let mut old = Client::connect(a[0]);
+    let r = old.login(
+        isid,
+        &[
+            ("InitiatorName", "iqn.2026-11.test:e2e"),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+            ("DefaultTime2Retain", "1"),
+        ],
+    );
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    let tsih = r.tsih;
+    let (st, _, _) = old.command(&[0x16, 0, 0, 0, 0, 0], 0, false, &[], 0);
+    assert_eq!(st, 0, "RESERVE(6)");
+    old.s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(old);
+    let mut other = Client::connect(a[0]);
+    other.login_normal([0x80, 0, 0, 0, 0x43, 4], &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let (st, _, _) = other.command(&rw10(0x28, 0, 1), 512, true, &[], 0);
+    assert_eq!(st, 0x18, "still reserved by the failed session");
+    std::thread::sleep(Duration::from_secs(4));
+    let (st, _, _) = other.command(&rw10(0x28, 0, 1), 512, true, &[], 0);
+    assert_eq!(st, 0, "released once the session was discarded");
+    let mut late = Client::connect(a[0]);
+    let r = relogin(&mut late, isid, tsih, 0);
+    assert_eq!(
+        (r.status_class, r.status_detail),
+        iscsi_proto::login::status::SESSION_DOES_NOT_EXIST
+    );
 }
