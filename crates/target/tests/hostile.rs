@@ -666,7 +666,7 @@ fn a_connection_closed_mid_write_is_reinstated_within_time2retain() {
 
 #[test]
 fn with_time2retain_0_a_closed_connections_session_is_gone() {
-    // DefaultTime2Retain=0 (what libiscsi, open-iscsi and ESXi offer):
+    // DefaultTime2Retain=0 (what libiscsi and ironsan's initiator offer):
     // session state is discarded at once (RFC 7143 §13.16); a login with
     // the old TSIH finds no session (0x020A), and a new one (TSIH 0, the
     // same ISID) is made.
