@@ -119,15 +119,20 @@ pub struct BenchArgs {
         help_heading = "Multi-node"
     )]
     pub(crate) clients: Vec<String>,
-    /// The shared token servers require and coordinators present.
+    /// The shared token servers require and coordinators present. Visible
+    /// in `ps`: prefer --token-file or IRONSAN_BENCH_TOKEN. Without any, a
+    /// server generates one into bench.token in the state directory, which
+    /// a coordinator on the same host reads.
+    #[arg(long, value_name = "TOKEN", help_heading = "Multi-node")]
+    pub(crate) token: Option<String>,
+    /// A file whose first line is the shared token.
     #[arg(
         long,
-        value_name = "TOKEN",
-        env = "IRONSAN_BENCH_TOKEN",
-        hide_env_values = true,
+        value_name = "FILE",
+        conflicts_with = "token",
         help_heading = "Multi-node"
     )]
-    pub(crate) token: Option<String>,
+    pub(crate) token_file: Option<std::path::PathBuf>,
     /// (--server) Also accept jobs on files and block devices of this machine
     /// (default: iscsi:// targets only).
     #[arg(long, requires = "server", help_heading = "Multi-node")]

@@ -16,6 +16,27 @@ use crate::client::{parse_duration, BenchArgs};
 /// Where `--server` listens when given no address.
 pub const DEFAULT_SERVER: &str = "127.0.0.1:9261";
 
+/// The generated token's file in the state directory.
+const TOKEN_FILE: &str = "bench.token";
+
+/// The shared token from --token-file, --token (warned about: `ps` shows
+/// it) or IRONSAN_BENCH_TOKEN; `None` when none is given.
+fn given_token(a: &BenchArgs) -> Result<Option<String>> {
+    use target::admin::auth;
+    if let Some(f) = &a.token_file {
+        return auth::read_token_file(f)
+            .map(Some)
+            .map_err(anyhow::Error::msg);
+    }
+    if let Some(t) = &a.token {
+        eprintln!(
+            "ironsan bench: warning: --token puts the token where every user of this host can read it (ps): use --token-file or IRONSAN_BENCH_TOKEN"
+        );
+        return Ok(Some(t.clone()));
+    }
+    Ok(std::env::var("IRONSAN_BENCH_TOKEN").ok())
+}
+
 /// `ironsan bench --server [ADDR:PORT]`: serve jobs until killed.
 pub fn server(a: &BenchArgs, addr: SocketAddr) -> Result<()> {
     if !a.targets.is_empty() {
@@ -23,21 +44,38 @@ pub fn server(a: &BenchArgs, addr: SocketAddr) -> Result<()> {
             "--server takes no targets: the coordinator (ironsan bench --client …) sends the job"
         );
     }
+    // Every coordinator presents the token, loopback included.
+    let token = match given_token(a)? {
+        Some(t) => t,
+        None => {
+            let dir = target::admin::auth::default_dir();
+            let path = dir.join(TOKEN_FILE);
+            let t = if path.exists() {
+                target::admin::auth::read_token_file(&path)
+            } else {
+                target::admin::auth::ensure_dir(&dir)
+                    .map_err(|e| format!("{}: {e}", dir.display()))
+                    .and_then(|()| create_token(&path))
+            }
+            .map_err(anyhow::Error::msg)?;
+            eprintln!(
+                "ironsan bench: coordinators must present the token in {} (--token-file or IRONSAN_BENCH_TOKEN; on this host they read it there)",
+                path.display()
+            );
+            t
+        }
+    };
     if !addr.ip().is_loopback() {
         eprintln!(
             "ironsan bench: warning: listening on {addr}, reachable from other machines: whoever \
-             connects can drive I/O against the targets they name{}",
-            if a.token.is_some() {
-                "; the --token guards it (it travels in clear: use trusted networks)"
-            } else {
-                "; give --token (or IRONSAN_BENCH_TOKEN) to require a shared token"
-            }
+             connects with the token can drive I/O against the targets they name (the token \
+             travels in clear: use trusted networks)"
         );
     }
     let s = BenchServer::bind(
         addr,
         ServerOptions {
-            token: a.token.clone(),
+            token: Some(token),
             allow_files: a.allow_files,
         },
     )
@@ -50,6 +88,21 @@ pub fn server(a: &BenchArgs, addr: SocketAddr) -> Result<()> {
     drop(o);
     s.run(&AtomicBool::new(false))?;
     Ok(())
+}
+
+/// A new token (32 random bytes, hex) in `path`, mode 0600.
+fn create_token(path: &std::path::Path) -> Result<String, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let t = target::admin::auth::random_hex(32).map_err(|e| e.to_string())?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{t}").map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(t)
 }
 
 /// `ironsan bench --client HOST … <job>`: run on every node, merge, report.
@@ -72,7 +125,15 @@ pub fn coordinator(a: &BenchArgs, base: JobSpec) -> Result<()> {
     };
     let live = std::io::stderr().is_terminal() && !a.json;
     let mut last = (Instant::now(), 0u64, 0u64);
-    let m = coordinator::run(&nodes, &specs, a.token.as_deref(), t, |ios, bytes| {
+    // The token given, else the one a server on this host generated.
+    let token = match given_token(a)? {
+        Some(t) => Some(t),
+        None => {
+            let path = target::admin::auth::default_dir().join(TOKEN_FILE);
+            target::admin::auth::read_token_file(&path).ok()
+        }
+    };
+    let m = coordinator::run(&nodes, &specs, token.as_deref(), t, |ios, bytes| {
         let dt = last.0.elapsed().as_secs_f64();
         if live && dt >= 0.9 {
             eprint!(

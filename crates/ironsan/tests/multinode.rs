@@ -10,8 +10,10 @@ const IQN: &str = "iqn.2026-11.io.ironsan:target0";
 
 fn ironsan() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ironsan"));
+    // Servers always require a token: every process here shares this one
+    // unless a test says otherwise.
     c.env("RUST_BACKTRACE", "0")
-        .env_remove("IRONSAN_BENCH_TOKEN");
+        .env("IRONSAN_BENCH_TOKEN", "test-bench-token-0123");
     c
 }
 
@@ -328,6 +330,57 @@ fn dead_and_vanishing_servers_give_clear_errors() {
         assert!(err.contains("busy") && Instant::now() < deadline, "{err}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn a_server_without_a_given_token_makes_one() {
+    // No token given: the server writes one (0600) into its state
+    // directory; a coordinator on the same host reads it there, one
+    // without it is refused.
+    let state = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let t = Proc::target();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ironsan"))
+        .args(["--log", "warn", "bench", "--server", "127.0.0.1:0"])
+        .env_remove("IRONSAN_BENCH_TOKEN")
+        .env("IRONSAN_STATE_DIR", state.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the address line").unwrap();
+        if let Some(a) = line.strip_prefix("ironsan bench: server listening on ") {
+            break a.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let s = Proc { child, addr };
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(state.path().join("bench.token"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let url = t.url();
+    let coord = |dir: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_ironsan"))
+            .args(["bench", "--client", &s.addr, "--runtime", "300ms", &url])
+            .env_remove("IRONSAN_BENCH_TOKEN")
+            .env("IRONSAN_STATE_DIR", dir)
+            .output()
+            .unwrap()
+    };
+    let out = coord(elsewhere.path());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token"));
+    let out = coord(state.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -44,9 +44,16 @@ pub const CODE_TTL: Duration = Duration::from_secs(60);
 /// One-time codes outstanding at once.
 const MAX_CODES: usize = 16;
 
-/// The admin directory when none is configured: `/var/lib/ironsan` for
-/// root, `$XDG_STATE_HOME/ironsan` or `~/.local/state/ironsan` otherwise.
+/// The admin directory when none is configured: `$IRONSAN_STATE_DIR`, else
+/// `/var/lib/ironsan` for root, `$XDG_STATE_HOME/ironsan` or
+/// `~/.local/state/ironsan` otherwise.
 pub fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("IRONSAN_STATE_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+    {
+        return d;
+    }
     if effective_uid() == 0 {
         return PathBuf::from("/var/lib/ironsan");
     }
