@@ -547,33 +547,65 @@ fn connection_reinstatement_on_a_file_lun() {
     reinstate_mid_write(a[0]);
 }
 
-fn reinstate_mid_write(portal: std::net::SocketAddr) {
-    let a = [portal];
-    let isid = [0x80, 0, 0, 0, 0x42, 1];
-    // The first connection logs in and writes.
-    let mut old = Client::connect(a[0]);
-    let r = old.login(
-        isid,
-        &[
-            ("InitiatorName", "iqn.2026-11.test:e2e"),
-            ("TargetName", IQN),
-            ("SessionType", "Normal"),
-            ("InitialR2T", "Yes"),
-            ("ImmediateData", "No"),
-        ],
-    );
+/// Logs in with `isid` and the `extra` keys: the connection and the
+/// session's TSIH.
+fn login_with(
+    portal: std::net::SocketAddr,
+    isid: [u8; 6],
+    extra: &[(&str, &str)],
+) -> (Client, u16) {
+    let mut c = Client::connect(portal);
+    let mut keys = vec![
+        ("InitiatorName", "iqn.2026-11.test:e2e"),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+    ];
+    keys.extend_from_slice(extra);
+    let r = c.login(isid, &keys);
     assert_eq!((r.status_class, r.status_detail), (0, 0));
-    let tsih = r.tsih;
-    let (st, _, _) = old.command(&rw10(0x2a, 0, 8), 4096, false, &[0xaa; 4096], 0);
+    (c, r.tsih)
+}
+
+/// Logs in with `isid` (InitialR2T, no immediate data), writes 8 blocks,
+/// then starts a 64-block write and sends half its data: returns the
+/// connection, left mid-write, and the session's TSIH.
+fn half_written(portal: std::net::SocketAddr, isid: [u8; 6]) -> (Client, u16) {
+    let (mut c, tsih) = login_with(
+        portal,
+        isid,
+        &[("InitialR2T", "Yes"), ("ImmediateData", "No")],
+    );
+    let (st, _, _) = c.command(&rw10(0x2a, 0, 8), 4096, false, &[0xaa; 4096], 0);
     assert_eq!(st, 0);
-    // Mid-write: the command and half its data, then the path dies (the
-    // target sees no FIN, as when a cable or a switch port goes).
-    let itt = old.cmd(&rw10(0x2a, 0, 64), 32768, false, true, true, &[]);
-    let r2t = old.recv().expect("R2T");
+    let itt = c.cmd(&rw10(0x2a, 0, 64), 32768, false, true, true, &[]);
+    let r2t = c.recv().expect("R2T");
     let Pdu::R2t(t) = Pdu::parse(&r2t.bhs) else {
         panic!("expected an R2T");
     };
-    old.data_out(itt, t.ttt, 0, 0, false, &[0xbb; 16384]);
+    c.data_out(itt, t.ttt, 0, 0, false, &[0xbb; 16384]);
+    (c, tsih)
+}
+
+/// After a connection reinstatement: the same I_T nexus (no unit
+/// attention; a new session would get 29/07), and I/O goes on — the write
+/// done again on the new connection, and read back.
+fn session_goes_on(new: &mut Client, seed: u8) {
+    let (st, _, sense) = new.command(&[0; 6], 0, false, &[], 0);
+    assert_eq!((st, sense), (0, Vec::new()), "TEST UNIT READY");
+    let data: Vec<u8> = (0..32768u32).map(|i| (i / 512) as u8 ^ seed).collect();
+    let (st, _, _) = new.command(&rw10(0x2a, 0, 64), 32768, false, &data, 0);
+    assert_eq!(st, 0);
+    let (st, din, _) = new.command(&rw10(0x28, 0, 64), 32768, true, &[], 0);
+    assert_eq!(st, 0);
+    assert!(din == data, "read back what the new connection wrote");
+}
+
+fn reinstate_mid_write(portal: std::net::SocketAddr) {
+    let a = [portal];
+    let isid = [0x80, 0, 0, 0, 0x42, 1];
+    // Mid-write, then the path dies (the target sees no FIN, as when a
+    // cable or a switch port goes).
+    let (mut old, tsih) = half_written(portal, isid);
 
     // Another CID of the same session: MaxConnections is 1.
     let mut other = Client::connect(a[0]);
@@ -602,16 +634,7 @@ fn reinstate_mid_write(portal: std::net::SocketAddr) {
         old.closed_within(Duration::from_secs(10)),
         "old connection still open"
     );
-    // The same I_T nexus: no unit attention (a new session would get 29/07).
-    let (st, _, sense) = new.command(&[0; 6], 0, false, &[], 0);
-    assert_eq!((st, sense), (0, Vec::new()), "TEST UNIT READY");
-    // I/O goes on: the write retried on the new connection, and read back.
-    let data: Vec<u8> = (0..32768u32).map(|i| (i / 512) as u8 ^ 0x5c).collect();
-    let (st, _, _) = new.command(&rw10(0x2a, 0, 64), 32768, false, &data, 0);
-    assert_eq!(st, 0);
-    let (st, din, _) = new.command(&rw10(0x28, 0, 64), 32768, true, &[], 0);
-    assert_eq!(st, 0);
-    assert!(din == data, "read back what the new connection wrote");
+    session_goes_on(&mut new, 0x5c);
 }
 
 #[test]
@@ -622,25 +645,7 @@ fn a_connection_closed_mid_write_is_reinstated_within_time2retain() {
     // §6.3.6, §13.16). A login with its ISID, TSIH and CID takes it over.
     let (a, _s) = srv();
     let isid = [0x80, 0, 0, 0, 0x42, 3];
-    let mut old = Client::connect(a[0]);
-    let r = old.login(
-        isid,
-        &[
-            ("InitiatorName", "iqn.2026-11.test:e2e"),
-            ("TargetName", IQN),
-            ("SessionType", "Normal"),
-            ("InitialR2T", "Yes"),
-            ("ImmediateData", "No"),
-        ],
-    );
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
-    let tsih = r.tsih;
-    let itt = old.cmd(&rw10(0x2a, 0, 64), 32768, false, true, true, &[]);
-    let r2t = old.recv().expect("R2T");
-    let Pdu::R2t(t) = Pdu::parse(&r2t.bhs) else {
-        panic!("expected an R2T");
-    };
-    old.data_out(itt, t.ttt, 0, 0, false, &[0xbb; 16384]);
+    let (old, tsih) = half_written(a[0], isid);
     let cmd_sn = old.cmd_sn;
     old.s.shutdown(std::net::Shutdown::Both).unwrap();
     drop(old);
@@ -650,18 +655,7 @@ fn a_connection_closed_mid_write_is_reinstated_within_time2retain() {
     let r = relogin(&mut new, isid, tsih, 0);
     assert_eq!((r.status_class, r.status_detail), (0, 0), "reinstated");
     assert_eq!(r.tsih, tsih);
-    let (st, _, sense) = new.command(&[0; 6], 0, false, &[], 0);
-    assert_eq!(
-        (st, sense),
-        (0, Vec::new()),
-        "the same I_T nexus: no unit attention"
-    );
-    let data: Vec<u8> = (0..32768u32).map(|i| (i / 512) as u8 ^ 0x3c).collect();
-    let (st, _, _) = new.command(&rw10(0x2a, 0, 64), 32768, false, &data, 0);
-    assert_eq!(st, 0);
-    let (st, din, _) = new.command(&rw10(0x28, 0, 64), 32768, true, &[], 0);
-    assert_eq!(st, 0);
-    assert!(din == data, "read back what the new connection wrote");
+    session_goes_on(&mut new, 0x3c);
 }
 
 #[test]
@@ -672,18 +666,7 @@ fn with_time2retain_0_a_closed_connections_session_is_gone() {
     // same ISID) is made.
     let (a, _s) = srv();
     let isid = [0x80, 0, 0, 0, 0x42, 2];
-    let mut old = Client::connect(a[0]);
-    let r = old.login(
-        isid,
-        &[
-            ("InitiatorName", "iqn.2026-11.test:e2e"),
-            ("TargetName", IQN),
-            ("SessionType", "Normal"),
-            ("DefaultTime2Retain", "0"),
-        ],
-    );
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
-    let tsih = r.tsih;
+    let (old, tsih) = login_with(a[0], isid, &[("DefaultTime2Retain", "0")]);
     old.s.shutdown(std::net::Shutdown::Both).unwrap();
     drop(old);
     std::thread::sleep(Duration::from_millis(300));
@@ -706,18 +689,7 @@ fn a_failed_session_is_discarded_after_time2wait_plus_time2retain() {
     // discarded: the reservation goes, its TSIH no longer logs in.
     let (a, _s) = srv();
     let isid = [0x80, 0, 0, 0, 0x42, 4];
-    let mut old = Client::connect(a[0]);
-    let r = old.login(
-        isid,
-        &[
-            ("InitiatorName", "iqn.2026-11.test:e2e"),
-            ("TargetName", IQN),
-            ("SessionType", "Normal"),
-            ("DefaultTime2Retain", "1"),
-        ],
-    );
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
-    let tsih = r.tsih;
+    let (mut old, tsih) = login_with(a[0], isid, &[("DefaultTime2Retain", "1")]);
     let (st, _, _) = old.command(&[0x16, 0, 0, 0, 0, 0], 0, false, &[], 0);
     assert_eq!(st, 0, "RESERVE(6)");
     old.s.shutdown(std::net::Shutdown::Both).unwrap();
