@@ -10,6 +10,7 @@ scripts/interop.sh
 scripts/console.sh
 scripts/security.sh
 scripts/admin.sh
+scripts/recipes.sh
 # Fuzz targets on the stable runner: seeds, regressions, then 30 s of random
 # and mutated inputs each (IRONSAN_FUZZ_SECONDS to change), one process per
 # target, each bounded in time.

@@ -601,6 +601,35 @@ pub struct LunFacts {
     pub tpgs: u8,
 }
 
+/// A SendTargets portal `HOST:PORT,TPGT` (RFC 7143 §12.1) as the tools
+/// want it: `HOST:PORT`, no portal group tag.
+fn portal_addr(p: &str) -> &str {
+    p.rsplit_once(',')
+        .filter(|(_, tag)| tag.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(p, |(a, _)| a)
+}
+
+/// `HOST:PORT` (or `[V6]:PORT`) split for tools that take them apart, the
+/// host without brackets; port 3260 when none is given.
+fn host_and_port(p: &str) -> (&str, &str) {
+    let p = portal_addr(p);
+    match p.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !port.is_empty() => {
+            let h = h
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(h);
+            if h.contains(':') && !p.starts_with('[') {
+                // A bare IPv6 address: no port in it.
+                (p, "3260")
+            } else {
+                (h, port)
+            }
+        }
+        _ => (p, "3260"),
+    }
+}
+
 /// What the recipe needs to know of the target.
 #[derive(Clone, Debug)]
 pub struct TargetFacts {
@@ -618,7 +647,10 @@ pub fn probe(url: &Url, initiator: &str) -> Result<TargetFacts> {
     let portals = initiator::discover(&url.addr(), initiator)
         .ok()
         .and_then(|l| l.into_iter().find(|(n, _)| *n == target).map(|(_, p)| p))
-        .unwrap_or_else(|| vec![url.addr()]);
+        .unwrap_or_else(|| vec![url.addr()])
+        .iter()
+        .map(|p| portal_addr(p).to_string())
+        .collect();
     let cfg = LoginConfig::new(initiator, Some(&target), initiator::random_isid());
     let mut c =
         Connection::login(&url.addr(), cfg).with_context(|| format!("login to {target}"))?;
@@ -714,7 +746,8 @@ pub fn recipe_esxi(t: &TargetFacts) -> String {
     }
     for p in &t.portals {
         o.push_str(&format!(
-            "esxcli iscsi adapter discovery sendtarget add --adapter=vmhbaNN --address={p}\n"
+            "esxcli iscsi adapter discovery sendtarget add --adapter=vmhbaNN --address={}\n",
+            portal_addr(p)
         ));
     }
     o.push_str("esxcli storage core adapter rescan --adapter=vmhbaNN\n");
@@ -745,21 +778,29 @@ pub fn recipe_linux(t: &TargetFacts) -> String {
         "# 1. Discover and log in through every portal (one session per portal = one path).\n",
     );
     for p in &t.portals {
-        o.push_str(&format!("iscsiadm -m discovery -t sendtargets -p {p}\n"));
+        o.push_str(&format!(
+            "iscsiadm -m discovery -t sendtargets -p {}\n",
+            portal_addr(p)
+        ));
     }
     o.push_str(&format!(
         "\n# 2. Session queue: commands per session (cmds_max) and per LUN (queue_depth); open-iscsi's defaults are 128 and 32.\n#    ironsan grants {} commands per session.\niscsiadm -m node -T {} -o update -n node.session.cmds_max -v {}\niscsiadm -m node -T {} -o update -n node.session.queue_depth -v {qd}\n",
         t.window, t.name, t.window.clamp(16, 2048).next_power_of_two().min(2048), t.name
     ));
     o.push_str(&format!("# Larger PDUs and bursts than the defaults (fewer PDUs per large I/O):\niscsiadm -m node -T {} -o update -n node.conn[0].iscsi.MaxRecvDataSegmentLength -v 262144\niscsiadm -m node -T {} -o update -n node.session.iscsi.MaxBurstLength -v 1048576\niscsiadm -m node -T {} --login\n", t.name, t.name, t.name));
-    o.push_str("\n# 3. /etc/multipath.conf: group paths by ALUA priority, round robin inside the best group,\n#    next path after every request (the seeds' iops=1).\n");
+    o.push_str("\n# 3. dm-multipath: group paths by ALUA priority, round robin inside the best group,\n#    next path after every request (the seeds' iops=1). A file of its own beside /etc/multipath.conf.\n");
+    o.push_str(
+        "mkdir -p /etc/multipath/conf.d\ncat > /etc/multipath/conf.d/ironsan.conf <<'EOF'\n",
+    );
     let mut products: Vec<&str> = t.luns.iter().map(|l| l.product.as_str()).collect();
     products.sort();
     products.dedup();
     o.push_str("devices {\n");
     for p in products {
+        // multipath-tools reads one keyword and its value per line;
+        // comments stand on lines of their own.
         o.push_str(&format!(
-            "    device {{\n        vendor \"{vendor}\"\n        product \"{p}\"\n        path_grouping_policy group_by_prio   # one group per ALUA state\n        prio alua                            # priority from REPORT TARGET PORT GROUPS\n        hardware_handler \"1 alua\"            # follow ALUA state changes\n        path_selector \"round-robin 0\"       # spread I/O over the paths of the best group\n        rr_min_io_rq 1                       # switch path after every request\n        path_checker tur\n        failback immediate                   # return to optimized paths as soon as they are back\n        no_path_retry 12                     # queue 12 checker intervals before failing I/O\n    }}\n"
+            "    device {{\n        vendor \"{vendor}\"\n        product \"{p}\"\n        # one path group per ALUA state, priority from REPORT TARGET PORT GROUPS\n        path_grouping_policy group_by_prio\n        prio alua\n        # follow ALUA state changes\n        hardware_handler \"1 alua\"\n        # spread I/O over the paths of the best group, next path after every request\n        path_selector \"round-robin 0\"\n        rr_min_io_rq 1\n        path_checker tur\n        # back to optimized paths as soon as they return\n        failback immediate\n        # queue 12 checker intervals before failing I/O\n        no_path_retry 12\n    }}\n"
         ));
     }
     o.push_str("}\n");
@@ -767,11 +808,11 @@ pub fn recipe_linux(t: &TargetFacts) -> String {
     for l in &t.luns {
         let wwid = format!("3{}", l.naa.trim_start_matches("naa."));
         o.push_str(&format!(
-            "    multipath {{ wwid {wwid}  alias ironsan_lun{} }}   # {}\n",
-            l.lun, l.naa
+            "    # LUN {}, {}\n    multipath {{\n        wwid {wwid}\n        alias ironsan_lun{}\n    }}\n",
+            l.lun, l.naa, l.lun
         ));
     }
-    o.push_str("}\n\n# 4. Apply and check: each LUN should show its paths grouped by ALUA priority.\nsystemctl reload multipathd\nmultipath -ll\n");
+    o.push_str("}\nEOF\n\n# 4. Apply and check: each LUN should show its paths grouped by ALUA priority.\nmultipath -T >/dev/null   # the configuration parses without warnings\nsystemctl reload multipathd\nmultipath -ll\n");
     o.push_str(
         "\n# 5. Per device: no I/O scheduler (the target schedules), deeper request queue.\n",
     );
@@ -806,7 +847,7 @@ pub fn recipe_windows(t: &TargetFacts) -> String {
     );
     o.push_str("\n# 2. One session per portal (each is a path); -IsMultipathEnabled makes them MPIO paths.\n");
     for p in &t.portals {
-        let (host, port) = p.rsplit_once(':').unwrap_or((p.as_str(), "3260"));
+        let (host, port) = host_and_port(p);
         o.push_str(&format!(
             "New-IscsiTargetPortal -TargetPortalAddress {host} -TargetPortalPortNumber {port}\n"
         ));
@@ -1105,6 +1146,54 @@ mod tests {
                 product: "FILE DISK".into(),
                 tpgs: 1,
             }],
+        }
+    }
+
+    #[test]
+    fn portals_lose_their_group_tag() {
+        assert_eq!(portal_addr("127.0.0.1:3450,1"), "127.0.0.1:3450");
+        assert_eq!(portal_addr("[fd00::1]:3260,17"), "[fd00::1]:3260");
+        assert_eq!(portal_addr("10.0.0.1:3260"), "10.0.0.1:3260");
+        assert_eq!(host_and_port("127.0.0.1:3450,1"), ("127.0.0.1", "3450"));
+        assert_eq!(host_and_port("[fd00::1]:3261,2"), ("fd00::1", "3261"));
+        assert_eq!(host_and_port("fd00::1"), ("fd00::1", "3260"));
+        assert_eq!(host_and_port("san1"), ("san1", "3260"));
+        let mut t = facts();
+        t.portals = vec!["127.0.0.1:3450,1".into(), "[fd00::1]:3451,2".into()];
+        let w = recipe_windows(&t);
+        assert!(
+            w.contains("-TargetPortalAddress 127.0.0.1 -TargetPortalPortNumber 3450\n"),
+            "{w}"
+        );
+        assert!(
+            w.contains("-TargetPortalAddress fd00::1 -TargetPortalPortNumber 3451\n"),
+            "{w}"
+        );
+        assert!(!w.contains(",1") && !w.contains(",2"), "{w}");
+        let e = recipe_esxi(&t);
+        assert!(e.contains("--address=127.0.0.1:3450\n"), "{e}");
+        assert!(e.contains("--address=[fd00::1]:3451\n"), "{e}");
+        let l = recipe_linux(&t);
+        assert!(l.contains("-p 127.0.0.1:3450\n"), "{l}");
+    }
+
+    #[test]
+    fn multipath_entries_take_a_line_per_keyword() {
+        let l = recipe_linux(&facts());
+        assert!(l.contains(
+            "    multipath {\n        wwid 36abcdef0123456789abcdef012345678\n        alias ironsan_lun0\n    }\n"
+        ), "{l}");
+        // Between the heredoc's markers, no keyword line carries a comment.
+        let conf = l
+            .split("<<'EOF'\n")
+            .nth(1)
+            .unwrap()
+            .split("\nEOF\n")
+            .next()
+            .unwrap();
+        for line in conf.lines() {
+            let t = line.trim();
+            assert!(t.starts_with('#') || !t.contains('#'), "{line}");
         }
     }
 
