@@ -104,9 +104,12 @@ pub fn open_session(
     let r = read_capacity(&mut conn, lun).map_err(|e| format!("{url}: {e}"))?;
     match (r.status, scsi::parse_capacity16(&r.data)) {
         (Some(0), Some((blocks, bs))) => Ok((conn, lun, blocks * u64::from(bs), bs)),
+        _ if scsi::sense_code(&r.sense) == Some((5, 0x25, 0)) => Err(format!(
+            "{url}: the target has no LUN {lun} (LOGICAL UNIT NOT SUPPORTED; `ironsan ls` lists its LUNs)"
+        )),
         _ => Err(format!(
-            "{url}: READ CAPACITY(16) failed (status {:?})",
-            r.status
+            "{url}: READ CAPACITY(16) failed: {}",
+            task_result(&r).err().unwrap_or_else(|| "no capacity data".into())
         )),
     }
 }
@@ -142,7 +145,10 @@ pub fn task_result(r: &initiator::TaskResult) -> Result<(), String> {
     match r.status {
         Some(0) => Ok(()),
         Some(s) => Err(match scsi::sense_code(&r.sense) {
-            Some((k, a, q)) => format!("status {s:#04x}, sense {k:x}/{a:02x}/{q:02x}"),
+            Some((k, a, q)) => match scsi::sense_meaning(k, a, q) {
+                Some(m) => format!("status {s:#04x}, sense {k:x}/{a:02x}/{q:02x} ({m})"),
+                None => format!("status {s:#04x}, sense {k:x}/{a:02x}/{q:02x}"),
+            },
             None => format!("status {s:#04x}"),
         }),
         None => Err("command rejected by the target".into()),

@@ -135,6 +135,30 @@ pub fn sense_code(s: &[u8]) -> Option<(u8, u8, u8)> {
     }
 }
 
+/// What a sense key, ASC and ASCQ mean (SPC-4 §4.5.6, Table 49: the ones a
+/// host meets), for messages.
+pub fn sense_meaning(k: u8, asc: u8, ascq: u8) -> Option<&'static str> {
+    Some(match (k, asc, ascq) {
+        (5, 0x25, 0) => "LOGICAL UNIT NOT SUPPORTED",
+        (5, 0x20, 0) => "INVALID COMMAND OPERATION CODE",
+        (5, 0x21, 0) => "LOGICAL BLOCK ADDRESS OUT OF RANGE",
+        (5, 0x24, 0) => "INVALID FIELD IN CDB",
+        (7, 0x27, _) => "WRITE PROTECTED",
+        (2, 0x04, 0x0a) => "NOT READY: ASYMMETRIC ACCESS STATE TRANSITION",
+        (2, 0x04, 0x0b) => "NOT READY: TARGET PORT IN STANDBY STATE",
+        (2, 0x04, 0x0c) => "NOT READY: TARGET PORT IN UNAVAILABLE STATE",
+        (2, 0x04, _) => "NOT READY",
+        (6, 0x29, _) => "UNIT ATTENTION: POWER ON, RESET OR I_T NEXUS LOSS",
+        (6, 0x2a, 0x09) => "UNIT ATTENTION: CAPACITY DATA HAS CHANGED",
+        (6, 0x2a, 0x06) => "UNIT ATTENTION: ASYMMETRIC ACCESS STATE CHANGED",
+        (6, 0x3f, 0x0e) => "UNIT ATTENTION: REPORTED LUNS DATA HAS CHANGED",
+        (6, _, _) => "UNIT ATTENTION",
+        (0xb, _, _) => "ABORTED COMMAND",
+        (3, _, _) => "MEDIUM ERROR",
+        _ => return None,
+    })
+}
+
 /// MAINTENANCE IN service action and MAINTENANCE OUT service action of the
 /// target port group commands (SPC-4 §6.36, §6.46).
 const SA_TARGET_PORT_GROUPS: u8 = 0x0a;

@@ -365,6 +365,14 @@ pub fn inq(a: InqArgs) -> Result<()> {
         Connection::login(&url.addr(), cfg).with_context(|| format!("login to {target}"))?;
     let _ = c.execute(lun, &scsi::test_unit_ready(), DataDir::None);
     let inq = c.execute(lun, &scsi::inquiry(None, 255), DataDir::Read(255))?;
+    // Peripheral qualifier 011b: no logical unit at this LUN (SPC-4 §6.6.2).
+    if inq.status != Some(0) || inq.data.first().is_none_or(|b| b >> 5 == 3) {
+        let _ = c.logout();
+        bail!(
+            "{}: the target has no LUN {lun} (`ironsan ls` lists its LUNs)",
+            a.url
+        );
+    }
     if let Some((t, v, p, r)) = scsi::parse_inquiry(&inq.data) {
         println!("Peripheral device type: {t}\nVendor: {v}\nProduct: {p}\nRevision: {r}");
     }

@@ -527,6 +527,9 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a terminal: logs written to files or journald
+        // carry no escape codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.cmd {
         Cmd::Serve(a) => serve(a),

@@ -31,6 +31,14 @@ fn bad_arguments_are_refused_before_starting() {
     );
     refused(&["serve", "--digest", "sometimes"], "--digest");
     refused(&["serve", "--listen", "nowhere"], "--listen");
+    refused(
+        &[
+            "serve",
+            "--lun",
+            "file:/nonexistent-ironsan-dir/disk0.img:1G",
+        ],
+        "the directory /nonexistent-ironsan-dir does not exist",
+    );
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
     std::fs::write(&cfg, "listen = [\"127.0.0.1:0\"]\nbogus = 1\n").unwrap();
@@ -93,6 +101,78 @@ fn serves_then_stops_on_sigterm() {
     };
     drop(conn);
     assert!(status.success(), "{status:?}");
+}
+
+/// `inq` and `bench` on a LUN the target does not have: an error naming
+/// it, not an empty INQUIRY or a bare status.
+#[test]
+fn a_missing_lun_is_named() {
+    let mut child = ironsan()
+        .args([
+            "--log",
+            "warn",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--lun",
+            "mem:1M",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut addr = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(a) = line.strip_prefix("ironsan: listening on ") {
+            addr = a.to_string();
+            break;
+        }
+    }
+    let url = |lun: u8| format!("iscsi://{addr}/iqn.2026-11.io.ironsan:target0/{lun}");
+    refused(&["inq", &url(7)], "the target has no LUN 7");
+    refused(
+        &["bench", "--runtime", "1s", &url(9)],
+        "the target has no LUN 9",
+    );
+    let out = ironsan().args(["inq", &url(0)]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("naa."));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Logs that go to a file (or journald) carry no terminal colour codes.
+#[test]
+fn logs_off_a_terminal_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let mut child = ironsan()
+        .args([
+            "--log",
+            "info",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--lun",
+            "mem:1M",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines {
+        if line.unwrap().contains("try ") {
+            break;
+        }
+    }
+    // SAFETY: kill(2) on our own child's pid with a valid signal number.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("shutting down"), "{text}");
+    assert!(!text.contains('\x1b'), "escape codes in the log: {text:?}");
 }
 
 /// `probe cores` (the side-by-side script's placement probe) measures a

@@ -258,10 +258,21 @@ pub fn build_lu(
         BackendKind::Null => Arc::new(NullBackend::new(size.unwrap_or(0))),
         BackendKind::File => {
             let path = l.path.as_deref().ok_or_else(|| format!("{at}: no path"))?;
-            Arc::new(
-                FileBackend::open(path, size, policy)
-                    .map_err(|e| format!("{at}: {}: {e}", path.display()))?,
-            )
+            Arc::new(FileBackend::open(path, size, policy).map_err(|e| {
+                match path
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+                {
+                    // Say which part is missing: the file is created, its
+                    // directory is not.
+                    Some(d) if e.kind() == std::io::ErrorKind::NotFound => format!(
+                        "{at}: {}: the directory {} does not exist (create it first)",
+                        path.display(),
+                        d.display()
+                    ),
+                    _ => format!("{at}: {}: {e}", path.display()),
+                }
+            })?)
         }
         BackendKind::Rbd => open_rbd(l, policy).map_err(|e| format!("{at}: {e}"))?,
     };

@@ -275,6 +275,27 @@ impl Server {
                 },
             ));
         }
+        // Whether the kernel has the congestion control asked for is known
+        // only when a socket asks: ask now, not at the first connection.
+        if let Some((l, _)) = listeners.first() {
+            use std::os::fd::AsFd;
+            let name = &cfg.limits.tcp_congestion;
+            if let Err(e) = iscsi_wire::tcp::set_congestion(l.as_fd(), name) {
+                let have =
+                    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                        .unwrap_or_default();
+                let msg = format!(
+                    "limits.tcp_congestion {name:?}: {e} (this kernel has: {}; \"system\" keeps its default)",
+                    have.trim()
+                );
+                // The default is a preference (a kernel without it keeps
+                // its own); a name the operator gave must exist.
+                if name != iscsi_wire::tcp::DEFAULT_CONGESTION {
+                    return Err(msg);
+                }
+                tracing::warn!("{msg}");
+            }
+        }
         let portals = listeners.iter().map(|(_, p)| *p).collect();
         let (new_portals, new_portals_rx) = mpsc::unbounded_channel();
         let shared = Shared {

@@ -97,6 +97,13 @@ fn every_http_request_needs_the_token() {
     // The token lets in; the console page itself is open (no data in it).
     assert_eq!(http(a, "GET", "/api/targets", "", None).0, 200);
     assert_eq!(req(a, "GET", "/", "", "").0, 200);
+    // Unknown endpoints and methods: JSON refusals like the rest.
+    let (code, body) = http(a, "GET", "/api/nosuch", "", None);
+    assert_eq!(code, 404);
+    assert!(body.contains("\"error\""), "{body}");
+    let (code, body) = http(a, "PATCH", "/api/targets", "", None);
+    assert_eq!(code, 405);
+    assert!(body.contains("\"error\""), "{body}");
 }
 
 #[test]

@@ -202,6 +202,21 @@ fn a_bad_congestion_control_name_is_refused_at_start() {
         format!("[limits]\ntcp_congestion = \"no such\"\n[[target]]\nname = \"{IQN}\"\n{LUN}");
     let e = target::Config::from_toml(&text).unwrap_err().to_string();
     assert!(e.contains("tcp_congestion"), "{e}");
+    // A well-formed name the kernel does not have: refused when the server
+    // starts, not at its first connection.
+    let cfg = config(LUN, "[limits]\ntcp_congestion = \"nosuchcc\"");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let e = rt
+        .block_on(target::Server::bind(cfg))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        e.contains("nosuchcc") && e.contains("this kernel has"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -237,6 +237,14 @@ fn router(state: Arc<AdminState>, via: auth::Via) -> Router {
         .route("/api/sessions", get(sessions))
         .route("/api/stats", get(stats))
         .route("/api/history", get(history))
+        // Refusals are JSON like every other answer (docs/ADMIN.md).
+        .fallback(|| async { err(StatusCode::NOT_FOUND, "no such endpoint (docs/ADMIN.md)") })
+        .method_not_allowed_fallback(|| async {
+            err(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this endpoint does not take that method (docs/ADMIN.md)",
+            )
+        })
         .layer(middleware::from_fn_with_state((state.clone(), via), guard))
         .with_state(state)
 }
