@@ -134,7 +134,7 @@ def main():
     ap.add_argument("--known-defects",
                     help="file of 'Suite.Test  reason' lines: tests that contradict the standard here")
     ap.add_argument("--lun", help="the LU to test as an ironsan --lun spec (default mem:SIZE)")
-    ap.add_argument("--log", default="target/conformance.log")
+    ap.add_argument("--log", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "conformance.log"))
     ap.add_argument("--update", help="write the passing tests to this file")
     ap.add_argument("--timeout", type=int, default=900)
     a = ap.parse_args()

@@ -24,5 +24,5 @@ for arg in "$@"; do
   prev=$arg
 done
 cargo build -q -p ironsan
-exec python3 scripts/conformance.py --ironsan target/debug/ironsan \
+exec python3 scripts/conformance.py --ironsan "${CARGO_TARGET_DIR:-target}/debug/ironsan" \
   --expect "$expect" "${defects[@]}" "$@"

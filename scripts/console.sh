@@ -5,8 +5,8 @@
 # Usage: scripts/console.sh [path/to/ironsan]   (default target/debug/ironsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${1:-target/debug/ironsan}
-OUT=target/console
+BIN=${1:-${CARGO_TARGET_DIR:-target}/debug/ironsan}
+OUT=${CARGO_TARGET_DIR:-target}/console
 mkdir -p "$OUT"
 if ! command -v chromium >/dev/null; then
     apt-get update -qq && apt-get install -y -qq chromium >/dev/null

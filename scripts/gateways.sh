@@ -22,7 +22,7 @@
 # Prints "gateways: N passed, M failed"; exits non-zero on a failure.
 set -uo pipefail
 
-bin=${1:-target/release/ironsan}
+bin=${1:-${CARGO_TARGET_DIR:-target}/release/ironsan}
 [ -n "${CEPH_CONF:-}" ] || {
   echo "gateways: set CEPH_CONF (scripts/rbd.sh does)" >&2
   exit 1

@@ -15,7 +15,7 @@ if ! ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so >/dev/null 2>&1 || ! comma
   command -v qemu-img >/dev/null || apt-get install -y -qq qemu-utils >/dev/null
 fi
 cargo build -q -p ironsan
-bin=target/debug/ironsan
+bin=${CARGO_TARGET_DIR:-target}/debug/ironsan
 work=$(mktemp -d)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 p1=$(port); p2=$(port)

@@ -48,7 +48,7 @@ if ! command -v iscsi-test-cu >/dev/null; then
 fi
 say "building ironsan (release)"
 cargo build -q --release -p ironsan
-bin=target/release/ironsan
+bin=${CARGO_TARGET_DIR:-target}/release/ironsan
 
 t0=$SECONDS
 scripts/ceph-cluster.sh up "$dir"
@@ -73,7 +73,7 @@ fi
 say "2. iscsi-test-cu on rbd:rbd/conformance"
 t0=$SECONDS
 if python3 scripts/conformance.py --ironsan "$bin" --lun rbd:rbd/conformance \
-  --expect tests/conformance/expected-pass-rbd.txt --log target/conformance-rbd.log |
+  --expect tests/conformance/expected-pass-rbd.txt --log "${CARGO_TARGET_DIR:-target}/conformance-rbd.log" |
   tee "$work/conformance.out" | tail -8; then
   step "conformance" "pass ($(grep -o 'totals: .*' "$work/conformance.out"), $((SECONDS - t0)) s)"
 else

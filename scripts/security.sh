@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 command -v iscsi-inq >/dev/null || { apt-get update -qq; apt-get install -y -qq libiscsi-bin >/dev/null; }
 cargo build -q -p ironsan
-bin=target/debug/ironsan
+bin=${CARGO_TARGET_DIR:-target}/debug/ironsan
 work=$(mktemp -d)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 p=$(port)

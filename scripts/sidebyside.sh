@@ -17,4 +17,4 @@ if ! ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so >/dev/null 2>&1 || ! comma
   command -v qemu-img >/dev/null || apt-get install -y -qq qemu-utils >/dev/null
 fi
 cargo build -q --release -p ironsan
-exec python3 scripts/sidebyside.py --ironsan target/release/ironsan "$@"
+exec python3 scripts/sidebyside.py --ironsan "${CARGO_TARGET_DIR:-target}/release/ironsan" "$@"
