@@ -22,10 +22,10 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum Error {
     /// The socket failed or timed out.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
     /// The target refused the login.
-    #[error("{0}")]
+    #[error(transparent)]
     Login(#[from] LoginError),
     /// The target broke the protocol.
     #[error("protocol error: {0}")]

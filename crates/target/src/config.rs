@@ -70,7 +70,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:3260";
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,

@@ -41,7 +41,7 @@ pub enum ProtoError {
     #[error("malformed message: {0}")]
     Malformed(String),
     /// The socket failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 
