@@ -113,6 +113,15 @@ pub fn add_lun(doc: &mut DocumentMut, name: &str, n: u16, c: &LunConfig) -> Resu
     Ok(())
 }
 
+/// Sets `key` of `t` to `v`, keeping the comment and spacing around the
+/// value it replaces (`allow = []   # nobody yet` keeps its comment).
+fn replace(t: &mut Table, key: &str, mut v: toml_edit::Value) {
+    if let Some(old) = t.get(key).and_then(Item::as_value) {
+        *v.decor_mut() = old.decor().clone();
+    }
+    t.insert(key, Item::Value(v));
+}
+
 /// Removes LUN `n` from target `name`.
 pub fn remove_lun(doc: &mut DocumentMut, name: &str, n: u16) -> Result<(), EditError> {
     let t = target(doc, name)?;
@@ -133,7 +142,7 @@ pub fn resize_lun(doc: &mut DocumentMut, name: &str, n: u16, size: &str) -> Resu
         .iter_mut()
         .find(|l| number_of(l) == Some(i64::from(n)))
         .ok_or_else(|| format!("target {name} has no LUN {n} in the file"))?;
-    l.insert("size", value(size));
+    replace(l, "size", size.into());
     Ok(())
 }
 
@@ -152,7 +161,7 @@ pub fn set_acl(
         } else {
             let mut a = Array::new();
             list.iter().for_each(|v| a.push(v.as_str()));
-            t.insert(key, value(a));
+            replace(t, key, a.into());
         }
     }
     Ok(())
@@ -198,7 +207,7 @@ pub fn set_chap(
             if let Some(f) = &c.secret_file {
                 it.insert("secret_file", f.display().to_string().into());
             }
-            t.insert(key, value(it));
+            replace(t, key, it.into());
         }
     }
     Ok(())
@@ -353,7 +362,7 @@ pub fn set_alua(doc: &mut DocumentMut, states: &[GroupState]) -> Result<(), Edit
     for g in groups.iter_mut() {
         let id = g.get("id").and_then(Item::as_integer);
         if let Some((_, s, _)) = states.iter().find(|(i, _, _)| Some(i64::from(*i)) == id) {
-            g.insert("state", value(s.as_str()));
+            replace(g, "state", s.as_str().into());
         }
     }
     Ok(())
@@ -505,6 +514,37 @@ size = "2M"
             (c.alua.group[2].id, c.alua.group[2].portals.clone()),
             (9, vec![4])
         );
+    }
+
+    #[test]
+    fn replaced_values_keep_their_comments() {
+        let text = "listen = [\"127.0.0.1:3260\"]\n[[target]]\n# the target\nname = \"iqn.2026-11.x:a\"\nallow = []   # nobody listed yet\nchap = { user = \"u\", secret = \"0123456789ab\" }   # rotate yearly\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"   # grows\nnumber = 0\n";
+        let mut d = parse(text).unwrap();
+        set_acl(&mut d, "iqn.2026-11.x:a", &["iqn.2026-11.x:h".into()], &[]).unwrap();
+        let chap = CredConfig::from_spec("v:abcdefghijkl").unwrap();
+        set_chap(
+            &mut d,
+            ChapScope::Target("iqn.2026-11.x:a"),
+            "chap",
+            Some(&chap),
+        )
+        .unwrap();
+        resize_lun(&mut d, "iqn.2026-11.x:a", 0, "2M").unwrap();
+        let out = d.to_string();
+        for c in [
+            "# the target",
+            "# nobody listed yet",
+            "# rotate yearly",
+            "# grows",
+        ] {
+            assert!(out.contains(c), "{c:?} lost:\n{out}");
+        }
+        assert!(
+            out.contains("allow = [\"iqn.2026-11.x:h\"]   # nobody listed yet"),
+            "{out}"
+        );
+        assert!(out.contains("size = \"2M\"   # grows"), "{out}");
+        validate(&d).unwrap();
     }
 
     #[test]
