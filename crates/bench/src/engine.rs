@@ -48,7 +48,16 @@ pub trait Engine: Send {
     fn path_stats(&self) -> Vec<PathStat> {
         Vec::new()
     }
+    /// UNIT ATTENTIONs met and retried, by sense key/ASC/ASCQ.
+    fn unit_attentions(&self) -> Vec<((u8, u8, u8), u64)> {
+        Vec::new()
+    }
 }
+
+/// How often one I/O is sent again after a UNIT ATTENTION before its
+/// CHECK CONDITION counts as an error (each UA is reported once per I_T
+/// nexus; a few in a row are already unusual).
+pub const UA_RETRIES: u8 = 8;
 
 /// One path of a multipath engine, for reports.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -82,13 +91,16 @@ pub struct IscsiEngine {
     lun: u16,
     bs: u32,
     capacity: u64,
-    /// Commands in flight: their slot, the I/O and (writes) the payload,
-    /// kept so they can be submitted again after a reconnect.
-    inflight: HashMap<u32, (usize, Io, Bytes)>,
+    /// Commands in flight: their slot, the I/O, (writes) the payload, kept
+    /// so they can be submitted again after a reconnect or a UNIT
+    /// ATTENTION, and how often they were sent again for one.
+    inflight: HashMap<u32, (usize, Io, Bytes, u8)>,
     keep_data: bool,
     scratch: Vec<(Itt, initiator::TaskResult)>,
     /// Times the connection was lost and the session reinstated.
     reconnects: u32,
+    /// UNIT ATTENTIONs retried, by sense key/ASC/ASCQ.
+    unit_attentions: std::collections::BTreeMap<(u8, u8, u8), u64>,
 }
 
 /// How often a single-path engine logs in again before giving up.
@@ -175,10 +187,16 @@ impl IscsiEngine {
             keep_data,
             scratch: Vec::new(),
             reconnects: 0,
+            unit_attentions: Default::default(),
         })
     }
 
     fn send(&mut self, io: Io, payload: Bytes) {
+        self.send_again(io, payload, 0);
+    }
+
+    /// Sends `io` (after `retries` UNIT ATTENTIONs).
+    fn send_again(&mut self, io: Io, payload: Bytes, retries: u8) {
         let lba = io.offset / u64::from(self.bs);
         let blocks = io.len / self.bs;
         let cdb = scsi::rw16(io.write, lba, blocks, false);
@@ -188,7 +206,7 @@ impl IscsiEngine {
             DataDir::Read(io.len)
         };
         let itt = self.conn.submit(self.lun, &cdb, dir);
-        self.inflight.insert(itt.0, (io.slot, io, payload));
+        self.inflight.insert(itt.0, (io.slot, io, payload, retries));
     }
 
     /// After a lost connection: log in again (the target reinstates the
@@ -212,8 +230,8 @@ impl IscsiEngine {
             "ironsan bench: connection lost ({why}); session reinstated, {} I/Os submitted again",
             pending.len()
         );
-        for (_, io, payload) in pending {
-            self.send(io, payload);
+        for (_, io, payload, retries) in pending {
+            self.send_again(io, payload, retries);
         }
         Ok(())
     }
@@ -254,10 +272,23 @@ impl Engine for IscsiEngine {
                 e => return Err(e.to_string()),
             }
         }
-        for (itt, r) in self.scratch.drain(..) {
-            let Some((slot, _, _)) = self.inflight.remove(&itt.0) else {
+        // Taken out so that retries may submit; put back to keep its
+        // allocation for the next round.
+        let mut results = std::mem::take(&mut self.scratch);
+        for (itt, r) in results.drain(..) {
+            let Some((slot, io, payload, retries)) = self.inflight.remove(&itt.0) else {
                 continue;
             };
+            // A UNIT ATTENTION (a LUN added, a resize, a reset) reports an
+            // event, not a failure of the command: every initiator sends
+            // it again (SAM-5 §5.14), and so does this one.
+            if r.status == Some(2) && retries < UA_RETRIES {
+                if let Some(code @ (6, _, _)) = scsi::sense_code(&r.sense) {
+                    *self.unit_attentions.entry(code).or_default() += 1;
+                    self.send_again(io, payload, retries + 1);
+                    continue;
+                }
+            }
             let result = task_result(&r);
             let data = if self.keep_data {
                 Some(r.data)
@@ -269,7 +300,12 @@ impl Engine for IscsiEngine {
             };
             done.push(Done { slot, result, data });
         }
+        self.scratch = results;
         Ok(())
+    }
+
+    fn unit_attentions(&self) -> Vec<((u8, u8, u8), u64)> {
+        self.unit_attentions.iter().map(|(k, v)| (*k, *v)).collect()
     }
 }
 

@@ -114,6 +114,8 @@ struct JobOut {
     paths: Vec<PathStat>,
     errors: Vec<String>,
     verified: u64,
+    /// UNIT ATTENTIONs the engine retried.
+    unit_attentions: Vec<((u8, u8, u8), u64)>,
 }
 
 /// An opened engine with its name and a note on any fallback.
@@ -335,7 +337,7 @@ impl Prepared {
 fn run_prepared(
     spec: &JobSpec,
     engines: Vec<Box<dyn Engine>>,
-    notes: Vec<String>,
+    mut notes: Vec<String>,
     engine_name: &'static str,
     cap: u64,
     target_bs: u32,
@@ -387,6 +389,7 @@ fn run_prepared(
     let mut series: Vec<Second> = Vec::new();
     let mut paths: Vec<PathStat> = Vec::new();
     let mut error_samples = Vec::new();
+    let mut unit_attentions = std::collections::BTreeMap::new();
     let mut elapsed = Duration::ZERO;
     let mut first_finish: Option<Duration> = None;
     let mut verified_bytes = 0;
@@ -431,6 +434,9 @@ fn run_prepared(
             }
         }
         error_samples.extend(out.errors);
+        for (code, n) in out.unit_attentions {
+            *unit_attentions.entry(code).or_insert(0u64) += n;
+        }
         verified_bytes += out.verified;
         elapsed = elapsed.max(took);
         first_finish = Some(first_finish.map_or(took, |f| f.min(took)));
@@ -439,6 +445,21 @@ fn run_prepared(
         return Err(e);
     }
     error_samples.truncate(10);
+    if !unit_attentions.is_empty() {
+        let list: Vec<String> = unit_attentions
+            .iter()
+            .map(
+                |(&(k, a, q), n)| match initiator::scsi::sense_meaning(k, a, q) {
+                    Some(m) => format!("{n} x {k:x}/{a:02x}/{q:02x} ({m})"),
+                    None => format!("{n} x {k:x}/{a:02x}/{q:02x}"),
+                },
+            )
+            .collect();
+        notes.push(format!(
+            "UNIT ATTENTIONs retried, as initiators do: {}",
+            list.join(", ")
+        ));
+    }
     let learned = shared.learned.load(Ordering::Relaxed);
     Ok(RunResult {
         read,
@@ -502,6 +523,7 @@ fn job(
         paths: Vec::new(),
         errors: Vec::new(),
         verified: 0,
+        unit_attentions: Vec::new(),
     };
     let mut ids = vshared.check;
     let mut seq: u64 = u64::from(index) << 48;
@@ -646,6 +668,7 @@ fn job(
     }
     let took = Instant::now().saturating_duration_since(measure_from);
     out.paths = engine.path_stats();
+    out.unit_attentions = engine.unit_attentions();
     Ok((out, took))
 }
 

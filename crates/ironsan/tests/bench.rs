@@ -632,3 +632,90 @@ fn bad_arguments_are_refused_before_any_io() {
     refused(&["gpfsperf", "read", "seq", u, "-dio"], "-dio");
     refused(&["gpfsperf", "create", "seq", "/nonexistent-dir/f"], "-n");
 }
+
+/// A LUN added and another resized while `cdm` and `bench` run: the UNIT
+/// ATTENTIONs every session then gets (3F/0E, 2A/09) are retried as
+/// initiators do, and the runs finish with no error.
+#[test]
+fn unit_attentions_do_not_end_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = ironsan()
+        .args([
+            "--log",
+            "warn",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--lun",
+            "mem:64M",
+        ])
+        .args(["--admin", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut addr = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(a) = line.strip_prefix("ironsan: listening on ") {
+            addr = a.to_string();
+        }
+        if line.contains("try ") {
+            break;
+        }
+    }
+    let url = format!("iscsi://{addr}/{IQN}/0");
+    let admin = |args: &[&str]| {
+        let out = ironsan()
+            .arg("admin")
+            .arg("--state-dir")
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for (i, run) in [
+        vec!["bench", "--runtime", "3s", "--iodepth", "8", url.as_str()],
+        vec![
+            "cdm",
+            "--passes",
+            "1",
+            "--duration",
+            "400ms",
+            "--size",
+            "16M",
+            url.as_str(),
+        ],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let job = ironsan()
+            .args(&run)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        admin(&["add-lun", IQN, "mem:1M"]);
+        admin(&["resize-lun", IQN, "0", &format!("{}M", 65 + i)]);
+        let out = job.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{run:?}: {text}");
+        assert!(!text.contains("Error") && !text.contains("failed"), "{run:?}: {text}");
+        if i == 0 {
+            assert!(text.contains(" 0 errors"), "{text}");
+            assert!(text.contains("UNIT ATTENTIONs retried"), "{text}");
+        }
+        admin(&["remove-lun", IQN, "1"]);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
