@@ -353,13 +353,41 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Opens (or with `create_size`, creates or extends) a file or block
-/// device; returns it with its size in bytes.
+/// Lays a regular file out from `from` to `to` bytes with written data, as
+/// fio does before a job: reads of a sparse file would measure holes (the
+/// file system answers them from nothing), not the medium. The data does
+/// not compress. Written through the page cache, then synced.
+fn lay_out(path: &Path, from: u64, to: u64) -> Result<(), String> {
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let chunk = crate::run::pattern(1 << 20, 0x1a7d_0ff5);
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(chunk.len() as u64) as usize;
+        f.write_all_at(&chunk[..n], at)
+            .map_err(|e| format!("{}: laying the file out: {e}", path.display()))?;
+        at += n as u64;
+    }
+    f.sync_all()
+        .map_err(|e| format!("{}: laying the file out: {e}", path.display()))
+}
+
+/// Opens (or with `create_size`, creates or extends, laid out with data) a
+/// file or block device; returns it with its size in bytes.
 pub(crate) fn open_file(
     path: &Path,
     direct: bool,
     create_size: Option<u64>,
 ) -> Result<(File, u64), String> {
+    // Devices are never made up: a missing path under /dev is a typo.
+    if create_size.is_some() && path.starts_with("/dev") && !path.exists() {
+        return Err(format!(
+            "{}: no such device (files are not created under /dev)",
+            path.display()
+        ));
+    }
     let mut o = OpenOptions::new();
     o.read(true).write(true);
     if create_size.is_some() {
@@ -380,8 +408,7 @@ pub(crate) fn open_file(
         capacity = f.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
     } else if let Some(want) = create_size {
         if capacity < want {
-            file.set_len(want)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            lay_out(path, capacity, want)?;
             capacity = want;
         }
     }

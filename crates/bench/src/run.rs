@@ -272,10 +272,14 @@ pub fn prepare(spec: &JobSpec) -> Result<Prepared, String> {
             spec.offset, cap
         ));
     }
-    let region = spec
-        .size
-        .unwrap_or(cap - spec.offset)
-        .min(cap - spec.offset);
+    if let Some(size) = spec.size.filter(|s| *s > cap - spec.offset) {
+        return Err(format!(
+            "--size {size} is beyond the target: it has {} bytes from --offset {} (fio refuses too)",
+            cap - spec.offset,
+            spec.offset
+        ));
+    }
+    let region = spec.size.unwrap_or(cap - spec.offset);
     if region < bs {
         return Err(format!(
             "the target has {region} bytes from --offset, less than --bs"

@@ -709,7 +709,10 @@ fn unit_attentions_do_not_end_a_run() {
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{run:?}: {text}");
-        assert!(!text.contains("Error") && !text.contains("failed"), "{run:?}: {text}");
+        assert!(
+            !text.contains("Error") && !text.contains("failed"),
+            "{run:?}: {text}"
+        );
         if i == 0 {
             assert!(text.contains(" 0 errors"), "{text}");
             assert!(text.contains("UNIT ATTENTIONs retried"), "{text}");
@@ -718,4 +721,56 @@ fn unit_attentions_do_not_end_a_run() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A read run on a file that does not exist lays it out first, as fio
+/// does (no holes to "read" at memory speed); nothing is made up under
+/// /dev; a --size beyond a LUN is refused rather than cut short.
+#[test]
+fn files_are_laid_out_and_sizes_are_honest() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("new.img");
+    let fs = f.to_str().unwrap();
+    ok(&[
+        "bench",
+        "--rw",
+        "read",
+        "--size",
+        "8M",
+        "--runtime",
+        "300ms",
+        fs,
+    ]);
+    let m = std::fs::metadata(&f).unwrap();
+    assert_eq!(m.len(), 8 << 20);
+    assert!(
+        m.blocks() * 512 >= 8 << 20,
+        "sparse: {} bytes allocated",
+        m.blocks() * 512
+    );
+    let data = std::fs::read(&f).unwrap();
+    assert!(
+        data.iter().any(|&b| b != 0),
+        "laid out with data, not zeros"
+    );
+    refused(
+        &[
+            "bench",
+            "--rw",
+            "read",
+            "--size",
+            "8M",
+            "--runtime",
+            "300ms",
+            "/dev/ironsan-no-such-disk",
+        ],
+        "no such device",
+    );
+    assert!(!std::path::Path::new("/dev/ironsan-no-such-disk").exists());
+    let s = Server::start(1, &["mem:16M"]);
+    refused(
+        &["bench", "--size", "1G", "--runtime", "300ms", &s.url(0, 0)],
+        "beyond the target",
+    );
 }
