@@ -421,15 +421,16 @@ pub fn run(a: AdminArgs) -> Result<()> {
                     };
                     println!(
                         "{:<4} {:<40} {:<12} {:<21} {:<7} {:>8} {:>8} {:>6} {:>6}",
-                        i["id"],
+                        // JSON values ignore widths: pad their text.
+                        i["id"].to_string(),
                         i["initiator"].as_str().unwrap_or(""),
                         i["isid"].as_str().unwrap_or(""),
                         i["portal"].as_str().unwrap_or(""),
                         dg,
-                        i["send_max_data_segment"],
-                        i["max_burst"],
-                        i["queue_depth"],
-                        s["in_flight"]
+                        i["send_max_data_segment"].to_string(),
+                        i["max_burst"].to_string(),
+                        i["queue_depth"].to_string(),
+                        s["in_flight"].to_string()
                     );
                 }
             });

@@ -83,7 +83,8 @@ pub fn lines(v: &Value, width: usize) -> Vec<String> {
         out.push(format!(
             "{:<34} {:>3} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.0} {:>8.0} {:>8.0} {:>6.1} {:>6}",
             name,
-            l["lun"],
+            // JSON values ignore widths: pad their text.
+            l["lun"].to_string(),
             f(r, "read_iops"),
             f(r, "write_iops"),
             f(r, "read_mbps"),
@@ -92,7 +93,7 @@ pub fn lines(v: &Value, width: usize) -> Vec<String> {
             f(r, "write_lat_us"),
             f(r, "p99_us"),
             f(r, "qd"),
-            r["errors"]
+            r["errors"].to_string()
         ));
     }
     out.push(String::new());
@@ -120,7 +121,7 @@ pub fn lines(v: &Value, width: usize) -> Vec<String> {
         };
         out.push(format!(
             "{:<4} {:<34} {:<12} {:<21} {:>9.0} {:>9.0} {:>8.1} {:>8.0} {:>6} {:>6}",
-            i["id"],
+            i["id"].to_string(),
             ini,
             s(i, "isid"),
             s(i, "portal"),
@@ -128,8 +129,8 @@ pub fn lines(v: &Value, width: usize) -> Vec<String> {
             f(r, "write_iops"),
             f(r, "read_mbps") + f(r, "write_mbps"),
             f(r, "read_lat_us").max(f(r, "write_lat_us")),
-            x["in_flight"],
-            i["queue_depth"]
+            x["in_flight"].to_string(),
+            i["queue_depth"].to_string()
         ));
     }
     for l in &mut out {
@@ -233,4 +234,28 @@ pub fn run(a: TopArgs) -> Result<()> {
     execute!(out, cursor::Show, terminal::LeaveAlternateScreen)?;
     terminal::disable_raw_mode()?;
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up_with_their_headers() {
+        let v: Value = serde_json::json!({
+            "uptime_s": 3,
+            "luns": [{"target": "iqn.2026-11.io.ironsan:target0", "lun": 0,
+                      "rate": {"read_iops": 182961.0, "errors": 0}}],
+            "sessions": [{"info": {"id": 1, "initiator": "iqn.2026-11.io.ironsan:initiator",
+                                   "isid": "802bade7b9f1", "portal": "127.0.0.1:3398",
+                                   "queue_depth": 128},
+                          "rate": {}, "in_flight": 0}],
+        });
+        let l = lines(&v, usize::MAX);
+        let (lun_head, lun_row) = (&l[2], &l[3]);
+        let (ses_head, ses_row) = (&l[5], &l[6]);
+        assert_eq!(lun_head.len(), lun_row.len(), "\n{lun_head}\n{lun_row}");
+        assert_eq!(ses_head.len(), ses_row.len(), "\n{ses_head}\n{ses_row}");
+        assert!(ses_row.starts_with("1    iqn."), "{ses_row}");
+    }
 }
