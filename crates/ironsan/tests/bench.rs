@@ -589,6 +589,20 @@ fn gpfsperf_reference_commands_on_a_file_and_a_lun() {
         }
     }
     assert_eq!(std::fs::metadata(&f).unwrap().len(), 32 << 20);
+    // Reads of a file without -dio start from a cold page cache, said so;
+    // with -dio the cache is bypassed and nothing needs saying.
+    let read = |extra: &[&str]| {
+        let mut a = vec!["gpfsperf", "read", "seq", f.to_str().unwrap(), "-r", "1m"];
+        a.extend(extra);
+        run(&a)
+    };
+    let out = read(&[]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("page cache was dropped"), "{err}");
+    let out = read(&["-dio"]);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("page cache"));
 }
 
 #[test]
