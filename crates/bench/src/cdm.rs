@@ -187,11 +187,12 @@ pub fn validate(base: &JobSpec, o: &Options) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the profile; `progress` is told about each finished row.
+/// Runs the profile; `progress` is told what starts (the preparation,
+/// then each pass of each test).
 pub fn run_profile(
     base: &JobSpec,
     o: &Options,
-    mut progress: impl FnMut(&Row),
+    mut progress: impl FnMut(&str),
 ) -> Result<Vec<Row>, String> {
     validate(base, o)?;
     let tests = o.profile.tests();
@@ -205,6 +206,7 @@ pub fn run_profile(
         p.size = Some(o.size);
         p.runtime = None;
         p.create = true;
+        progress(&format!("preparing the test area ({} MiB)", o.size >> 20));
         let r = run(&p, None)?;
         if r.write.errors > 0 {
             return Err(format!("preparing the test area: {:?}", r.error_samples));
@@ -219,7 +221,8 @@ pub fn run_profile(
             }
             let job = job_for(base, o, t, write);
             let mut best = Best::default();
-            for _ in 0..o.passes {
+            for pass in 1..=o.passes {
+                progress(&progress_text(t, write, pass, o.passes));
                 std::thread::sleep(o.interval);
                 let r = run(&job, None)?;
                 let errors = r.read.errors + r.write.errors;
@@ -242,50 +245,141 @@ pub fn run_profile(
             read: dirs[0],
             write: dirs.get(1).copied(),
         };
-        progress(&row);
         rows.push(row);
     }
     Ok(rows)
 }
 
-/// The heading of the table.
-pub fn header(target: &str, o: &Options) -> String {
-    format!(
-        "ironsan cdm: {target}\n\
-         Profile: {} ({} passes x {:.0?}, test area {} MiB, best pass shown)\n\
-         MB/s = 1,000,000 bytes/s; QnTm = n I/Os in flight in each of m jobs\n\n\
-         {:<14} {:>11} {:>12} {:>11} {:>12}\n",
-        o.profile.name(),
-        o.passes,
-        o.duration,
-        o.size >> 20,
-        "Test",
-        "Read MB/s",
-        "Read IOPS",
-        "Write MB/s",
-        "Write IOPS"
-    )
-}
-
-/// One line of the table.
-pub fn line(r: &Row) -> String {
-    let (wm, wi) = match r.write {
-        Some(w) => (format!("{:.2}", w.mbps), format!("{:.1}", w.iops)),
-        None => ("-".into(), "-".into()),
+/// A test's label as CrystalDiskMark 8's text export writes it:
+/// `SEQ    1MiB (Q=  8, T= 1)`.
+pub fn export_label(t: &Test) -> String {
+    let size = if t.bs >= 1 << 20 {
+        format!("{}MiB", t.bs >> 20)
+    } else {
+        format!("{}KiB", t.bs >> 10)
     };
     format!(
-        "{:<14} {:>11.2} {:>12.1} {:>11} {:>12}\n",
-        r.test.label, r.read.mbps, r.read.iops, wm, wi
+        "{} {size:>7} (Q={:>3}, T={:>2})",
+        if t.seq { "SEQ" } else { "RND" },
+        t.q,
+        t.t
     )
 }
 
-/// The whole table.
-pub fn table(target: &str, o: &Options, rows: &[Row]) -> String {
-    let mut s = header(target, o);
-    for r in rows {
-        s += &line(r);
+/// One result line of the export: `  LABEL: MB/s [IOPS] <latency us>`.
+fn export_line(t: &Test, b: &Best) -> String {
+    format!(
+        "  {}: {:>9.3} MB/s [{:>9.1} IOPS] <{:>9.2} us>\n",
+        export_label(t),
+        b.mbps,
+        b.iops,
+        b.lat_us
+    )
+}
+
+/// The profile's name as CrystalDiskMark 8 prints it after `Profile:`.
+fn export_profile(p: Profile) -> &'static str {
+    match p {
+        Profile::Cdm8 => "Default",
+        Profile::Nvme => "NVMe SSD",
+        Profile::Cdm6 => "CrystalDiskMark 6 (Seq Q32T1 128KiB, 4KiB Q8T8, Q32T1, Q1T1)",
     }
+}
+
+/// `YYYY/MM/DD HH:MM:SS` (UTC) for `secs` since the epoch.
+fn date_text(secs: u64) -> String {
+    // Days to civil date (Howard Hinnant's algorithm, proleptic Gregorian).
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}/{m:02}/{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The operating system line: `Linux 6.1.0 (x86_64)`.
+fn os_text() -> String {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{} {} ({})",
+        std::env::consts::OS.replace("linux", "Linux"),
+        release.trim(),
+        std::env::consts::ARCH
+    )
+}
+
+/// The results in CrystalDiskMark 8's text export layout: the banner, the
+/// [Read] and [Write] blocks with MB/s, IOPS and mean latency, then the
+/// profile, test size and passes, measuring time and interval, date and
+/// OS.
+pub fn export(target: &str, o: &Options, rows: &[Row]) -> String {
+    let rule = "-".repeat(78);
+    let mut s = format!(
+        "{rule}\nironsan cdm {} (CrystalDiskMark 8's tests and text export)\n{:>78}\n{rule}\n\
+         * MB/s = 1,000,000 bytes/s [SATA/600 = 600,000,000 bytes/s]\n\
+         * KB = 1000 bytes, KiB = 1024 bytes\n\n[Read]\n",
+        env!("CARGO_PKG_VERSION"),
+        target
+    );
+    for r in rows {
+        s += &export_line(&r.test, &r.read);
+    }
+    if rows.iter().any(|r| r.write.is_some()) {
+        s += "\n[Write]\n";
+        for r in rows {
+            if let Some(w) = &r.write {
+                s += &export_line(&r.test, w);
+            }
+        }
+    }
+    let size = if o.size >= 1 << 30 && o.size % (1 << 30) == 0 {
+        format!("{} GiB", o.size >> 30)
+    } else {
+        format!("{} MiB", o.size >> 20)
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    s += &format!(
+        "\nProfile: {}{}\n   Test: {size} (x{}) [{target}]\n   Time: Measure {} / Interval {}\n   Date: {} UTC\n     OS: {}\n",
+        export_profile(o.profile),
+        if o.read_only { " [Read]" } else { "" },
+        o.passes,
+        duration_text(o.duration),
+        duration_text(o.interval),
+        date_text(now),
+        os_text()
+    );
     s
+}
+
+/// `5 sec`, `300 ms`.
+fn duration_text(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} sec", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+/// What a test is doing, for a progress line.
+pub fn progress_text(t: &Test, write: bool, pass: u32, passes: u32) -> String {
+    format!(
+        "{} {} pass {pass}/{passes}",
+        export_label(t),
+        if write { "write" } else { "read" }
+    )
 }
 
 /// The table as JSON.
@@ -347,8 +441,23 @@ mod tests {
             },
             write: None,
         }];
-        let s = table("x", &o, &rows);
-        assert!(s.contains("RND4K Q32T1") && s.contains("97656.2"), "{s}");
+        let s = export("x", &o, &rows);
+        assert!(
+            s.contains("[Read]\n  RND    4KiB (Q= 32, T= 1):   400.000 MB/s [  97656.2 IOPS] <   300.00 us>\n"),
+            "{s}"
+        );
+        assert!(!s.contains("[Write]"), "{s}");
+        assert!(s.contains("Profile: Default\n   Test: 1 GiB (x5) [x]\n   Time: Measure 5 sec / Interval 0 sec\n"), "{s}");
+        assert_eq!(
+            export_label(&Profile::Cdm8.tests()[0]),
+            "SEQ    1MiB (Q=  8, T= 1)"
+        );
+        assert_eq!(
+            export_label(&Profile::Cdm6.tests()[0]),
+            "SEQ  128KiB (Q= 32, T= 1)"
+        );
+        assert_eq!(date_text(0), "1970/01/01 00:00:00");
+        assert_eq!(date_text(1_796_577_297), "2026/12/06 17:14:57");
         assert_eq!(json("x", &o, &rows)["tests"][0]["read"]["iops"], 97656.2);
     }
 }

@@ -101,18 +101,22 @@ pub fn cdm(a: CdmArgs) -> Result<()> {
     };
     cdm::validate(&base, &o).map_err(anyhow::Error::msg)?;
     let name = a.targets.join(" ");
-    if !a.json {
-        print!("{}", cdm::header(&name, &o));
-    }
-    let json = a.json;
-    let rows = cdm::run_profile(&base, &o, |row| {
-        if !json {
-            print!("{}", cdm::line(row));
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
+    // Progress on stderr (the report goes to stdout at the end, in
+    // CrystalDiskMark's layout: [Read] then [Write]).
+    let tests = o.profile.tests().len() as u32;
+    let per_test = o.passes * if o.read_only { 1 } else { 2 };
+    let mut step = 0u32;
+    let rows = cdm::run_profile(&base, &o, |what| {
+        if !what.starts_with("preparing") {
+            step += 1;
         }
+        eprintln!("ironsan cdm: [{step}/{}] {what}", tests * per_test);
     })
     .map_err(anyhow::Error::msg)?;
+    if !a.json {
+        print!("{}", cdm::export(&name, &o, &rows));
+    }
+    let json = a.json;
     if json {
         println!(
             "{}",

@@ -515,20 +515,59 @@ fn cdm_table_and_json() {
     let mut args = vec!["cdm"];
     args.extend(quick);
     args.push(&u);
-    let t = ok(&args);
-    for label in ["SEQ1M Q8T1", "SEQ1M Q1T1", "RND4K Q32T1", "RND4K Q1T1"] {
-        let line = t
-            .lines()
-            .find(|l| l.starts_with(label))
-            .unwrap_or_else(|| panic!("{t}"));
-        let nums: Vec<f64> = line[label.len()..]
-            .split_whitespace()
-            .map(|x| x.parse().unwrap())
-            .collect();
-        assert_eq!(nums.len(), 4, "{line}");
-        assert!(nums.iter().all(|n| *n > 0.0), "{line}");
+    let out = run(&args);
+    assert!(out.status.success());
+    let t = String::from_utf8_lossy(&out.stdout).to_string();
+    // CrystalDiskMark 8's text export: [Read] then [Write], each test as
+    // `  SEQ    1MiB (Q=  8, T= 1):  N MB/s [N IOPS] <N us>`.
+    let (read, write) = t
+        .split_once("[Read]\n")
+        .and_then(|(_, r)| r.split_once("\n[Write]\n"))
+        .unwrap_or_else(|| panic!("{t}"));
+    for block in [read, write] {
+        let labels = [
+            "SEQ    1MiB (Q=  8, T= 1)",
+            "SEQ    1MiB (Q=  1, T= 1)",
+            "RND    4KiB (Q= 32, T= 1)",
+            "RND    4KiB (Q=  1, T= 1)",
+        ];
+        for label in labels {
+            let line = block
+                .lines()
+                .find(|l| l.starts_with(&format!("  {label}: ")))
+                .unwrap_or_else(|| panic!("{label}: {t}"));
+            let rest = line.split_once("): ").unwrap().1;
+            let nums: Vec<f64> = rest
+                .replace(['[', ']', '<', '>'], " ")
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            assert_eq!(nums.len(), 3, "{line}");
+            assert!(nums.iter().all(|n| *n > 0.0), "{line}");
+            assert!(
+                rest.contains(" MB/s [") && rest.contains(" IOPS] <") && rest.ends_with(" us>")
+            );
+        }
     }
-    assert!(t.contains("Read MB/s") && t.contains("Write IOPS"), "{t}");
+    assert!(
+        t.contains("\nProfile: Default\n   Test: 8 MiB (x1) ["),
+        "{t}"
+    );
+    assert!(
+        t.contains("   Time: Measure 200 ms / Interval 0 sec\n"),
+        "{t}"
+    );
+    assert!(t.contains("   Date: ") && t.contains("     OS: "), "{t}");
+    // Progress, test by test, on stderr.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[1/8] SEQ    1MiB (Q=  8, T= 1) read pass 1/1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[8/8] RND    4KiB (Q=  1, T= 1) write pass 1/1"),
+        "{err}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("cdm");
