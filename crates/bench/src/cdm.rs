@@ -343,7 +343,7 @@ pub fn export(target: &str, o: &Options, rows: &[Row]) -> String {
             }
         }
     }
-    let size = if o.size >= 1 << 30 && o.size % (1 << 30) == 0 {
+    let size = if o.size >= 1 << 30 && o.size.is_multiple_of(1 << 30) {
         format!("{} GiB", o.size >> 30)
     } else {
         format!("{} MiB", o.size >> 20)
