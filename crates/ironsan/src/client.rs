@@ -37,16 +37,24 @@ pub struct InqArgs {
 /// `ironsan bench`: fio-style workloads against iSCSI LUNs, files or block devices.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Targets: iscsi://host[:port]/iqn/lun (several with --multipath), a file or a block device.
-    /// With --client: the targets of every node without its own.
-    #[arg(required_unless_present_any = ["server", "clients"])]
+    /// Targets: iscsi://host[:port]/iqn/lun (several with --multipath), a file or a block device;
+    /// or one fio job file (JOB.fio: a [global] section and one job section). With --client:
+    /// the targets of every node without its own.
+    #[arg(required_unless_present_any = ["server", "clients", "filename"])]
     pub(crate) targets: Vec<String>,
+    /// fio's name for the targets: a file, a block device or iscsi://… (repeatable; ':'
+    /// separates several, as in fio).
+    #[arg(long, value_name = "PATH")]
+    filename: Vec<String>,
     /// read, write, randread, randwrite, randrw or rw.
     #[arg(long, default_value = "randread")]
     rw: String,
     /// Percentage of reads for randrw/rw.
     #[arg(long, default_value_t = 50)]
     rwmixread: u8,
+    /// Percentage of writes for randrw/rw (fio: 100 - rwmixread).
+    #[arg(long, conflicts_with = "rwmixread")]
+    rwmixwrite: Option<u8>,
     /// Block size (4k, 1m, 4096 ...).
     #[arg(long, default_value = "4k")]
     bs: String,
@@ -75,9 +83,22 @@ pub struct BenchArgs {
     /// Seed of the offset generator.
     #[arg(long, default_value_t = 0x1234_5678)]
     randseed: u64,
-    /// O_DIRECT for files and block devices.
-    #[arg(long)]
+    /// O_DIRECT for files and block devices (fio's --direct=1; --direct alone means 1).
+    #[arg(long, num_args = 0..=1, default_value = "0", default_missing_value = "1",
+          value_parser = fio_bool, value_name = "0|1")]
     direct: bool,
+    /// fio's time_based: with --runtime, run for that long, going over the region as often
+    /// as it takes (what ironsan bench always does with --runtime).
+    #[arg(long = "time_based", requires = "runtime")]
+    time_based: bool,
+    /// fio's group_reporting: one report for all --numjobs jobs (what ironsan bench always
+    /// prints).
+    #[arg(long = "group_reporting")]
+    group_reporting: bool,
+    /// fio's output format: normal (text) or json (as --json); json+ and terse are not
+    /// supported yet and refused.
+    #[arg(long = "output-format", value_name = "FORMAT")]
+    output_format: Option<String>,
     /// Multipath policy over several URLs of one LU: rr, rr:N (switch path every N I/Os) or lqd (least queue depth).
     #[arg(long)]
     multipath: Option<String>,
@@ -170,6 +191,79 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_micros(n.saturating_mul(mul_us)))
 }
 
+impl BenchArgs {
+    /// JSON output (`--json` or `--output-format=json`).
+    pub(crate) fn json_out(&self) -> bool {
+        self.json || self.output_format.as_deref() == Some("json")
+    }
+}
+
+/// fio's booleans: 1/0, true/false, yes/no.
+fn fio_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("{s:?}: expected 1 or 0")),
+    }
+}
+
+/// Options for one job of a fio job file, parsed like the command line.
+#[derive(clap::Parser, Debug)]
+#[command(no_binary_name = true)]
+struct JobFileArgs {
+    #[command(flatten)]
+    a: BenchArgs,
+}
+
+/// A fio job file (`[global]` and one job section of `key=value` lines,
+/// `;` and `#` comments) as command-line options: `key=value` becomes
+/// `--key=value`, a bare `key` `--key`; the job section's name is the
+/// job's `--name`. Unknown keys are refused by name, as on the command
+/// line.
+pub fn job_file_args(text: &str) -> Result<Vec<String>> {
+    let mut global = Vec::new();
+    let mut jobs: Vec<(String, Vec<String>)> = Vec::new();
+    let mut section: Option<String> = None;
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let name = name.trim().to_string();
+            if name != "global" {
+                jobs.push((name.clone(), Vec::new()));
+            }
+            section = Some(name);
+            continue;
+        }
+        let Some(sec) = &section else {
+            bail!("job file line {}: {line:?} is outside any [section]", n + 1);
+        };
+        let opt = match line.split_once('=') {
+            Some((k, v)) => format!("--{}={}", k.trim(), v.trim()),
+            None => format!("--{line}"),
+        };
+        if sec == "global" {
+            global.push(opt);
+        } else if let Some((_, o)) = jobs.last_mut() {
+            o.push(opt);
+        }
+    }
+    match jobs.len() {
+        0 => bail!("the job file has no job section (only [global])"),
+        1 => {}
+        n => {
+            bail!("the job file has {n} jobs; one job section (with [global]) is supported for now")
+        }
+    }
+    let (name, opts) = jobs.remove(0);
+    let mut argv = vec![format!("--name={name}")];
+    argv.extend(global);
+    argv.extend(opts);
+    Ok(argv)
+}
+
 /// `--verify-id`: hex with 0x, or decimal.
 fn parse_id(s: &str) -> Result<u64> {
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
@@ -200,6 +294,17 @@ pub fn size_arg(opt: &str, s: &str) -> Result<u64> {
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
+    // `ironsan bench job.fio`: the job file's options, as if given here.
+    if let [one] = a.targets.as_slice() {
+        let p = std::path::Path::new(one);
+        if p.extension().is_some_and(|e| e == "fio") && p.is_file() {
+            let text = std::fs::read_to_string(p).with_context(|| one.clone())?;
+            let argv = job_file_args(&text).with_context(|| one.clone())?;
+            let parsed = <JobFileArgs as clap::Parser>::try_parse_from(&argv)
+                .map_err(|e| anyhow::anyhow!("{one}: {}", e.to_string().trim()))?;
+            return bench(parsed.a);
+        }
+    }
     if let Some(addr) = a.server {
         return crate::multinode::server(&a, addr);
     }
@@ -217,10 +322,28 @@ pub fn bench(a: BenchArgs) -> Result<()> {
 /// The job the options describe (not yet validated: a multi-node job's
 /// targets may come from the --client options).
 fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
+    if let Some(f) = a.output_format.as_deref() {
+        if !matches!(f, "normal" | "json") {
+            bail!("--output-format={f}: not supported yet (normal and json are)");
+        }
+    }
+    let filenames = a.filename.iter().flat_map(|f| {
+        // fio separates several files with ':' (iscsi://host:port/… keeps its own).
+        if f.starts_with("iscsi://") {
+            vec![f.clone()]
+        } else {
+            f.split(':')
+                .filter(|x| !x.is_empty())
+                .map(str::to_string)
+                .collect()
+        }
+    });
     let targets = a
         .targets
         .iter()
-        .map(|t| TargetSpec::parse(t))
+        .cloned()
+        .chain(filenames)
+        .map(|t| TargetSpec::parse(&t))
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
     let bs = size_arg("--bs", &a.bs)?;
@@ -228,7 +351,11 @@ fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
         name: a.name.clone(),
         targets,
         rw: Rw::parse(&a.rw).map_err(anyhow::Error::msg)?,
-        rwmixread: a.rwmixread,
+        rwmixread: match a.rwmixwrite {
+            Some(w) if w > 100 => bail!("--rwmixwrite {w}: 0..=100"),
+            Some(w) => 100 - w,
+            None => a.rwmixread,
+        },
         bs: u32::try_from(bs).map_err(|_| anyhow::anyhow!("--bs {bs}: too large"))?,
         iodepth: a.iodepth,
         numjobs: a.numjobs,
@@ -265,7 +392,7 @@ fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
 
 fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
     let progress = Arc::new(bench::run::Progress::default());
-    let live = std::io::stderr().is_terminal() && !a.json;
+    let live = std::io::stderr().is_terminal() && !a.json_out();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ticker = live.then(|| {
         let (p, stop, total) = (progress.clone(), stop.clone(), spec.runtime);
@@ -304,7 +431,7 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
         std::fs::write(p, bench::plot::svg(spec, &r))
             .with_context(|| format!("--plot {}", p.display()))?;
     }
-    if a.json {
+    if a.json_out() {
         println!(
             "{}",
             serde_json::to_string_pretty(&bench::report::json(spec, &r))?

@@ -123,7 +123,7 @@ pub fn coordinator(a: &BenchArgs, base: JobSpec) -> Result<()> {
         answer,
         ..Timeouts::default()
     };
-    let live = std::io::stderr().is_terminal() && !a.json;
+    let live = std::io::stderr().is_terminal() && !a.json_out();
     let mut last = (Instant::now(), 0u64, 0u64);
     // The token given, else the one a server on this host generated.
     let token = match given_token(a)? {
@@ -156,7 +156,7 @@ pub fn coordinator(a: &BenchArgs, base: JobSpec) -> Result<()> {
         std::fs::write(p, bench::plot::svg(&m.nodes[0].spec, &m.merged))
             .with_context(|| format!("--plot {}", p.display()))?;
     }
-    if a.json {
+    if a.json_out() {
         println!(
             "{}",
             serde_json::to_string_pretty(&bench::node::report::json(&m))?

@@ -827,3 +827,73 @@ fn files_are_laid_out_and_sizes_are_honest() {
         "beyond the target",
     );
 }
+
+/// fio's spellings: --name=value forms, --filename, --direct=1,
+/// --time_based, --output-format=json, --group_reporting, --rwmixwrite;
+/// a fio job file; unsupported options and formats refused by name.
+#[test]
+fn fio_command_lines_and_job_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("f.img");
+    let fs = f.to_str().unwrap();
+    let fname = format!("--filename={fs}");
+    let v = json(&[
+        "bench",
+        &fname,
+        "--size=8M",
+        "--direct=1",
+        "--time_based",
+        "--runtime=500ms",
+        "--output-format=json",
+        "--group_reporting",
+        "--rw=randrw",
+        "--rwmixwrite=30",
+        "--numjobs=2",
+        "--ioengine=psync",
+    ]);
+    let job = &v["jobs"][0];
+    let (r, w) = (
+        job["read"]["total_ios"].as_f64().unwrap(),
+        job["write"]["total_ios"].as_f64().unwrap(),
+    );
+    assert!(r > 0.0 && w > 0.0, "{job}");
+    let share = w / (r + w);
+    assert!(
+        (0.2..0.4).contains(&share),
+        "writes {share:.2} of I/Os, want about 0.30"
+    );
+
+    let jf = dir.path().join("job.fio");
+    std::fs::write(
+        &jf,
+        format!(
+            "; fio job file\n[global]\nioengine=psync\ndirect=1\nbs=4k\nsize=8M\n\n[randread-test]\nfilename={fs}\nrw=randread\niodepth=1\nruntime=300ms\ntime_based\n"
+        ),
+    )
+    .unwrap();
+    let out = ok(&["bench", jf.to_str().unwrap()]);
+    assert!(
+        out.starts_with("randread-test: rw=randread, bs=4096"),
+        "{out}"
+    );
+    assert!(out.contains("ioengine=psync"), "{out}");
+
+    let bad = dir.path().join("bad.fio");
+    std::fs::write(
+        &bad,
+        format!("[global]\nbogus_option=1\n[j]\nfilename={fs}\n"),
+    )
+    .unwrap();
+    refused(&["bench", bad.to_str().unwrap()], "--bogus_option");
+    let two = dir.path().join("two.fio");
+    std::fs::write(&two, format!("[a]\nfilename={fs}\n[b]\nfilename={fs}\n")).unwrap();
+    refused(&["bench", two.to_str().unwrap()], "2 jobs");
+    refused(
+        &["bench", "--output-format=json+", fs],
+        "--output-format=json+",
+    );
+    refused(
+        &["bench", "--rwmixwrite=30", "--rwmixread=70", fs],
+        "rwmixread",
+    );
+}
