@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy -q --workspace --all-targets -- -D warnings
 cargo test -q --workspace
+# Tests that need tools from Debian's packages (.ci/run installs them).
+command -v fio >/dev/null || { apt-get update -qq; apt-get install -y -qq fio >/dev/null; }
+cargo test -q -p ironsan --test bench -- --ignored json_has_fios_layout_and_fios_tools_read_it
 scripts/interop.sh
 scripts/console.sh
 scripts/security.sh

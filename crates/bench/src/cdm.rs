@@ -287,7 +287,7 @@ fn export_profile(p: Profile) -> &'static str {
 }
 
 /// `YYYY/MM/DD HH:MM:SS` (UTC) for `secs` since the epoch.
-fn date_text(secs: u64) -> String {
+pub fn date_text(secs: u64) -> String {
     // Days to civil date (Howard Hinnant's algorithm, proleptic Gregorian).
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;

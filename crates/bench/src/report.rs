@@ -10,6 +10,12 @@ use crate::spec::JobSpec;
 /// The percentiles reported.
 pub const PERCENTILES: [f64; 7] = [1.0, 5.0, 50.0, 90.0, 99.0, 99.9, 99.99];
 
+/// fio's default percentile list (`percentile_list`), as in its JSON.
+pub const FIO_PERCENTILES: [f64; 17] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
+    99.99,
+];
+
 /// IOPS of one direction.
 pub fn iops(d: &DirStats, r: &RunResult) -> f64 {
     d.ios as f64 / r.elapsed.as_secs_f64().max(1e-9)
@@ -141,26 +147,84 @@ pub fn text(spec: &JobSpec, r: &RunResult) -> String {
     s
 }
 
-fn lat_json(d: &DirStats) -> Value {
+/// `{min, max, mean, stddev, N}` of a latency histogram (ns).
+fn lat_stats(d: &DirStats) -> serde_json::Map<String, Value> {
     let l = &d.lat;
-    let mut pct = serde_json::Map::new();
-    for q in PERCENTILES {
-        pct.insert(
-            format!("{q:.6}"),
-            json!(if d.ios > 0 {
-                l.value_at_quantile(q / 100.0)
-            } else {
-                0
-            }),
-        );
-    }
+    let mut m = serde_json::Map::new();
     if d.ios == 0 {
-        return json!({"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0, "percentile": pct});
+        m.insert("min".into(), json!(0));
+        m.insert("max".into(), json!(0));
+        m.insert("mean".into(), json!(0.0));
+        m.insert("stddev".into(), json!(0.0));
+        m.insert("N".into(), json!(0));
+    } else {
+        m.insert("min".into(), json!(l.min()));
+        m.insert("max".into(), json!(l.max()));
+        m.insert("mean".into(), json!(l.mean()));
+        m.insert("stddev".into(), json!(l.stdev()));
+        m.insert("N".into(), json!(d.ios));
     }
-    json!({"min": l.min(), "max": l.max(), "mean": l.mean(), "stddev": l.stdev(), "N": d.ios, "percentile": pct})
+    m
 }
 
-fn dir_json(d: &DirStats, r: &RunResult) -> Value {
+/// fio's `clat_ns`: the statistics, its 17 default percentiles and, for
+/// json+, the histogram's bins (`"ns": count`; fio's own tools, such as
+/// fio_jsonplus_clat2csv, read them).
+fn clat_json(d: &DirStats, plus: bool) -> Value {
+    let mut m = lat_stats(d);
+    if d.ios > 0 {
+        let mut pct = serde_json::Map::new();
+        for q in FIO_PERCENTILES {
+            pct.insert(format!("{q:.6}"), json!(d.lat.value_at_quantile(q / 100.0)));
+        }
+        m.insert("percentile".into(), Value::Object(pct));
+    }
+    // As fio: no bins for a direction without I/O.
+    if plus && d.ios > 0 {
+        let mut bins = serde_json::Map::new();
+        for v in d.lat.iter_recorded() {
+            bins.insert(
+                d.lat.highest_equivalent(v.value_iterated_to()).to_string(),
+                json!(v.count_at_value()),
+            );
+        }
+        m.insert("bins".into(), Value::Object(bins));
+    }
+    Value::Object(m)
+}
+
+/// Per-second samples of one direction: (bandwidth KiB/s, IOPS).
+fn samples(r: &RunResult, write: bool) -> (Vec<f64>, Vec<f64>) {
+    r.series
+        .iter()
+        .map(|s| {
+            let (ios, bytes) = if write {
+                (s.write_ios, s.write_bytes)
+            } else {
+                (s.read_ios, s.read_bytes)
+            };
+            (bytes as f64 / 1024.0, ios as f64)
+        })
+        .unzip()
+}
+
+/// min, max, mean, population standard deviation.
+fn spread(v: &[f64]) -> (f64, f64, f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (min, max, mean, var.sqrt())
+}
+
+fn dir_json(d: &DirStats, r: &RunResult, write: bool, plus: bool) -> Value {
+    let (bw_s, iops_s) = samples(r, write);
+    let (bw_min, bw_max, bw_mean, bw_dev) = spread(&bw_s);
+    let (io_min, io_max, io_mean, io_dev) = spread(&iops_s);
     json!({
         "io_bytes": d.bytes,
         "io_kbytes": d.bytes / 1024,
@@ -171,14 +235,89 @@ fn dir_json(d: &DirStats, r: &RunResult) -> Value {
         "total_ios": d.ios,
         "short_ios": 0,
         "drop_ios": 0,
+        // Submission latency is not measured apart: no samples (what fio
+        // reports for synchronous engines).
+        "slat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0},
+        "clat_ns": clat_json(d, plus),
+        "lat_ns": Value::Object(lat_stats(d)),
+        "bw_min": bw_min as u64,
+        "bw_max": bw_max as u64,
+        "bw_agg": if d.ios > 0 { 100.0 } else { 0.0 },
+        "bw_mean": bw_mean,
+        "bw_dev": bw_dev,
+        "bw_samples": bw_s.len(),
+        "iops_min": io_min as u64,
+        "iops_max": io_max as u64,
+        "iops_mean": io_mean,
+        "iops_stddev": io_dev,
+        "iops_samples": iops_s.len(),
         "errors": d.errors,
-        "clat_ns": lat_json(d),
-        "lat_ns": lat_json(d),
     })
 }
 
-/// fio-compatible JSON with an `ironsan` section for what fio lacks.
+/// Percentages of `counts` under fio's bucket `labels`.
+fn buckets(labels: &[&str], counts: &[u64]) -> Value {
+    let total: u64 = counts.iter().sum();
+    let mut m = serde_json::Map::new();
+    for (l, c) in labels.iter().zip(counts) {
+        let pct = if total == 0 {
+            0.0
+        } else {
+            *c as f64 * 100.0 / total as f64
+        };
+        m.insert((*l).into(), json!(pct));
+    }
+    Value::Object(m)
+}
+
+/// fio's latency_ns/us/ms: percent of all I/Os whose completion latency
+/// falls in each bucket (up to and including its label).
+fn latency_buckets(r: &RunResult) -> (Value, Value, Value) {
+    const NS: [u64; 10] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000];
+    const MS: [u64; 11] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000];
+    let mut ns = [0u64; 10];
+    let mut us = [0u64; 10];
+    let mut ms = [0u64; 12];
+    let total = r.read.ios + r.write.ios;
+    for d in [&r.read, &r.write] {
+        for v in d.lat.iter_recorded() {
+            let x = d.lat.highest_equivalent(v.value_iterated_to());
+            let c = v.count_at_value();
+            if x <= 1000 {
+                ns[NS.iter().position(|&b| x <= b).unwrap_or(9)] += c;
+            } else if x <= 1_000_000 {
+                us[NS.iter().position(|&b| x <= b * 1000).unwrap_or(9)] += c;
+            } else {
+                ms[MS.iter().position(|&b| x <= b * 1_000_000).unwrap_or(11)] += c;
+            }
+        }
+    }
+    let pct = |labels: &[String], counts: &[u64]| {
+        let mut m = serde_json::Map::new();
+        for (l, c) in labels.iter().zip(counts) {
+            let p = if total == 0 {
+                0.0
+            } else {
+                *c as f64 * 100.0 / total as f64
+            };
+            m.insert(l.clone(), json!(p));
+        }
+        Value::Object(m)
+    };
+    let small: Vec<String> = NS.iter().map(u64::to_string).collect();
+    let mut large: Vec<String> = MS.iter().map(u64::to_string).collect();
+    large.push(">=2000".into());
+    (pct(&small, &ns), pct(&small, &us), pct(&large, &ms))
+}
+
+/// fio-compatible JSON (fio 3.33's layout) with an `ironsan` section for
+/// what fio lacks.
 pub fn json(spec: &JobSpec, r: &RunResult) -> Value {
+    json_with(spec, r, false)
+}
+
+/// fio's JSON, or with `plus` its json+ (histogram bins in `clat_ns`).
+pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool) -> Value {
     let series: Vec<Value> = r
         .series
         .iter()
@@ -190,12 +329,47 @@ pub fn json(spec: &JobSpec, r: &RunResult) -> Value {
                 "lat_ns": {"p50": q(0.5), "p99": q(0.99), "max": if s.lat.is_empty() { 0 } else { s.lat.max() }}})
         })
         .collect();
-    let ts = std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .unwrap_or_default();
+    let c = &r.counters;
+    let secs = r.elapsed.as_secs_f64().max(1e-9);
+    let (lat_ns, lat_us, lat_ms) = latency_buckets(r);
+    let batch = ["0", "4", "8", "16", "32", "64", ">=64"];
+    let mut submit = [0u64; 7];
+    submit[1] = c.submits;
+    let none = DirStats::new();
+    let mut options = serde_json::Map::new();
+    options.insert("name".into(), json!(spec.name));
+    options.insert(
+        "filename".into(),
+        json!(spec
+            .targets
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(":")),
+    );
+    options.insert("rw".into(), json!(spec.rw.name()));
+    options.insert("bs".into(), json!(spec.bs.to_string()));
+    options.insert("iodepth".into(), json!(spec.iodepth.to_string()));
+    options.insert("numjobs".into(), json!(spec.numjobs.to_string()));
+    options.insert("ioengine".into(), json!(r.engine));
+    if let Some(sz) = spec.size {
+        options.insert("size".into(), json!(sz.to_string()));
+    }
+    if let Some(rt) = spec.runtime {
+        options.insert("runtime".into(), json!(format!("{}ms", rt.as_millis())));
+        options.insert("time_based".into(), json!("1"));
+    }
+    if spec.direct {
+        options.insert("direct".into(), json!("1"));
+    }
     json!({
         "fio version": concat!("ironsan-", env!("CARGO_PKG_VERSION")),
-        "timestamp": ts,
+        "timestamp": now.as_secs(),
+        "timestamp_ms": now.as_millis() as u64,
+        "time": crate::cdm::date_text(now.as_secs()) + " UTC",
         "global options": {
             "rw": spec.rw.name(),
             "bs": spec.bs.to_string(),
@@ -206,11 +380,31 @@ pub fn json(spec: &JobSpec, r: &RunResult) -> Value {
             "jobname": spec.name,
             "groupid": 0,
             "error": u64::from(r.read.errors + r.write.errors > 0),
-            "job options": {"rw": spec.rw.name(), "bs": spec.bs.to_string(), "iodepth": spec.iodepth.to_string()},
-            "read": dir_json(&r.read, r),
-            "write": dir_json(&r.write, r),
+            "eta": 0,
+            "elapsed": r.elapsed.as_secs(),
+            "job options": Value::Object(options),
+            "read": dir_json(&r.read, r, false, plus),
+            "write": dir_json(&r.write, r, true, plus),
+            "trim": dir_json(&none, r, false, plus),
+            "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}},
             "job_runtime": r.elapsed.as_millis() as u64,
+            "usr_cpu": c.usr.as_secs_f64() * 100.0 / secs,
+            "sys_cpu": c.sys.as_secs_f64() * 100.0 / secs,
+            "ctx": c.ctx,
+            "majf": c.majf,
+            "minf": c.minf,
+            "iodepth_level": buckets(&["1", "2", "4", "8", "16", "32", ">=64"], &c.depth),
+            "iodepth_submit": buckets(&batch, &submit),
+            "iodepth_complete": buckets(&batch, &c.complete),
+            "latency_ns": lat_ns,
+            "latency_us": lat_us,
+            "latency_ms": lat_ms,
+            "latency_depth": spec.iodepth,
+            "latency_target": 0,
+            "latency_percentile": 100.0,
+            "latency_window": 0,
         }],
+        "disk_util": [],
         "ironsan": {
             "targets": spec.targets.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
             "series": series,

@@ -46,6 +46,85 @@ impl DirStats {
     }
 }
 
+/// What fio reports beside the I/O totals: queue depths at submission,
+/// completions per reap, and the process's CPU time, context switches and
+/// page faults over the run.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    /// I/Os submitted with the job's in-flight count (after the submit) in
+    /// fio's iodepth_level buckets: 1, 2-3, 4-7, 8-15, 16-31, 32-63, >=64.
+    pub depth: [u64; 7],
+    /// Reaps by completions returned, in fio's iodepth_complete buckets:
+    /// 0, 1-4, 5-8, 9-16, 17-32, 33-64, >64.
+    pub complete: [u64; 7],
+    /// Submit calls (each submits one I/O).
+    pub submits: u64,
+    /// CPU time in user and system mode over the run (the whole process).
+    pub usr: Duration,
+    pub sys: Duration,
+    /// Context switches (voluntary and not), major and minor page faults.
+    pub ctx: u64,
+    pub majf: u64,
+    pub minf: u64,
+}
+
+impl Counters {
+    /// fio's iodepth_level bucket of an in-flight count.
+    pub fn depth_bucket(n: usize) -> usize {
+        match n {
+            0 | 1 => 0,
+            2..=3 => 1,
+            4..=7 => 2,
+            8..=15 => 3,
+            16..=31 => 4,
+            32..=63 => 5,
+            _ => 6,
+        }
+    }
+
+    /// fio's iodepth_submit/complete bucket of a batch size.
+    pub fn batch_bucket(n: usize) -> usize {
+        match n {
+            0 => 0,
+            1..=4 => 1,
+            5..=8 => 2,
+            9..=16 => 3,
+            17..=32 => 4,
+            33..=64 => 5,
+            _ => 6,
+        }
+    }
+
+    fn merge(&mut self, o: &Counters) {
+        for i in 0..7 {
+            self.depth[i] += o.depth[i];
+            self.complete[i] += o.complete[i];
+        }
+        self.submits += o.submits;
+    }
+}
+
+/// The process's resource usage now: (user, system, context switches,
+/// major faults, minor faults).
+fn rusage() -> (Duration, Duration, u64, u64, u64) {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid rusage to write; RUSAGE_SELF needs nothing else.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Default::default();
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    (
+        tv(u.ru_utime),
+        tv(u.ru_stime),
+        (u.ru_nvcsw + u.ru_nivcsw).max(0) as u64,
+        u.ru_majflt.max(0) as u64,
+        u.ru_minflt.max(0) as u64,
+    )
+}
+
 /// The result of a run, merged across jobs.
 #[derive(Clone, Debug)]
 pub struct RunResult {
@@ -72,6 +151,8 @@ pub struct RunResult {
     /// Measured time until the first job finished (the stonewall: until
     /// then every job was running).
     pub first_finish: Duration,
+    /// Depths, batches and CPU (fio's job-level fields).
+    pub counters: Counters,
 }
 
 /// One second of the series.
@@ -116,6 +197,7 @@ struct JobOut {
     verified: u64,
     /// UNIT ATTENTIONs the engine retried.
     unit_attentions: Vec<((u8, u8, u8), u64)>,
+    counters: Counters,
 }
 
 /// An opened engine with its name and a note on any fallback.
@@ -364,6 +446,7 @@ fn run_prepared(
         target_bs,
     };
     let shared = Arc::new(shared);
+    let usage_before = rusage();
     let mut handles = Vec::new();
     for (j, engine) in engines.into_iter().enumerate() {
         let spec = spec.clone();
@@ -394,6 +477,7 @@ fn run_prepared(
     let mut paths: Vec<PathStat> = Vec::new();
     let mut error_samples = Vec::new();
     let mut unit_attentions = std::collections::BTreeMap::new();
+    let mut counters = Counters::default();
     let mut elapsed = Duration::ZERO;
     let mut first_finish: Option<Duration> = None;
     let mut verified_bytes = 0;
@@ -438,6 +522,7 @@ fn run_prepared(
             }
         }
         error_samples.extend(out.errors);
+        counters.merge(&out.counters);
         for (code, n) in out.unit_attentions {
             *unit_attentions.entry(code).or_insert(0u64) += n;
         }
@@ -449,6 +534,12 @@ fn run_prepared(
         return Err(e);
     }
     error_samples.truncate(10);
+    let usage_after = rusage();
+    counters.usr = usage_after.0.saturating_sub(usage_before.0);
+    counters.sys = usage_after.1.saturating_sub(usage_before.1);
+    counters.ctx = usage_after.2.saturating_sub(usage_before.2);
+    counters.majf = usage_after.3.saturating_sub(usage_before.3);
+    counters.minf = usage_after.4.saturating_sub(usage_before.4);
     if !unit_attentions.is_empty() {
         let list: Vec<String> = unit_attentions
             .iter()
@@ -478,6 +569,7 @@ fn run_prepared(
         verified_bytes,
         capacity: cap,
         first_finish: first_finish.unwrap_or(elapsed),
+        counters,
     })
 }
 
@@ -528,6 +620,7 @@ fn job(
         errors: Vec::new(),
         verified: 0,
         unit_attentions: Vec::new(),
+        counters: Counters::default(),
     };
     let mut ids = vshared.check;
     let mut seq: u64 = u64::from(index) << 48;
@@ -585,12 +678,15 @@ fn job(
                 )?;
                 issued += u64::from(spec.bs);
                 inflight += 1;
+                out.counters.submits += 1;
+                out.counters.depth[Counters::depth_bucket(inflight)] += 1;
             }
         }
         if inflight == 0 {
             break;
         }
         engine.reap(&mut done)?;
+        out.counters.complete[Counters::batch_bucket(done.len())] += 1;
         let now = Instant::now();
         for d in done.drain(..) {
             inflight -= 1;

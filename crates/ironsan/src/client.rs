@@ -95,8 +95,8 @@ pub struct BenchArgs {
     /// prints).
     #[arg(long = "group_reporting")]
     group_reporting: bool,
-    /// fio's output format: normal (text) or json (as --json); json+ and terse are not
-    /// supported yet and refused.
+    /// fio's output format: normal (text), json (as --json) or json+ (with the latency
+    /// histogram's bins); terse is not supported yet and refused.
     #[arg(long = "output-format", value_name = "FORMAT")]
     output_format: Option<String>,
     /// Multipath policy over several URLs of one LU: rr, rr:N (switch path every N I/Os) or lqd (least queue depth).
@@ -194,7 +194,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 impl BenchArgs {
     /// JSON output (`--json` or `--output-format=json`).
     pub(crate) fn json_out(&self) -> bool {
-        self.json || self.output_format.as_deref() == Some("json")
+        self.json || matches!(self.output_format.as_deref(), Some("json" | "json+"))
     }
 }
 
@@ -323,8 +323,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
 /// targets may come from the --client options).
 fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
     if let Some(f) = a.output_format.as_deref() {
-        if !matches!(f, "normal" | "json") {
-            bail!("--output-format={f}: not supported yet (normal and json are)");
+        if !matches!(f, "normal" | "json" | "json+") {
+            bail!("--output-format={f}: not supported yet (normal, json and json+ are)");
         }
     }
     let filenames = a.filename.iter().flat_map(|f| {
@@ -434,7 +434,11 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
     if a.json_out() {
         println!(
             "{}",
-            serde_json::to_string_pretty(&bench::report::json(spec, &r))?
+            serde_json::to_string_pretty(&bench::report::json_with(
+                spec,
+                &r,
+                a.output_format.as_deref() == Some("json+")
+            ))?
         );
     } else {
         print!("{}", bench::report::text(spec, &r));

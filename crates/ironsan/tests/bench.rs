@@ -897,3 +897,122 @@ fn fio_command_lines_and_job_files() {
         "rwmixread",
     );
 }
+
+/// Every key of a real fio 3.33 `--output-format=json+` report is in
+/// bench's (but disk_util's per-device entries: bench lists none), and
+/// fio's own fio_jsonplus_clat2csv turns bench's json+ into a CSV with
+/// rows and validates it. Needs Debian's fio: scripts/test.sh runs it
+/// with --ignored (.ci/run installs fio).
+#[test]
+#[ignore = "needs Debian's fio and fio_jsonplus_clat2csv: scripts/test.sh runs it with --ignored"]
+fn json_has_fios_layout_and_fios_tools_read_it() {
+    fn keys(v: &serde_json::Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    let p = format!("{at}{k}");
+                    out.insert(p.clone());
+                    if k != "bins" {
+                        keys(x, &format!("{p}."), out);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => {
+                if let Some(x) = a.first() {
+                    keys(x, &format!("{at}[]."), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let have = |c: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {c}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    assert!(
+        have("fio") && have("fio_jsonplus_clat2csv"),
+        "fio and fio_jsonplus_clat2csv are not installed (apt-get install fio)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("f.img");
+    let fs = f.to_str().unwrap();
+    let fio = Command::new("fio")
+        .args([
+            "--name=ref",
+            &format!("--filename={fs}"),
+            "--size=4M",
+            "--rw=randrw",
+            "--bs=4k",
+            "--runtime=1",
+            "--time_based",
+            "--ioengine=psync",
+            "--output-format=json+",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        fio.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fio.stderr)
+    );
+    let reference: serde_json::Value = serde_json::from_slice(&fio.stdout).unwrap();
+    let ours = run(&[
+        "bench",
+        &format!("--filename={fs}"),
+        "--size=4M",
+        "--rw=randrw",
+        "--runtime=1",
+        "--time_based",
+        "--ioengine=psync",
+        "--output-format=json+",
+    ]);
+    assert!(ours.status.success());
+    let mine: serde_json::Value = serde_json::from_slice(&ours.stdout).unwrap();
+    let (mut want, mut got) = (Default::default(), Default::default());
+    keys(&reference, "", &mut want);
+    keys(&mine, "", &mut got);
+    let missing: Vec<_> = want
+        .difference(&got)
+        .filter(|k| !k.starts_with("disk_util.[]."))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "keys fio has and bench lacks: {missing:?}"
+    );
+    let pct = mine["jobs"][0]["read"]["clat_ns"]["percentile"]
+        .as_object()
+        .unwrap();
+    assert_eq!(pct.len(), 17, "fio's 17 default percentiles");
+    let json = dir.path().join("bench.json");
+    std::fs::write(&json, &ours.stdout).unwrap();
+    let csv = dir.path().join("bench.csv");
+    let out = Command::new("fio_jsonplus_clat2csv")
+        .arg(&json)
+        .arg(&csv)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let made = dir.path().join("bench_job0.csv");
+    let rows = std::fs::read_to_string(&made).unwrap().lines().count();
+    assert!(rows > 10, "{rows} CSV lines");
+    let out = Command::new("fio_jsonplus_clat2csv")
+        .args(["--validate"])
+        .arg(&json)
+        .arg(&csv)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("validated"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

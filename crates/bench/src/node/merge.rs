@@ -153,6 +153,8 @@ pub fn merge(results: &[&RunResult], labels: &[String]) -> RunResult {
         verified_bytes,
         capacity: results.iter().map(|r| r.capacity).min().unwrap_or(0),
         first_finish: first_finish.unwrap_or(elapsed),
+        // Depths and CPU are per node: not merged.
+        counters: Default::default(),
     }
 }
 
@@ -180,6 +182,7 @@ mod tests {
             verified_bytes: 0,
             capacity: 1 << 30,
             first_finish: Duration::from_millis(first_ms),
+            counters: Default::default(),
         }
     }
 

@@ -313,6 +313,7 @@ impl NodeRun {
                 verified_bytes: self.verified_bytes,
                 capacity: self.capacity,
                 first_finish: Duration::from_micros(self.first_finish_us),
+                counters: Default::default(),
             },
             self.timeline,
         ))
@@ -407,6 +408,7 @@ mod tests {
             verified_bytes: 0,
             capacity: 1 << 20,
             first_finish: Duration::from_millis(900),
+            counters: Default::default(),
         };
         let tl = vec![Sample {
             us: 10,
