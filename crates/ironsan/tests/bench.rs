@@ -889,8 +889,8 @@ fn fio_command_lines_and_job_files() {
     std::fs::write(&two, format!("[a]\nfilename={fs}\n[b]\nfilename={fs}\n")).unwrap();
     refused(&["bench", two.to_str().unwrap()], "2 jobs");
     refused(
-        &["bench", "--output-format=json+", fs],
-        "--output-format=json+",
+        &["bench", "--output-format=terse", fs],
+        "--output-format=terse",
     );
     refused(
         &["bench", "--rwmixwrite=30", "--rwmixread=70", fs],
