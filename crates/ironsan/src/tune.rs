@@ -102,6 +102,21 @@ pub fn nofile_soft(limits: &str) -> Option<u64> {
     }
 }
 
+/// `ethtool -g`: (maximum, current) RX ring entries.
+pub fn rx_ring(out: &str) -> Option<(u64, u64)> {
+    let (pre, cur) = out.split_once("Current hardware settings:")?;
+    let rx = |t: &str| {
+        t.lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("RX:")
+                    .map(|v| v.trim().parse::<u64>().ok())
+            })
+            .flatten()
+    };
+    Some((rx(pre)?, rx(cur)?))
+}
+
 /// `key: value` lines of `ethtool -c` / `ethtool -k` output.
 pub fn ethtool_values(out: &str) -> Vec<(String, String)> {
     out.lines()
@@ -232,6 +247,27 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
         }
     }
     f.extend(congestion_check(h));
+    if let Some(v) = h.read("/proc/sys/net/ipv4/tcp_window_scaling") {
+        f.push(if v == "1" {
+            Finding { level: Level::Ok, what: "net.ipv4.tcp_window_scaling".into(), now: v, advice: String::new() }
+        } else {
+            Finding {
+                level: Level::Change,
+                what: "net.ipv4.tcp_window_scaling".into(),
+                now: v,
+                advice: "sysctl -w net.ipv4.tcp_window_scaling=1   # RFC 1323 window scaling (the seeds' rfc1323 1): without it no connection has more than 64 KiB in flight, whatever the buffers".into(),
+            }
+        });
+    }
+    let ethtool = which("ethtool");
+    if !ethtool && ifaces.iter().any(|i| i != "lo") {
+        f.push(Finding {
+            level: Level::Info,
+            what: "NIC checks (coalescing, offloads, RX ring)".into(),
+            now: "ethtool is not installed: not checked".into(),
+            advice: "apt-get install ethtool   # then run ironsan tune again".into(),
+        });
+    }
     for i in ifaces {
         let mtu = h.read(&format!("/sys/class/net/{i}/mtu"));
         if let Some(m) = mtu.and_then(|m| m.parse::<u32>().ok()) {
@@ -284,6 +320,24 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
                     )
                 },
             });
+        }
+        if let Some(out) = run_cmd("ethtool", &["-g", i]) {
+            if let Some((max, now)) = rx_ring(&out) {
+                let full = now >= max.min(4096);
+                f.push(Finding {
+                    level: if full { Level::Ok } else { Level::Change },
+                    what: format!("RX ring of {i}"),
+                    now: format!("{now} (maximum {max})"),
+                    advice: if full {
+                        String::new()
+                    } else {
+                        format!(
+                            "ethtool -G {i} rx {}   # a deeper RX ring drops fewer packets in bursts (the seeds' VMXNET3 RX ring 4096)",
+                            max.min(4096)
+                        )
+                    },
+                });
+            }
         }
         if let Some(out) = run_cmd("ethtool", &["-k", i]) {
             let v = ethtool_values(&out);
@@ -729,11 +783,17 @@ pub fn recipe_esxi(t: &TargetFacts) -> String {
         "\n# 3. LUN queue depth of the software iSCSI initiator (default 128, effective maximum 1024); reboot to apply.\n#    ironsan's command window per session is {}: a deeper LUN queue than that only queues in ESXi.\nesxcli system module parameters set -m iscsi_vmk -p iscsivmk_LunQDepth={qd}\n",
         t.window
     ));
-    o.push_str("\n# 4. Outstanding I/Os per device when several VMs share it (DSNRO), up to the LUN queue depth.\n");
+    o.push_str("\n# 4. Per device: its maximum queue depth (-m) and the outstanding I/Os when several VMs share it\n#    (-O, DSNRO), up to the LUN queue depth (the seeds set both high).\n");
     for l in &t.luns {
         o.push_str(&format!(
-            "esxcli storage core device set -d {} -O {qd}\n",
-            l.naa
+            "esxcli storage core device set -d {} -m {qd}\nesxcli storage core device set -d {} -O {qd}\n",
+            l.naa, l.naa
+        ));
+    }
+    if t.window < 8192 {
+        o.push_str(&format!(
+            "#    On the target: ironsan grants {} commands per session; the seeds ran 8192 outstanding target\n#    commands: ironsan serve --queue-depth 8192 (or [limits] queue_depth = 8192).\n",
+            t.window
         ));
     }
     o.push_str("\n# 5. Delayed ACK off on the iSCSI adapter: acknowledgements are not held back for up to 200 ms\n#    (the seeds' setting; it matters most for writes and for low queue depths).\n");
@@ -758,7 +818,22 @@ pub fn recipe_esxi(t: &TargetFacts) -> String {
             "esxcli network ip interface set --interface-name=vmk{k} --mtu=9000\n"
         ));
     }
-    o.push_str("\n# 8. Check: every LUN should show VMW_SATP_ALUA, VMW_PSP_RR with iops=1, and one path per portal and VMkernel port.\n");
+    o.push_str("\n# 8. Interrupt coalescing off (the seeds): on the host's virtual NICs, and per VM in its advanced\n#    configuration (.vmx): ethernetX.coalescingScheme = \"disabled\" for each vNIC X.\n");
+    o.push_str("esxcli system settings advanced set -o /Net/CoalesceDefaultOn -i 0\n");
+    o.push_str(
+        "#    Leave /Disk/ReqCallThreshold at its default: the seeds found lowering it hurt.\n",
+    );
+    o.push_str("#    VMs that run I/O-heavy guests: Latency Sensitivity = High, full CPU and memory reservation,\n#    sized to one NUMA node (the seeds).\n");
+    o.push_str("\n# 9. In the guests (the seeds' values):\n#    PVSCSI ring 32 pages, queue depth 254 - Windows (reboot):\n");
+    o.push_str("#      REG ADD HKLM\\SYSTEM\\CurrentControlSet\\services\\pvscsi\\Parameters\\Device /v DriverParameter /t REG_SZ /d \"RequestRingPages=32,MaxQueueDepth=254\" /f\n");
+    o.push_str(
+        "#      Linux: kernel command line vmw_pvscsi.cmd_per_lun=254 vmw_pvscsi.ring_pages=32\n",
+    );
+    o.push_str("#    VMXNET3 RX ring 4096, small RX buffers 8192 - Windows:\n");
+    o.push_str("#      Set-NetAdapterAdvancedProperty -Name Ethernet0 -DisplayName 'Rx Ring #1 Size' -DisplayValue 4096\n#      Set-NetAdapterAdvancedProperty -Name Ethernet0 -DisplayName 'Small Rx Buffers' -DisplayValue 8192\n");
+    o.push_str("#      Linux: ethtool -G ethN rx 4096\n");
+    o.push_str("#    Switches: flow control on (send and receive), MTU 9000 end to end; a LAG hashes by source and\n#    destination IP and port so that each path's connection keeps one link (the seeds).\n");
+    o.push_str("\n# 10. Check: every LUN should show VMW_SATP_ALUA, VMW_PSP_RR with iops=1, and one path per portal and VMkernel port.\n");
     for l in &t.luns {
         o.push_str(&format!(
             "esxcli storage nmp device list --device={}\n",
@@ -817,6 +892,17 @@ pub fn recipe_linux(t: &TargetFacts) -> String {
         "\n# 5. Per device: no I/O scheduler (the target schedules), deeper request queue.\n",
     );
     o.push_str("for d in /sys/block/dm-*/queue; do echo none > $d/scheduler 2>/dev/null; echo 1024 > $d/nr_requests 2>/dev/null; done\n");
+    o.push_str("\n# 6. Network (the seeds): RFC 1323 window scaling, 1 MiB socket buffers, and on each iSCSI NIC\n#    (ethN) coalescing off, a deep RX ring, jumbo frames where every hop allows.\n");
+    o.push_str("sysctl -w net.ipv4.tcp_window_scaling=1 net.core.rmem_max=1048576 net.core.wmem_max=1048576\n");
+    o.push_str("sysctl -w net.ipv4.tcp_rmem=\"4096 131072 1048576\" net.ipv4.tcp_wmem=\"4096 16384 1048576\"\n");
+    o.push_str("# ethtool -C ethN adaptive-rx off rx-usecs 0; ethtool -G ethN rx 4096; ip link set dev ethN mtu 9000\n");
+    o.push_str("#    Switches: flow control on (send and receive); a LAG hashes by source and destination IP and port.\n");
+    if t.window < 8192 {
+        o.push_str(&format!(
+            "#    On the target: ironsan grants {} commands per session; the seeds ran 8192: ironsan serve --queue-depth 8192.\n",
+            t.window
+        ));
+    }
     o
 }
 
@@ -1150,6 +1236,13 @@ mod tests {
     }
 
     #[test]
+    fn rx_ring_of_ethtool_g() {
+        let out = "Ring parameters for eth0:\nPre-set maximums:\nRX:\t\t4096\nRX Mini:\t2048\nTX:\t\t4096\nCurrent hardware settings:\nRX:\t\t256\nRX Mini:\t128\nTX:\t\t512\n";
+        assert_eq!(rx_ring(out), Some((4096, 256)));
+        assert_eq!(rx_ring("nothing"), None);
+    }
+
+    #[test]
     fn portals_lose_their_group_tag() {
         assert_eq!(portal_addr("127.0.0.1:3450,1"), "127.0.0.1:3450");
         assert_eq!(portal_addr("[fd00::1]:3260,17"), "[fd00::1]:3260");
@@ -1208,10 +1301,28 @@ mod tests {
             "esxcli storage core device set -d naa.6abcdef0123456789abcdef012345678 -O 128"
         ));
         assert!(e.contains("--key=DelayedAck --value=false"));
+        // Every seed knob has its line (docs/TUNING.md).
+        for knob in [
+            "esxcli storage core device set -d naa.6abcdef0123456789abcdef012345678 -m 128",
+            "ironsan serve --queue-depth 8192",
+            "esxcli system settings advanced set -o /Net/CoalesceDefaultOn -i 0",
+            "ethernetX.coalescingScheme = \"disabled\"",
+            "/Disk/ReqCallThreshold",
+            "RequestRingPages=32,MaxQueueDepth=254",
+            "vmw_pvscsi.cmd_per_lun=254 vmw_pvscsi.ring_pages=32",
+            "'Small Rx Buffers' -DisplayValue 8192",
+            "'Rx Ring #1 Size' -DisplayValue 4096",
+            "flow control on (send and receive)",
+            "source and\n#    destination IP and port",
+        ] {
+            assert!(e.contains(knob), "ESXi recipe lacks {knob:?}");
+        }
         let l = recipe_linux(&t);
         assert!(l.contains("wwid 36abcdef0123456789abcdef012345678"));
         assert!(l.contains("rr_min_io_rq 1"));
         assert!(l.contains("node.session.cmds_max -v 128"));
+        assert!(l.contains("sysctl -w net.ipv4.tcp_window_scaling=1"));
+        assert!(l.contains("ethtool -G ethN rx 4096"));
         let w = recipe_windows(&t);
         assert!(w.contains("New-MSDSMSupportedHW -VendorId \"IRONSAN\" -ProductId \"FILE DISK\""));
         assert!(w.contains("Set-MSDSMGlobalDefaultLoadBalancePolicy -Policy RR"));
