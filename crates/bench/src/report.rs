@@ -170,11 +170,11 @@ fn lat_stats(d: &DirStats) -> serde_json::Map<String, Value> {
 /// fio's `clat_ns`: the statistics, its 17 default percentiles and, for
 /// json+, the histogram's bins (`"ns": count`; fio's own tools, such as
 /// fio_jsonplus_clat2csv, read them).
-fn clat_json(d: &DirStats, plus: bool) -> Value {
+fn clat_json(d: &DirStats, plus: bool, percentiles: &[f64]) -> Value {
     let mut m = lat_stats(d);
     if d.ios > 0 {
         let mut pct = serde_json::Map::new();
-        for q in FIO_PERCENTILES {
+        for &q in percentiles {
             pct.insert(format!("{q:.6}"), json!(d.lat.value_at_quantile(q / 100.0)));
         }
         m.insert("percentile".into(), Value::Object(pct));
@@ -221,7 +221,7 @@ fn spread(v: &[f64]) -> (f64, f64, f64, f64) {
     (min, max, mean, var.sqrt())
 }
 
-fn dir_json(d: &DirStats, r: &RunResult, write: bool, plus: bool) -> Value {
+fn dir_json(d: &DirStats, r: &RunResult, write: bool, plus: bool, percentiles: &[f64]) -> Value {
     let (bw_s, iops_s) = samples(r, write);
     let (bw_min, bw_max, bw_mean, bw_dev) = spread(&bw_s);
     let (io_min, io_max, io_mean, io_dev) = spread(&iops_s);
@@ -238,7 +238,7 @@ fn dir_json(d: &DirStats, r: &RunResult, write: bool, plus: bool) -> Value {
         // Submission latency is not measured apart: no samples (what fio
         // reports for synchronous engines).
         "slat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0},
-        "clat_ns": clat_json(d, plus),
+        "clat_ns": clat_json(d, plus, percentiles),
         "lat_ns": Value::Object(lat_stats(d)),
         "bw_min": bw_min as u64,
         "bw_max": bw_max as u64,
@@ -313,11 +313,12 @@ fn latency_buckets(r: &RunResult) -> (Value, Value, Value) {
 /// fio-compatible JSON (fio 3.33's layout) with an `ironsan` section for
 /// what fio lacks.
 pub fn json(spec: &JobSpec, r: &RunResult) -> Value {
-    json_with(spec, r, false)
+    json_with(spec, r, false, &FIO_PERCENTILES)
 }
 
-/// fio's JSON, or with `plus` its json+ (histogram bins in `clat_ns`).
-pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool) -> Value {
+/// fio's JSON, or with `plus` its json+ (histogram bins in `clat_ns`),
+/// with the completion latency at `percentiles` (fio's percentile_list).
+pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool, percentiles: &[f64]) -> Value {
     let series: Vec<Value> = r
         .series
         .iter()
@@ -383,9 +384,9 @@ pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool) -> Value {
             "eta": 0,
             "elapsed": r.elapsed.as_secs(),
             "job options": Value::Object(options),
-            "read": dir_json(&r.read, r, false, plus),
-            "write": dir_json(&r.write, r, true, plus),
-            "trim": dir_json(&none, r, false, plus),
+            "read": dir_json(&r.read, r, false, plus, percentiles),
+            "write": dir_json(&r.write, r, true, plus, percentiles),
+            "trim": dir_json(&none, r, false, plus, percentiles),
             "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}},
             "job_runtime": r.elapsed.as_millis() as u64,
             "usr_cpu": c.usr.as_secs_f64() * 100.0 / secs,
@@ -419,4 +420,60 @@ pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool) -> Value {
             },
         }
     })
+}
+
+/// fio's per-second logs (`log_avg_msec=1000`): `NAME_bw.1.log` (KiB/s),
+/// `NAME_iops.1.log` and, with `lat`, `NAME_clat.1.log`/`NAME_lat.1.log`
+/// (mean ns); lines `msec, value, ddir, 0, 0`, ddir 0 read, 1 write.
+/// Returns the files written.
+pub fn write_logs(
+    r: &RunResult,
+    bw: Option<&str>,
+    iops: Option<&str>,
+    lat: Option<&str>,
+) -> std::io::Result<Vec<String>> {
+    use std::fmt::Write as _;
+    let mut written = Vec::new();
+    let dirs: Vec<u8> = [(0u8, r.read.ios), (1u8, r.write.ios)]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(d, _)| *d)
+        .collect();
+    let mut emit = |name: String, value: &dyn Fn(&crate::run::Second, u8) -> u64| {
+        let mut text = String::new();
+        for (i, s) in r.series.iter().enumerate() {
+            for &d in &dirs {
+                let _ = writeln!(text, "{}, {}, {d}, 0, 0", (i + 1) * 1000, value(s, d));
+            }
+        }
+        std::fs::write(&name, text)?;
+        written.push(name);
+        Ok::<(), std::io::Error>(())
+    };
+    if let Some(n) = bw {
+        emit(format!("{n}_bw.1.log"), &|s, d| {
+            (if d == 0 { s.read_bytes } else { s.write_bytes }) / 1024
+        })?;
+    }
+    if let Some(n) = iops {
+        emit(format!("{n}_iops.1.log"), &|s, d| {
+            if d == 0 {
+                s.read_ios
+            } else {
+                s.write_ios
+            }
+        })?;
+    }
+    if let Some(n) = lat {
+        let mean = |s: &crate::run::Second, _: u8| {
+            if s.lat.is_empty() {
+                0
+            } else {
+                s.lat.mean() as u64
+            }
+        };
+        emit(format!("{n}_clat.1.log"), &mean)?;
+        emit(format!("{n}_lat.1.log"), &mean)?;
+    }
+    Ok(written)
 }

@@ -95,6 +95,22 @@ pub struct BenchArgs {
     /// prints).
     #[arg(long = "group_reporting")]
     group_reporting: bool,
+    /// fio's write_bw_log: NAME_bw.1.log, per-second KiB/s per direction (log_avg_msec=1000).
+    #[arg(long = "write_bw_log", value_name = "NAME")]
+    write_bw_log: Option<String>,
+    /// fio's write_iops_log: NAME_iops.1.log, per-second IOPS per direction.
+    #[arg(long = "write_iops_log", value_name = "NAME")]
+    write_iops_log: Option<String>,
+    /// fio's write_lat_log: NAME_clat.1.log and NAME_lat.1.log, per-second mean latency in ns
+    /// (jobs that only read or only write).
+    #[arg(long = "write_lat_log", value_name = "NAME")]
+    write_lat_log: Option<String>,
+    /// fio's log_avg_msec: only 1000 (per-second averages) is supported.
+    #[arg(long = "log_avg_msec", value_name = "MSEC", default_value_t = 1000)]
+    log_avg_msec: u64,
+    /// fio's percentile_list for the JSON (colon-separated, e.g. 50:99:99.9); default fio's 17.
+    #[arg(long = "percentile_list", value_name = "P:P:...")]
+    percentile_list: Option<String>,
     /// fio's output format: normal (text), json (as --json) or json+ (with the latency
     /// histogram's bins); terse is not supported yet and refused.
     #[arg(long = "output-format", value_name = "FORMAT")]
@@ -196,6 +212,24 @@ impl BenchArgs {
     pub(crate) fn json_out(&self) -> bool {
         self.json || matches!(self.output_format.as_deref(), Some("json" | "json+"))
     }
+}
+
+/// `--percentile_list` (fio's default 17 without it).
+fn percentiles(a: &BenchArgs) -> Result<Vec<f64>> {
+    let Some(l) = &a.percentile_list else {
+        return Ok(bench::report::FIO_PERCENTILES.to_vec());
+    };
+    l.split(':')
+        .map(|p| {
+            p.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| *v > 0.0 && *v <= 100.0)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--percentile_list {l}: {p:?} is not a percentile in (0, 100]")
+                })
+        })
+        .collect()
 }
 
 /// fio's booleans: 1/0, true/false, yes/no.
@@ -327,6 +361,13 @@ fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
             bail!("--output-format={f}: not supported yet (normal, json and json+ are)");
         }
     }
+    if a.log_avg_msec != 1000 {
+        bail!(
+            "--log_avg_msec={}: only 1000 is supported (logs are per-second averages)",
+            a.log_avg_msec
+        );
+    }
+    percentiles(a)?;
     let filenames = a.filename.iter().flat_map(|f| {
         // fio separates several files with ':' (iscsi://host:port/… keeps its own).
         if f.starts_with("iscsi://") {
@@ -431,13 +472,26 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
         std::fs::write(p, bench::plot::svg(spec, &r))
             .with_context(|| format!("--plot {}", p.display()))?;
     }
+    if a.write_lat_log.is_some() && r.read.ios > 0 && r.write.ios > 0 {
+        eprintln!(
+            "ironsan: note: --write_lat_log: per-direction latency is not kept per second; the mixed job's lat logs give both directions' mean"
+        );
+    }
+    bench::report::write_logs(
+        &r,
+        a.write_bw_log.as_deref(),
+        a.write_iops_log.as_deref(),
+        a.write_lat_log.as_deref(),
+    )
+    .context("writing the logs")?;
     if a.json_out() {
         println!(
             "{}",
             serde_json::to_string_pretty(&bench::report::json_with(
                 spec,
                 &r,
-                a.output_format.as_deref() == Some("json+")
+                a.output_format.as_deref() == Some("json+"),
+                &percentiles(a)?
             ))?
         );
     } else {

@@ -896,6 +896,49 @@ fn fio_command_lines_and_job_files() {
         &["bench", "--rwmixwrite=30", "--rwmixread=70", fs],
         "rwmixread",
     );
+    refused(&["bench", "--log_avg_msec=500", fs], "--log_avg_msec=500");
+    refused(
+        &["bench", "--percentile_list=50:101", fs],
+        "--percentile_list",
+    );
+
+    // fio's percentile_list, and its per-second logs.
+    let v = json(&[
+        "bench",
+        "--size=8M",
+        "--runtime=2",
+        "--percentile_list=50:99:99.9",
+        "--output-format=json",
+        &format!("--write_bw_log={}/run", dir.path().display()),
+        &format!("--write_iops_log={}/run", dir.path().display()),
+        &format!("--write_lat_log={}/run", dir.path().display()),
+        fs,
+    ]);
+    let pct = v["jobs"][0]["read"]["clat_ns"]["percentile"]
+        .as_object()
+        .unwrap();
+    let keys: Vec<_> = pct.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["50.000000", "99.000000", "99.900000"]);
+    for log in [
+        "run_bw.1.log",
+        "run_iops.1.log",
+        "run_clat.1.log",
+        "run_lat.1.log",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(log)).unwrap();
+        let first = text
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("{log} is empty"));
+        let f: Vec<&str> = first.split(", ").collect();
+        assert_eq!(f.len(), 5, "{log}: {first}");
+        assert_eq!(
+            (f[0], f[2], f[3], f[4]),
+            ("1000", "0", "0", "0"),
+            "{log}: {first}"
+        );
+        assert!(f[1].parse::<u64>().unwrap() > 0, "{log}: {first}");
+    }
 }
 
 /// Every key of a real fio 3.33 `--output-format=json+` report is in
@@ -1015,4 +1058,27 @@ fn json_has_fios_layout_and_fios_tools_read_it() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // fio2gnuplot reads bench's bandwidth logs.
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let out = run(&[
+        "bench",
+        &format!("--filename={fs}"),
+        "--size=4M",
+        "--runtime=2",
+        &format!("--write_bw_log={}/bench", logs.display()),
+    ]);
+    assert!(out.status.success());
+    let out = Command::new("fio2gnuplot")
+        .args(["-b"])
+        .current_dir(&logs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let avg = std::fs::read_to_string(logs.join("result.average")).unwrap();
+    assert!(!avg.trim().is_empty(), "fio2gnuplot computed nothing");
 }
