@@ -1328,3 +1328,315 @@ mod tests {
         assert!(w.contains("Set-MSDSMGlobalDefaultLoadBalancePolicy -Policy RR"));
     }
 }
+
+/// The recipes' commands against the documented syntax of the tools that
+/// will run them: every esxcli namespace and option, every PowerShell
+/// cmdlet, parameter and value type used, from the vendors' references.
+#[cfg(test)]
+mod syntax {
+    use super::*;
+
+    /// esxcli command → its options (long and short), from VMware's ESXCLI
+    /// Command Reference
+    /// (https://developer.broadcom.com/xapis/esxcli-command-reference/latest/).
+    const ESXCLI: &[(&str, &[&str])] = &[
+        (
+            "storage nmp satp rule add",
+            &[
+                "-s",
+                "--satp",
+                "-V",
+                "--vendor",
+                "-M",
+                "--model",
+                "-c",
+                "--claim-option",
+                "-P",
+                "--psp",
+                "-O",
+                "--psp-option",
+                "-e",
+                "--description",
+            ],
+        ),
+        (
+            "storage nmp device set",
+            &["-d", "--device", "-P", "--psp", "-E", "--default"],
+        ),
+        (
+            "storage nmp psp roundrobin deviceconfig set",
+            &[
+                "-d", "--device", "-t", "--type", "-I", "--iops", "-B", "--bytes", "-U", "--useano",
+            ],
+        ),
+        (
+            "system module parameters set",
+            &[
+                "-m",
+                "--module",
+                "-p",
+                "--parameter-string",
+                "-a",
+                "--append",
+            ],
+        ),
+        (
+            "storage core device set",
+            &[
+                "-d",
+                "--device",
+                "-O",
+                "--sched-num-req-outstanding",
+                "-m",
+                "--max-queue-depth",
+            ],
+        ),
+        (
+            "iscsi adapter param set",
+            &[
+                "-A",
+                "--adapter",
+                "-k",
+                "--key",
+                "-v",
+                "--value",
+                "-D",
+                "--default",
+            ],
+        ),
+        (
+            "iscsi networkportal add",
+            &["-A", "--adapter", "-n", "--nic", "-f", "--force"],
+        ),
+        (
+            "iscsi adapter discovery sendtarget add",
+            &["-A", "--adapter", "-a", "--address"],
+        ),
+        (
+            "storage core adapter rescan",
+            &["-A", "--adapter", "-a", "--all"],
+        ),
+        (
+            "network vswitch standard set",
+            &["-v", "--vswitch-name", "-m", "--mtu"],
+        ),
+        (
+            "network ip interface set",
+            &["-i", "--interface-name", "-m", "--mtu"],
+        ),
+        ("storage nmp device list", &["-d", "--device"]),
+        (
+            "system settings advanced set",
+            &[
+                "-o",
+                "--option",
+                "-i",
+                "--int-value",
+                "-s",
+                "--string-value",
+            ],
+        ),
+    ];
+
+    /// Checks one esxcli line; returns the command matched.
+    fn check_esxcli(line: &str) -> &'static str {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[0], "esxcli", "{line}");
+        let rest = words[1..].join(" ");
+        let (cmd, opts) = ESXCLI
+            .iter()
+            .filter(|(c, _)| rest.starts_with(&format!("{c} ")) || rest == *c)
+            .max_by_key(|(c, _)| c.len())
+            .unwrap_or_else(|| panic!("esxcli command not in the reference table: {line}"));
+        let mut args = rest[cmd.len()..].split_whitespace().peekable();
+        let mut quoted = false;
+        while let Some(a) = args.next() {
+            if quoted {
+                quoted = !a.ends_with('"');
+                continue;
+            }
+            if !a.starts_with('-') {
+                // A value: quoted values may span words.
+                quoted = a.starts_with('"') && !(a.len() > 1 && a.ends_with('"'));
+                continue;
+            }
+            let name = a.split('=').next().unwrap();
+            assert!(
+                opts.contains(&name),
+                "esxcli {cmd}: no option {name} ({line})"
+            );
+            if let Some(v) = a.split_once('=').map(|(_, v)| v) {
+                assert!(!v.is_empty(), "{line}");
+            }
+        }
+        cmd
+    }
+
+    /// PowerShell cmdlet → (parameter, type) from Microsoft's module
+    /// references (learn.microsoft.com/powershell/module: iscsi, mpio,
+    /// servermanager, netadapter, microsoft.powershell.management).
+    const CMDLETS: &[(&str, &[(&str, &str)])] = &[
+        ("Install-WindowsFeature", &[("-Name", "string")]),
+        (
+            "New-MSDSMSupportedHW",
+            &[("-VendorId", "string"), ("-ProductId", "string")],
+        ),
+        ("Update-MPIOClaimedHW", &[("-Confirm:$false", "switch")]),
+        (
+            "Set-MSDSMGlobalDefaultLoadBalancePolicy",
+            &[("-Policy", "None|FOO|RR|LQD|LB")],
+        ),
+        ("Enable-MSDSMAutomaticClaim", &[("-BusType", "iSCSI|SAS")]),
+        (
+            "New-IscsiTargetPortal",
+            &[
+                ("-TargetPortalAddress", "string"),
+                ("-TargetPortalPortNumber", "uint16"),
+            ],
+        ),
+        (
+            "Connect-IscsiTarget",
+            &[
+                ("-NodeAddress", "string"),
+                ("-TargetPortalAddress", "string"),
+                ("-TargetPortalPortNumber", "uint16"),
+                ("-IsMultipathEnabled", "bool"),
+                ("-IsPersistent", "bool"),
+            ],
+        ),
+        (
+            "Set-ItemProperty",
+            &[
+                ("-Path", "string"),
+                ("-Name", "string"),
+                ("-Value", "string"),
+            ],
+        ),
+        ("Get-ChildItem", &[]),
+        ("Get-NetAdapter", &[]),
+        ("Where-Object", &[]),
+        ("ForEach-Object", &[]),
+        ("New-ItemProperty", &[]),
+        ("mpclaim", &[]),
+    ];
+
+    fn check_value(cmdlet: &str, p: &str, ty: &str, v: Option<&str>, line: &str) {
+        match ty {
+            "switch" => {}
+            "uint16" => {
+                let v = v.unwrap_or_else(|| panic!("{cmdlet} {p}: no value ({line})"));
+                assert!(
+                    v.parse::<u16>().is_ok(),
+                    "{cmdlet} {p} {v}: not a UInt16 ({line})"
+                );
+            }
+            "bool" => {
+                let v = v.unwrap_or_else(|| panic!("{cmdlet} {p}: no value ({line})"));
+                assert!(
+                    v == "$true" || v == "$false",
+                    "{cmdlet} {p} {v}: not a Boolean ({line})"
+                );
+            }
+            "string" => assert!(v.is_some(), "{cmdlet} {p}: no value ({line})"),
+            set => {
+                let v = v.unwrap_or_else(|| panic!("{cmdlet} {p}: no value ({line})"));
+                assert!(
+                    set.split('|').any(|x| x == v),
+                    "{cmdlet} {p} {v}: not one of {set} ({line})"
+                );
+            }
+        }
+    }
+
+    /// Checks the cmdlet lines of a Windows recipe; returns the cmdlets.
+    fn check_powershell(recipe: &str) -> Vec<&'static str> {
+        let mut seen = Vec::new();
+        for line in recipe.lines().map(str::trim) {
+            let code = line.split("   #").next().unwrap().trim();
+            if code.is_empty()
+                || code.starts_with('#')
+                || code.starts_with('$')
+                || code.starts_with('}')
+            {
+                continue;
+            }
+            let first = code.split_whitespace().next().unwrap();
+            let Some((cmdlet, params)) = CMDLETS.iter().find(|(c, _)| *c == first) else {
+                panic!("cmdlet not in the reference table: {line}");
+            };
+            seen.push(*cmdlet);
+            if params.is_empty() {
+                continue;
+            }
+            let words: Vec<&str> = code.split_whitespace().skip(1).collect();
+            let mut i = 0;
+            while i < words.len() {
+                let w = words[i];
+                if w.starts_with('-') {
+                    let (p, ty) = params
+                        .iter()
+                        .find(|(p, _)| *p == w)
+                        .unwrap_or_else(|| panic!("{cmdlet}: no parameter {w} ({line})"));
+                    let v = words.get(i + 1).copied().filter(|v| !v.starts_with('-'));
+                    check_value(cmdlet, p, ty, v, line);
+                    i += if v.is_some() { 2 } else { 1 };
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        seen
+    }
+
+    fn facts() -> TargetFacts {
+        TargetFacts {
+            name: "iqn.2026-11.io.ironsan:t".into(),
+            portals: vec!["10.0.0.1:3260,1".into(), "[fd00::1]:3261,2".into()],
+            window: 128,
+            luns: vec![LunFacts {
+                lun: 0,
+                naa: "naa.6abcdef0123456789abcdef012345678".into(),
+                vendor: "IRONSAN".into(),
+                product: "RAM DISK".into(),
+                tpgs: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn every_esxcli_line_uses_documented_commands_and_options() {
+        let e = recipe_esxi(&facts());
+        let mut used: Vec<&str> = e
+            .lines()
+            .map(|l| l.split("   #").next().unwrap().trim())
+            .filter(|l| l.starts_with("esxcli "))
+            .map(check_esxcli)
+            .collect();
+        used.sort();
+        used.dedup();
+        assert!(used.len() >= 12, "{used:?}");
+        // The checker catches what it is for.
+        let bad = std::panic::catch_unwind(|| {
+            check_esxcli("esxcli storage core device set -d x --queue-full-sample-size 32")
+        });
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn every_powershell_line_uses_documented_cmdlets_and_types() {
+        let w = recipe_windows(&facts());
+        let used = check_powershell(&w);
+        for c in [
+            "New-IscsiTargetPortal",
+            "Connect-IscsiTarget",
+            "New-MSDSMSupportedHW",
+            "Set-MSDSMGlobalDefaultLoadBalancePolicy",
+        ] {
+            assert!(used.contains(&c), "{c} not checked: {used:?}");
+        }
+        let bad = std::panic::catch_unwind(|| {
+            check_powershell("Connect-IscsiTarget -NodeAddress x -TargetPortalAddress h -TargetPortalPortNumber 3450,1 -IsMultipathEnabled $true")
+        });
+        assert!(bad.is_err(), "a ,TPGT port must be refused");
+    }
+}
