@@ -1448,9 +1448,8 @@ mod syntax {
             .filter(|(c, _)| rest.starts_with(&format!("{c} ")) || rest == *c)
             .max_by_key(|(c, _)| c.len())
             .unwrap_or_else(|| panic!("esxcli command not in the reference table: {line}"));
-        let mut args = rest[cmd.len()..].split_whitespace().peekable();
         let mut quoted = false;
-        while let Some(a) = args.next() {
+        for a in rest[cmd.len()..].split_whitespace() {
             if quoted {
                 quoted = !a.ends_with('"');
                 continue;
