@@ -214,6 +214,38 @@ impl BenchArgs {
     }
 }
 
+/// The block device under a file or device target: its name and its
+/// `stat` file in sysfs.
+fn disk_of(p: &std::path::Path) -> Option<(String, std::path::PathBuf)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(p)
+        .ok()
+        .or_else(|| std::fs::metadata(p.parent()?).ok())?;
+    let dev = if m.file_type().is_block_device() {
+        m.rdev()
+    } else {
+        m.dev()
+    };
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let sys = std::path::PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    let name = std::fs::canonicalize(&sys)
+        .ok()?
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    Some((name, sys.join("stat")))
+}
+
+/// The counters of a sysfs block `stat` file.
+fn disk_stat(p: &std::path::Path) -> Option<Vec<u64>> {
+    let t = std::fs::read_to_string(p).ok()?;
+    Some(
+        t.split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect(),
+    )
+}
+
 /// `--percentile_list` (fio's default 17 without it).
 fn percentiles(a: &BenchArgs) -> Result<Vec<f64>> {
     let Some(l) = &a.percentile_list else {
@@ -459,7 +491,42 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
             eprint!("\r{:60}\r", "");
         })
     });
+    // fio's disk_util: the block devices under file and device targets.
+    let disks: Vec<(String, std::path::PathBuf)> = spec
+        .targets
+        .iter()
+        .filter_map(|t| match t {
+            TargetSpec::File(p) => disk_of(p),
+            TargetSpec::Iscsi(_) => None,
+        })
+        .collect();
+    let before: Vec<Option<Vec<u64>>> = disks.iter().map(|(_, s)| disk_stat(s)).collect();
+    let t0 = std::time::Instant::now();
     let r = bench::run(spec, Some(progress));
+    let wall_ms = t0.elapsed().as_millis() as u64;
+    let disk_util: Vec<serde_json::Value> = disks
+        .iter()
+        .zip(&before)
+        .filter_map(|((name, stat), b)| {
+            let (b, a) = (b.as_ref()?, disk_stat(stat)?);
+            let d = |i: usize| {
+                a.get(i)
+                    .zip(b.get(i))
+                    .map_or(0, |(x, y)| x.saturating_sub(*y))
+            };
+            // /sys/block/<dev>/stat (Documentation/block/stat.rst): 0 read
+            // I/Os, 1 read merges, 3 read ticks, 4 write I/Os, 5 write
+            // merges, 7 write ticks, 9 io_ticks, 10 time in queue (ms).
+            Some(serde_json::json!({
+                "name": name,
+                "read_ios": d(0), "write_ios": d(4),
+                "read_merges": d(1), "write_merges": d(5),
+                "read_ticks": d(3), "write_ticks": d(7),
+                "in_queue": d(10),
+                "util": (d(9) as f64 * 100.0 / wall_ms.max(1) as f64).min(100.0),
+            }))
+        })
+        .collect();
     stop.store(true, Ordering::Relaxed);
     if let Some(t) = ticker {
         let _ = t.join();
@@ -487,12 +554,16 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
     if a.json_out() {
         println!(
             "{}",
-            serde_json::to_string_pretty(&bench::report::json_with(
-                spec,
-                &r,
-                a.output_format.as_deref() == Some("json+"),
-                &percentiles(a)?
-            ))?
+            serde_json::to_string_pretty(&{
+                let mut v = bench::report::json_with(
+                    spec,
+                    &r,
+                    a.output_format.as_deref() == Some("json+"),
+                    &percentiles(a)?,
+                );
+                v["disk_util"] = serde_json::Value::Array(disk_util);
+                v
+            })?
         );
     } else {
         print!("{}", bench::report::text(spec, &r));
