@@ -281,12 +281,12 @@ struct JobFileArgs {
     a: BenchArgs,
 }
 
-/// A fio job file (`[global]` and one job section of `key=value` lines,
-/// `;` and `#` comments) as command-line options: `key=value` becomes
-/// `--key=value`, a bare `key` `--key`; the job section's name is the
-/// job's `--name`. Unknown keys are refused by name, as on the command
-/// line.
-pub fn job_file_args(text: &str) -> Result<Vec<String>> {
+/// A fio job file (`[global]` and job sections of `key=value` lines, `;`
+/// and `#` comments) as command-line options, one list per job:
+/// `key=value` becomes `--key=value`, a bare `key` `--key`; a job
+/// section's name is its `--name`. Unknown keys are refused by name, as
+/// on the command line.
+pub fn job_file_args(text: &str) -> Result<Vec<Vec<String>>> {
     let mut global = Vec::new();
     let mut jobs: Vec<(String, Vec<String>)> = Vec::new();
     let mut section: Option<String> = None;
@@ -316,18 +316,18 @@ pub fn job_file_args(text: &str) -> Result<Vec<String>> {
             o.push(opt);
         }
     }
-    match jobs.len() {
-        0 => bail!("the job file has no job section (only [global])"),
-        1 => {}
-        n => {
-            bail!("the job file has {n} jobs; one job section (with [global]) is supported for now")
-        }
+    if jobs.is_empty() {
+        bail!("the job file has no job section (only [global])");
     }
-    let (name, opts) = jobs.remove(0);
-    let mut argv = vec![format!("--name={name}")];
-    argv.extend(global);
-    argv.extend(opts);
-    Ok(argv)
+    Ok(jobs
+        .into_iter()
+        .map(|(name, opts)| {
+            let mut argv = vec![format!("--name={name}")];
+            argv.extend(global.iter().cloned());
+            argv.extend(opts);
+            argv
+        })
+        .collect())
 }
 
 /// `--verify-id`: hex with 0x, or decimal.
@@ -365,10 +365,21 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let p = std::path::Path::new(one);
         if p.extension().is_some_and(|e| e == "fio") && p.is_file() {
             let text = std::fs::read_to_string(p).with_context(|| one.clone())?;
-            let argv = job_file_args(&text).with_context(|| one.clone())?;
-            let parsed = <JobFileArgs as clap::Parser>::try_parse_from(&argv)
-                .map_err(|e| anyhow::anyhow!("{one}: {}", e.to_string().trim()))?;
-            return bench(parsed.a);
+            let mut jobs = Vec::new();
+            for argv in job_file_args(&text).with_context(|| one.clone())? {
+                let mut parsed = <JobFileArgs as clap::Parser>::try_parse_from(&argv)
+                    .map_err(|e| anyhow::anyhow!("{one}: {}", e.to_string().trim()))?;
+                // The report's form comes from the command line, as with fio.
+                if a.output_format.is_some() {
+                    parsed.a.output_format.clone_from(&a.output_format);
+                }
+                parsed.a.json |= a.json;
+                jobs.push(parsed.a);
+            }
+            if jobs.len() == 1 {
+                return bench(jobs.remove(0));
+            }
+            return run_jobs(jobs);
         }
     }
     if let Some(addr) = a.server {
@@ -464,8 +475,26 @@ fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
 }
 
 fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
+    let done = collect(a, spec, true)?;
+    let doc = report(a, spec, &done)?;
+    if let Some(v) = doc {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    let r = &done.0;
+    if r.read.errors + r.write.errors > 0 {
+        bail!("{} I/O errors", r.read.errors + r.write.errors);
+    }
+    Ok(())
+}
+
+/// A finished run and the disk_util entries of its devices.
+type Collected = (bench::RunResult, Vec<serde_json::Value>);
+
+/// Runs the job (with a live progress line when `ticker` and stderr is a
+/// terminal) and measures the block devices under it.
+fn collect(a: &BenchArgs, spec: &JobSpec, ticker: bool) -> Result<Collected> {
     let progress = Arc::new(bench::run::Progress::default());
-    let live = std::io::stderr().is_terminal() && !a.json_out();
+    let live = ticker && std::io::stderr().is_terminal() && !a.json_out();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ticker = live.then(|| {
         let (p, stop, total) = (progress.clone(), stop.clone(), spec.runtime);
@@ -531,12 +560,18 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
     if let Some(t) = ticker {
         let _ = t.join();
     }
-    let r = r.map_err(anyhow::Error::msg)?;
+    Ok((r.map_err(anyhow::Error::msg)?, disk_util))
+}
+
+/// Prints the notes, writes the plot and logs, prints the text report or
+/// returns the JSON document.
+fn report(a: &BenchArgs, spec: &JobSpec, done: &Collected) -> Result<Option<serde_json::Value>> {
+    let (r, disk_util) = (&done.0, &done.1);
     for n in &r.notes {
         eprintln!("ironsan: note: {n}");
     }
     if let Some(p) = &a.plot {
-        std::fs::write(p, bench::plot::svg(spec, &r))
+        std::fs::write(p, bench::plot::svg(spec, r))
             .with_context(|| format!("--plot {}", p.display()))?;
     }
     if a.write_lat_log.is_some() && r.read.ios > 0 && r.write.ios > 0 {
@@ -545,31 +580,82 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
         );
     }
     bench::report::write_logs(
-        &r,
+        r,
         a.write_bw_log.as_deref(),
         a.write_iops_log.as_deref(),
         a.write_lat_log.as_deref(),
     )
     .context("writing the logs")?;
     if a.json_out() {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&{
-                let mut v = bench::report::json_with(
-                    spec,
-                    &r,
-                    a.output_format.as_deref() == Some("json+"),
-                    &percentiles(a)?,
-                );
-                v["disk_util"] = serde_json::Value::Array(disk_util);
-                v
-            })?
+        let mut v = bench::report::json_with(
+            spec,
+            r,
+            a.output_format.as_deref() == Some("json+"),
+            &percentiles(a)?,
         );
-    } else {
-        print!("{}", bench::report::text(spec, &r));
+        v["disk_util"] = serde_json::Value::Array(disk_util.clone());
+        return Ok(Some(v));
     }
-    if r.read.errors + r.write.errors > 0 {
-        bail!("{} I/O errors", r.read.errors + r.write.errors);
+    print!("{}", bench::report::text(spec, r));
+    Ok(None)
+}
+
+/// The jobs of a fio job file, run at once as fio runs them; their
+/// reports in the file's order (one JSON document with every job).
+fn run_jobs(jobs: Vec<BenchArgs>) -> Result<()> {
+    let mut specs = Vec::new();
+    for a in &jobs {
+        if a.server.is_some() || !a.clients.is_empty() {
+            bail!("a job file with several jobs runs on this machine only");
+        }
+        let spec = build_spec(a)?;
+        spec.validate().map_err(anyhow::Error::msg)?;
+        specs.push(spec);
+    }
+    let results: Vec<Result<Collected>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = jobs
+            .iter()
+            .zip(&specs)
+            .map(|(a, s)| sc.spawn(move || collect(a, s, false)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a job panicked")))
+            })
+            .collect()
+    });
+    let mut doc: Option<serde_json::Value> = None;
+    let mut errors = 0;
+    for ((a, spec), r) in jobs.iter().zip(&specs).zip(results) {
+        let done = r.with_context(|| format!("job {}", spec.name))?;
+        errors += done.0.read.errors + done.0.write.errors;
+        if let Some(v) = report(a, spec, &done)? {
+            match &mut doc {
+                None => doc = Some(v),
+                Some(d) => {
+                    let job = v["jobs"][0].clone();
+                    if let Some(j) = d["jobs"].as_array_mut() {
+                        j.push(job);
+                    }
+                    if let (Some(du), Some(more)) =
+                        (d["disk_util"].as_array_mut(), v["disk_util"].as_array())
+                    {
+                        for x in more {
+                            if !du.iter().any(|y| y["name"] == x["name"]) {
+                                du.push(x.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(d) = doc {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    }
+    if errors > 0 {
+        bail!("{errors} I/O errors");
     }
     Ok(())
 }

@@ -885,9 +885,27 @@ fn fio_command_lines_and_job_files() {
     )
     .unwrap();
     refused(&["bench", bad.to_str().unwrap()], "--bogus_option");
+    // Several jobs run at once, as fio runs them; one JSON document.
     let two = dir.path().join("two.fio");
-    std::fs::write(&two, format!("[a]\nfilename={fs}\n[b]\nfilename={fs}\n")).unwrap();
-    refused(&["bench", two.to_str().unwrap()], "2 jobs");
+    std::fs::write(
+        &two,
+        format!("[global]\nfilename={fs}\nsize=8M\nruntime=300ms\ntime_based\nioengine=psync\n[reader]\nrw=randread\n[writer]\nrw=randwrite\n"),
+    )
+    .unwrap();
+    let v = json(&["bench", "--output-format=json", two.to_str().unwrap()]);
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(
+        (jobs[0]["jobname"].as_str(), jobs[1]["jobname"].as_str()),
+        (Some("reader"), Some("writer"))
+    );
+    assert!(jobs[0]["read"]["total_ios"].as_u64().unwrap() > 0);
+    assert!(jobs[1]["write"]["total_ios"].as_u64().unwrap() > 0);
+    let text = ok(&["bench", two.to_str().unwrap()]);
+    assert!(
+        text.contains("reader: rw=randread") && text.contains("writer: rw=randwrite"),
+        "{text}"
+    );
     refused(
         &["bench", "--output-format=terse", fs],
         "--output-format=terse",
