@@ -24,7 +24,13 @@ struct Server {
 
 impl Server {
     fn start(portals: usize, luns: &[&str]) -> Server {
+        Server::start_with(portals, luns, &[])
+    }
+
+    /// With `extra` serve options.
+    fn start_with(portals: usize, luns: &[&str], extra: &[&str]) -> Server {
         let mut args = vec!["--log", "warn", "serve"];
+        args.extend(extra);
         for _ in 0..portals {
             args.extend(["--listen", "127.0.0.1:0"]);
         }
@@ -692,32 +698,13 @@ fn bad_arguments_are_refused_before_any_io() {
 #[test]
 fn unit_attentions_do_not_end_a_run() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = ironsan()
-        .args([
-            "--log",
-            "warn",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--lun",
-            "mem:64M",
-        ])
-        .args(["--admin", "127.0.0.1:0", "--state-dir"])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut addr = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        if let Some(a) = line.strip_prefix("ironsan: listening on ") {
-            addr = a.to_string();
-        }
-        if line.contains("try ") {
-            break;
-        }
-    }
+    let state = dir.path().to_str().unwrap();
+    let s = Server::start_with(
+        1,
+        &["mem:64M"],
+        &["--admin", "127.0.0.1:0", "--state-dir", state],
+    );
+    let addr = &s.addrs[0];
     let url = format!("iscsi://{addr}/{IQN}/0");
     let admin = |args: &[&str]| {
         let out = ironsan()
@@ -772,8 +759,6 @@ fn unit_attentions_do_not_end_a_run() {
         }
         admin(&["remove-lun", IQN, "1"]);
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// A read run on a file that does not exist lays it out first, as fio

@@ -19,6 +19,37 @@ fn refused(args: &[&str], needle: &str) {
     );
 }
 
+/// `ironsan --log LOG serve --listen 127.0.0.1:0 --lun mem:1M`, stderr to
+/// `stderr`: the child and its portal, once it printed its start-up lines.
+fn serve(log: &str, stderr: Stdio) -> (std::process::Child, String) {
+    let mut child = ironsan()
+        .args([
+            "--log",
+            log,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--lun",
+            "mem:1M",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut addr = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(a) = line.strip_prefix("ironsan: listening on ") {
+            addr = a.to_string();
+        }
+        if line.contains("try ") {
+            break;
+        }
+    }
+    assert!(!addr.is_empty(), "no listening line");
+    (child, addr)
+}
+
 #[test]
 fn bad_arguments_are_refused_before_starting() {
     refused(&["serve", "--lun", "disk:1G"], "--lun");
@@ -107,28 +138,7 @@ fn serves_then_stops_on_sigterm() {
 /// it, not an empty INQUIRY or a bare status.
 #[test]
 fn a_missing_lun_is_named() {
-    let mut child = ironsan()
-        .args([
-            "--log",
-            "warn",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--lun",
-            "mem:1M",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut addr = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        if let Some(a) = line.strip_prefix("ironsan: listening on ") {
-            addr = a.to_string();
-            break;
-        }
-    }
+    let (mut child, addr) = serve("warn", Stdio::null());
     let url = |lun: u8| format!("iscsi://{addr}/iqn.2026-11.io.ironsan:target0/{lun}");
     refused(&["inq", &url(7)], "the target has no LUN 7");
     refused(
@@ -147,26 +157,7 @@ fn a_missing_lun_is_named() {
 fn logs_off_a_terminal_have_no_colour_codes() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("serve.log");
-    let mut child = ironsan()
-        .args([
-            "--log",
-            "info",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--lun",
-            "mem:1M",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    for line in lines {
-        if line.unwrap().contains("try ") {
-            break;
-        }
-    }
+    let (mut child, _) = serve("info", Stdio::from(std::fs::File::create(&log).unwrap()));
     // SAFETY: kill(2) on our own child's pid with a valid signal number.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
