@@ -270,11 +270,14 @@ fn buckets(labels: &[&str], counts: &[u64]) -> Value {
     Value::Object(m)
 }
 
-/// fio's latency_ns/us/ms: percent of all I/Os whose completion latency
-/// falls in each bucket (up to and including its label).
-fn latency_buckets(r: &RunResult) -> (Value, Value, Value) {
-    const NS: [u64; 10] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000];
-    const MS: [u64; 11] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000];
+/// fio's latency buckets' bounds: ns and µs share them; ms has two more.
+const LAT_NS: [u64; 10] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000];
+const LAT_MS: [u64; 11] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000];
+
+/// Percent of all I/Os whose completion latency falls in each of fio's
+/// buckets (up to and including the bound): ns, µs, ms (the last ms
+/// bucket is >= 2000).
+fn latency_percents(r: &RunResult) -> ([f64; 10], [f64; 10], [f64; 12]) {
     let mut ns = [0u64; 10];
     let mut us = [0u64; 10];
     let mut ms = [0u64; 12];
@@ -284,30 +287,41 @@ fn latency_buckets(r: &RunResult) -> (Value, Value, Value) {
             let x = d.lat.highest_equivalent(v.value_iterated_to());
             let c = v.count_at_value();
             if x <= 1000 {
-                ns[NS.iter().position(|&b| x <= b).unwrap_or(9)] += c;
+                ns[LAT_NS.iter().position(|&b| x <= b).unwrap_or(9)] += c;
             } else if x <= 1_000_000 {
-                us[NS.iter().position(|&b| x <= b * 1000).unwrap_or(9)] += c;
+                us[LAT_NS.iter().position(|&b| x <= b * 1000).unwrap_or(9)] += c;
             } else {
-                ms[MS.iter().position(|&b| x <= b * 1_000_000).unwrap_or(11)] += c;
+                ms[LAT_MS
+                    .iter()
+                    .position(|&b| x <= b * 1_000_000)
+                    .unwrap_or(11)] += c;
             }
         }
     }
-    let pct = |labels: &[String], counts: &[u64]| {
+    let pct = |c: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            c as f64 * 100.0 / total as f64
+        }
+    };
+    (ns.map(pct), us.map(pct), ms.map(pct))
+}
+
+/// fio's latency_ns/us/ms objects.
+fn latency_buckets(r: &RunResult) -> (Value, Value, Value) {
+    let (ns, us, ms) = latency_percents(r);
+    let obj = |labels: Vec<String>, v: &[f64]| {
         let mut m = serde_json::Map::new();
-        for (l, c) in labels.iter().zip(counts) {
-            let p = if total == 0 {
-                0.0
-            } else {
-                *c as f64 * 100.0 / total as f64
-            };
-            m.insert(l.clone(), json!(p));
+        for (l, x) in labels.into_iter().zip(v) {
+            m.insert(l, json!(x));
         }
         Value::Object(m)
     };
-    let small: Vec<String> = NS.iter().map(u64::to_string).collect();
-    let mut large: Vec<String> = MS.iter().map(u64::to_string).collect();
+    let small = || LAT_NS.iter().map(u64::to_string).collect::<Vec<_>>();
+    let mut large: Vec<String> = LAT_MS.iter().map(u64::to_string).collect();
     large.push(">=2000".into());
-    (pct(&small, &ns), pct(&small, &us), pct(&large, &ms))
+    (obj(small(), &ns), obj(small(), &us), obj(large, &ms))
 }
 
 /// fio-compatible JSON (fio 3.33's layout) with an `ironsan` section for
@@ -476,4 +490,112 @@ pub fn write_logs(
         emit(format!("{n}_lat.1.log"), &mean)?;
     }
     Ok(written)
+}
+
+/// fio's terse output, version 3 (`--output-format=terse`): one line of 130
+/// `;`-separated fields for the job: version, fio version, name, group,
+/// error; for reads then writes 41 fields each (KiB, KiB/s, IOPS, runtime
+/// ms, submission and completion latency min/max/mean/dev in µs, 20
+/// completion latency percentiles as `P%=µs` padded with `0%=0`, total
+/// latency, bandwidth min/max/aggregate %/mean/dev); CPU user and system
+/// %, context switches, major and minor faults; 7 I/O depth levels; 10
+/// latency buckets in µs and 12 in ms; and the first disk's utilisation
+/// (name, I/Os, merges, ticks, time in queue, util %).
+pub fn terse(spec: &JobSpec, r: &RunResult, disk: Option<&Value>, percentiles: &[f64]) -> String {
+    let mut f: Vec<String> = vec![
+        "3".into(),
+        concat!("ironsan-", env!("CARGO_PKG_VERSION")).into(),
+        spec.name.clone(),
+        "0".into(),
+        u64::from(r.read.errors + r.write.errors > 0).to_string(),
+    ];
+    let us = |ns: f64| ns / 1000.0;
+    for (d, write) in [(&r.read, false), (&r.write, true)] {
+        f.push((d.bytes / 1024).to_string());
+        f.push(((bw(d, r) / 1024.0) as u64).to_string());
+        f.push(format!("{:.0}", iops(d, r)));
+        f.push(r.elapsed.as_millis().to_string());
+        f.extend(["0", "0", "0.000000", "0.000000"].map(String::from));
+        let (min, max, mean, dev) = if d.ios == 0 {
+            (0.0, 0.0, 0.0, 0.0)
+        } else {
+            (
+                us(d.lat.min() as f64),
+                us(d.lat.max() as f64),
+                us(d.lat.mean()),
+                us(d.lat.stdev()),
+            )
+        };
+        let lat = [
+            format!("{min:.0}"),
+            format!("{max:.0}"),
+            format!("{mean:.6}"),
+            format!("{dev:.6}"),
+        ];
+        f.extend(lat.iter().cloned());
+        for i in 0..20 {
+            f.push(match percentiles.get(i) {
+                Some(p) if d.ios > 0 => format!(
+                    "{p:.6}%={:.0}",
+                    us(d.lat.value_at_quantile(p / 100.0) as f64)
+                ),
+                Some(p) => format!("{p:.6}%=0"),
+                None => "0%=0".into(),
+            });
+        }
+        f.extend(lat.iter().cloned());
+        let (bw_s, _) = samples(r, write);
+        let (bmin, bmax, bmean, bdev) = spread(&bw_s);
+        f.push((bmin as u64).to_string());
+        f.push((bmax as u64).to_string());
+        f.push(
+            if d.ios > 0 {
+                "100.000000%"
+            } else {
+                "0.000000%"
+            }
+            .into(),
+        );
+        f.push(format!("{bmean:.6}"));
+        f.push(format!("{bdev:.6}"));
+    }
+    let c = &r.counters;
+    let secs = r.elapsed.as_secs_f64().max(1e-9);
+    f.push(format!("{:.6}%", c.usr.as_secs_f64() * 100.0 / secs));
+    f.push(format!("{:.6}%", c.sys.as_secs_f64() * 100.0 / secs));
+    f.push(c.ctx.to_string());
+    f.push(c.majf.to_string());
+    f.push(c.minf.to_string());
+    let total: u64 = c.depth.iter().sum();
+    for n in c.depth {
+        f.push(format!(
+            "{:.1}%",
+            if total == 0 {
+                0.0
+            } else {
+                n as f64 * 100.0 / total as f64
+            }
+        ));
+    }
+    let (_, lat_us, lat_ms) = latency_percents(r);
+    for x in lat_us.iter().chain(&lat_ms) {
+        f.push(format!("{x:.2}%"));
+    }
+    if let Some(d) = disk {
+        let g = |k: &str| d[k].as_u64().unwrap_or(0).to_string();
+        f.push(d["name"].as_str().unwrap_or("").into());
+        for k in [
+            "read_ios",
+            "write_ios",
+            "read_merges",
+            "write_merges",
+            "read_ticks",
+            "write_ticks",
+            "in_queue",
+        ] {
+            f.push(g(k));
+        }
+        f.push(format!("{:.2}%", d["util"].as_f64().unwrap_or(0.0)));
+    }
+    f.join(";") + "\n"
 }

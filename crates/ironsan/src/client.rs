@@ -111,8 +111,8 @@ pub struct BenchArgs {
     /// fio's percentile_list for the JSON (colon-separated, e.g. 50:99:99.9); default fio's 17.
     #[arg(long = "percentile_list", value_name = "P:P:...")]
     percentile_list: Option<String>,
-    /// fio's output format: normal (text), json (as --json) or json+ (with the latency
-    /// histogram's bins); terse is not supported yet and refused.
+    /// fio's output format: normal (text), json (as --json), json+ (with the latency
+    /// histogram's bins) or terse (fio's version 3 line).
     #[arg(long = "output-format", value_name = "FORMAT")]
     output_format: Option<String>,
     /// Multipath policy over several URLs of one LU: rr, rr:N (switch path every N I/Os) or lqd (least queue depth).
@@ -400,8 +400,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
 /// targets may come from the --client options).
 fn build_spec(a: &BenchArgs) -> Result<JobSpec> {
     if let Some(f) = a.output_format.as_deref() {
-        if !matches!(f, "normal" | "json" | "json+") {
-            bail!("--output-format={f}: not supported yet (normal, json and json+ are)");
+        if !matches!(f, "normal" | "json" | "json+" | "terse") {
+            bail!("--output-format={f}: expected normal, json, json+ or terse");
         }
     }
     if a.log_avg_msec != 1000 {
@@ -595,6 +595,13 @@ fn report(a: &BenchArgs, spec: &JobSpec, done: &Collected) -> Result<Option<serd
         );
         v["disk_util"] = serde_json::Value::Array(disk_util.clone());
         return Ok(Some(v));
+    }
+    if a.output_format.as_deref() == Some("terse") {
+        print!(
+            "{}",
+            bench::report::terse(spec, r, disk_util.first(), &percentiles(a)?)
+        );
+        return Ok(None);
     }
     print!("{}", bench::report::text(spec, r));
     Ok(None)

@@ -891,10 +891,7 @@ fn fio_command_lines_and_job_files() {
         text.contains("reader: rw=randread") && text.contains("writer: rw=randwrite"),
         "{text}"
     );
-    refused(
-        &["bench", "--output-format=terse", fs],
-        "--output-format=terse",
-    );
+    refused(&["bench", "--output-format=xml", fs], "--output-format=xml");
     refused(
         &["bench", "--rwmixwrite=30", "--rwmixread=70", fs],
         "rwmixread",
@@ -1058,6 +1055,45 @@ fn json_has_fios_layout_and_fios_tools_read_it() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // fio's terse version 3: as many fields as fio's, of the same kind at
+    // every position (numbers, `P%=v` percentiles, `N%` shares, names).
+    let terse = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let common = [
+        format!("--filename={fs}"),
+        "--size=4M".into(),
+        "--rw=randrw".into(),
+        "--runtime=1".into(),
+        "--time_based".into(),
+        "--ioengine=psync".into(),
+        "--output-format=terse".into(),
+    ];
+    let theirs = terse(Command::new("fio").arg("--name=ref").args(&common));
+    let ours = terse(ironsan().arg("bench").args(&common));
+    let kind = |x: &str| {
+        if x.contains("%=") {
+            "pct="
+        } else if x.ends_with('%') {
+            "share"
+        } else if x.parse::<f64>().is_ok() {
+            "number"
+        } else {
+            "text"
+        }
+    };
+    let (t, o): (Vec<&str>, Vec<&str>) = (theirs.split(';').collect(), ours.split(';').collect());
+    assert_eq!(t.len(), o.len(), "fio: {theirs}\nbench: {ours}");
+    for (i, (a, b)) in t.iter().zip(&o).enumerate() {
+        assert_eq!(kind(a), kind(b), "field {i}: fio {a:?}, bench {b:?}");
+    }
+    assert_eq!(o[0], "3");
     // fio2gnuplot reads bench's bandwidth logs.
     let logs = dir.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
