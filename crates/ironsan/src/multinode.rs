@@ -48,16 +48,9 @@ pub fn server(a: &BenchArgs, addr: SocketAddr) -> Result<()> {
     let token = match given_token(a)? {
         Some(t) => t,
         None => {
-            let dir = target::admin::auth::default_dir();
-            let path = dir.join(TOKEN_FILE);
-            let t = if path.exists() {
-                target::admin::auth::read_token_file(&path)
-            } else {
-                target::admin::auth::ensure_dir(&dir)
-                    .map_err(|e| format!("{}: {e}", dir.display()))
-                    .and_then(|()| create_token(&path))
-            }
-            .map_err(anyhow::Error::msg)?;
+            let path = target::admin::auth::default_dir().join(TOKEN_FILE);
+            let (t, _) = target::admin::auth::load_or_create_token_file(&path)
+                .map_err(anyhow::Error::msg)?;
             eprintln!(
                 "ironsan bench: coordinators must present the token in {} (--token-file or IRONSAN_BENCH_TOKEN; on this host they read it there)",
                 path.display()
@@ -88,21 +81,6 @@ pub fn server(a: &BenchArgs, addr: SocketAddr) -> Result<()> {
     drop(o);
     s.run(&AtomicBool::new(false))?;
     Ok(())
-}
-
-/// A new token (32 random bytes, hex) in `path`, mode 0600.
-fn create_token(path: &std::path::Path) -> Result<String, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let t = target::admin::auth::random_hex(32).map_err(|e| e.to_string())?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(f, "{t}").map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(t)
 }
 
 /// `ironsan bench --client HOST … <job>`: run on every node, merge, report.

@@ -773,13 +773,15 @@ impl Conn {
                         self.flush().await?;
                         return Ok(None);
                     }
-                    if outcome.params.session_type == SessionType::Normal && outcome.tsih != 0 {
-                        let k = SessionKey {
+                    let normal =
+                        (outcome.params.session_type == SessionType::Normal).then(|| SessionKey {
                             initiator: outcome.params.initiator_name.clone(),
                             isid: outcome.isid,
                             target: outcome.params.target_name.clone(),
                             tpgt: portal.tpgt,
-                        };
+                        });
+                    if let (Some(k), true) = (&normal, outcome.tsih != 0) {
+                        let k = k.clone();
                         match self.reinstate_connection(shared, &k, &outcome).await {
                             Some(tsih) => {
                                 resp.tsih = tsih;
@@ -793,13 +795,7 @@ impl Conn {
                                 return Ok(None);
                             }
                         }
-                    } else if outcome.params.session_type == SessionType::Normal {
-                        let k = SessionKey {
-                            initiator: outcome.params.initiator_name.clone(),
-                            isid: outcome.isid,
-                            target: outcome.params.target_name.clone(),
-                            tpgt: portal.tpgt,
-                        };
+                    } else if let Some(k) = normal {
                         let tsih = shared.fresh_tsih();
                         let nexus = shared.fresh_nexus();
                         let old = shared.registry.lock().insert(

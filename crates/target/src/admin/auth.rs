@@ -119,18 +119,26 @@ pub fn random_hex(n: usize) -> std::io::Result<String> {
 /// The token in `dir/admin.token`, generated (mode 0600) when missing.
 /// Returns it and whether it was created now.
 pub fn load_or_create_token(dir: &Path) -> Result<(String, bool), String> {
-    let path = dir.join(TOKEN_FILE);
+    load_or_create_token_file(&dir.join(TOKEN_FILE))
+}
+
+/// The token in `path`, or a new one (32 random bytes as hex) written
+/// there (mode 0600, never through a symlink; its directory created 0700).
+/// Returns it and whether it was created now.
+pub fn load_or_create_token_file(path: &Path) -> Result<(String, bool), String> {
     if path.exists() {
-        return read_token_file(&path).map(|t| (t, false));
+        return read_token_file(path).map(|t| (t, false));
     }
-    ensure_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if let Some(dir) = path.parent() {
+        ensure_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
     let token = random_hex(32).map_err(|e| format!("random token: {e}"))?;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
+        .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     writeln!(f, "{token}")
         .and_then(|()| f.sync_all())

@@ -281,7 +281,7 @@ struct LoginReq {
 }
 
 /// The console's cookie for a session.
-fn session_cookie(id: &str, max_age: u64) -> header::HeaderValue {
+fn set_cookie(id: &str, max_age: u64) -> header::HeaderValue {
     header::HeaderValue::from_str(&format!(
         "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}",
         auth::COOKIE
@@ -305,7 +305,7 @@ fn cookie_answer(st: &AdminState, code: StatusCode) -> Response {
         Ok(id) => {
             let mut r = code.into_response();
             r.headers_mut()
-                .insert(header::SET_COOKIE, session_cookie(&id, 12 * 3600));
+                .insert(header::SET_COOKIE, set_cookie(&id, 12 * 3600));
             if code.is_redirection() {
                 r.headers_mut()
                     .insert(header::LOCATION, header::HeaderValue::from_static("/"));
@@ -323,7 +323,7 @@ async fn close_session(State(st): St, headers: HeaderMap) -> Response {
     }
     let mut r = StatusCode::NO_CONTENT.into_response();
     r.headers_mut()
-        .insert(header::SET_COOKIE, session_cookie("", 0));
+        .insert(header::SET_COOKIE, set_cookie("", 0));
     r
 }
 
