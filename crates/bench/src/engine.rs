@@ -12,10 +12,58 @@ use initiator::scsi;
 use initiator::{Connection, DataDir, Url};
 use iscsi_wire::pdu::Itt;
 
+/// What an I/O does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+    /// Deallocates the range: UNMAP (SBC-4 §5.30) on a LUN, a punched hole
+    /// in a file, BLKDISCARD on a block device.
+    Trim,
+}
+
+impl Op {
+    /// fio's data direction number (0 read, 1 write, 2 trim), as in its
+    /// logs and terse output.
+    pub fn ddir(self) -> u8 {
+        match self {
+            Op::Read => 0,
+            Op::Write => 1,
+            Op::Trim => 2,
+        }
+    }
+}
+
+/// The SCSI command carrying an I/O on a LU of `bs`-byte blocks: (CDB
+/// bytes, CDB length, data). A write sends the first `io.len` bytes of
+/// `payload`; a trim is an UNMAP of the range.
+pub(crate) fn scsi_io(io: &Io, bs: u32, payload: &Bytes) -> ([u8; 16], usize, DataDir) {
+    let lba = io.offset / u64::from(bs);
+    let blocks = io.len / bs;
+    match io.op {
+        Op::Read => (
+            scsi::rw16(false, lba, blocks, false),
+            16,
+            DataDir::Read(io.len),
+        ),
+        Op::Write => (
+            scsi::rw16(true, lba, blocks, false),
+            16,
+            DataDir::Write(payload.slice(..io.len as usize)),
+        ),
+        Op::Trim => {
+            let list = scsi::unmap_list(lba, blocks);
+            let mut cdb = [0u8; 16];
+            cdb[..10].copy_from_slice(&scsi::unmap(list.len() as u16));
+            (cdb, 10, DataDir::Write(Bytes::copy_from_slice(&list)))
+        }
+    }
+}
+
 /// One I/O to submit.
 #[derive(Clone, Copy, Debug)]
 pub struct Io {
-    pub write: bool,
+    pub op: Op,
     pub offset: u64,
     pub len: u32,
     /// The caller's slot number, handed back on completion.
@@ -197,15 +245,8 @@ impl IscsiEngine {
 
     /// Sends `io` (after `retries` UNIT ATTENTIONs).
     fn send_again(&mut self, io: Io, payload: Bytes, retries: u8) {
-        let lba = io.offset / u64::from(self.bs);
-        let blocks = io.len / self.bs;
-        let cdb = scsi::rw16(io.write, lba, blocks, false);
-        let dir = if io.write {
-            DataDir::Write(payload.clone())
-        } else {
-            DataDir::Read(io.len)
-        };
-        let itt = self.conn.submit(self.lun, &cdb, dir);
+        let (cdb, n, dir) = scsi_io(&io, self.bs, &payload);
+        let itt = self.conn.submit(self.lun, &cdb[..n], dir);
         self.inflight.insert(itt.0, (io.slot, io, payload, retries));
     }
 
@@ -253,7 +294,7 @@ impl Engine for IscsiEngine {
         self.conn.can_submit()
     }
     fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
-        let payload = if io.write {
+        let payload = if io.op == Op::Write {
             payload.clone()
         } else {
             Bytes::new()
@@ -313,6 +354,7 @@ impl Engine for IscsiEngine {
 /// `psync`): one I/O at a time per job.
 pub struct PsyncEngine {
     file: File,
+    blockdev: bool,
     capacity: u64,
     bs: u32,
     buf: AlignedBuf,
@@ -374,6 +416,49 @@ fn lay_out(path: &Path, from: u64, to: u64) -> Result<(), String> {
         .map_err(|e| format!("{}: laying the file out: {e}", path.display()))
 }
 
+/// `BLKDISCARD` (linux/fs.h: `_IO(0x12, 119)`): discards a byte range
+/// `[start, len]` of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
+/// Deallocates `len` bytes at `offset`: BLKDISCARD on a block device, a
+/// punched hole (the size kept) in a regular file. Synchronous, as fio's
+/// engines trim.
+pub(crate) fn trim_range(file: &File, blockdev: bool, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let r = if blockdev {
+        let range: [u64; 2] = [offset, len];
+        // SAFETY: BLKDISCARD reads a [u64; 2] through the pointer, which
+        // lives across the call.
+        unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
+    } else {
+        let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        // SAFETY: a plain syscall on a descriptor this engine owns.
+        unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off,
+                n,
+            )
+        }
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// True when `file` is a block device.
+pub(crate) fn is_block_device(file: &File) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    file.metadata()
+        .is_ok_and(|m| m.file_type().is_block_device())
+}
+
 /// Opens (or with `create_size`, creates or extends, laid out with data) a
 /// file or block device; returns it with its size in bytes.
 pub(crate) fn open_file(
@@ -432,6 +517,7 @@ impl PsyncEngine {
     ) -> Result<Self, String> {
         let (file, capacity) = open_file(path, direct, create_size)?;
         Ok(PsyncEngine {
+            blockdev: is_block_device(&file),
             file,
             capacity,
             bs: 512,
@@ -455,13 +541,15 @@ impl Engine for PsyncEngine {
     fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
         let len = io.len as usize;
         let buf = self.buf.slice(len);
-        let r: io::Result<()> = if io.write {
-            buf.copy_from_slice(&payload[..len]);
-            self.file.write_all_at(buf, io.offset)
-        } else {
-            self.file.read_exact_at(buf, io.offset)
+        let r: io::Result<()> = match io.op {
+            Op::Write => {
+                buf.copy_from_slice(&payload[..len]);
+                self.file.write_all_at(buf, io.offset)
+            }
+            Op::Read => self.file.read_exact_at(buf, io.offset),
+            Op::Trim => trim_range(&self.file, self.blockdev, io.offset, len as u64),
         };
-        let data = (self.keep_data && !io.write).then(|| Bytes::copy_from_slice(buf));
+        let data = (self.keep_data && io.op == Op::Read).then(|| Bytes::copy_from_slice(buf));
         self.done = Some(Done {
             slot: io.slot,
             result: r.map_err(|e| e.to_string()),

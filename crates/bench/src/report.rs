@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::engine::Op;
 use crate::run::{DirStats, RunResult};
 use crate::spec::JobSpec;
 
@@ -89,6 +90,7 @@ pub fn text(spec: &JobSpec, r: &RunResult) -> String {
     );
     s += &dir_text("read", &r.read, r);
     s += &dir_text("write", &r.write, r);
+    s += &dir_text("trim", &r.trim, r);
     if !r.paths.is_empty() {
         let total: u64 = r.paths.iter().map(|p| p.ios).sum::<u64>().max(1);
         let p: Vec<String> = r
@@ -194,15 +196,11 @@ fn clat_json(d: &DirStats, plus: bool, percentiles: &[f64]) -> Value {
 }
 
 /// Per-second samples of one direction: (bandwidth KiB/s, IOPS).
-fn samples(r: &RunResult, write: bool) -> (Vec<f64>, Vec<f64>) {
+fn samples(r: &RunResult, op: Op) -> (Vec<f64>, Vec<f64>) {
     r.series
         .iter()
         .map(|s| {
-            let (ios, bytes) = if write {
-                (s.write_ios, s.write_bytes)
-            } else {
-                (s.read_ios, s.read_bytes)
-            };
+            let (ios, bytes) = second(s, op);
             (bytes as f64 / 1024.0, ios as f64)
         })
         .unzip()
@@ -221,8 +219,8 @@ fn spread(v: &[f64]) -> (f64, f64, f64, f64) {
     (min, max, mean, var.sqrt())
 }
 
-fn dir_json(d: &DirStats, r: &RunResult, write: bool, plus: bool, percentiles: &[f64]) -> Value {
-    let (bw_s, iops_s) = samples(r, write);
+fn dir_json(d: &DirStats, r: &RunResult, op: Op, plus: bool, percentiles: &[f64]) -> Value {
+    let (bw_s, iops_s) = samples(r, op);
     let (bw_min, bw_max, bw_mean, bw_dev) = spread(&bw_s);
     let (io_min, io_max, io_mean, io_dev) = spread(&iops_s);
     json!({
@@ -272,6 +270,20 @@ fn buckets(labels: &[&str], counts: &[u64]) -> Value {
 
 /// fio's latency buckets' bounds: ns and µs share them; ms has two more.
 const LAT_NS: [u64; 10] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000];
+/// One second's (I/Os, bytes) of one direction.
+fn second(s: &crate::run::Second, op: Op) -> (u64, u64) {
+    match op {
+        Op::Read => (s.read_ios, s.read_bytes),
+        Op::Write => (s.write_ios, s.write_bytes),
+        Op::Trim => (s.trim_ios, s.trim_bytes),
+    }
+}
+
+/// True when any direction had an error.
+fn any_error(r: &RunResult) -> bool {
+    r.errors() > 0
+}
+
 const LAT_MS: [u64; 11] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000];
 
 /// Percent of all I/Os whose completion latency falls in each of fio's
@@ -281,8 +293,8 @@ fn latency_percents(r: &RunResult) -> ([f64; 10], [f64; 10], [f64; 12]) {
     let mut ns = [0u64; 10];
     let mut us = [0u64; 10];
     let mut ms = [0u64; 12];
-    let total = r.read.ios + r.write.ios;
-    for d in [&r.read, &r.write] {
+    let total = r.read.ios + r.write.ios + r.trim.ios;
+    for d in [&r.read, &r.write, &r.trim] {
         for v in d.lat.iter_recorded() {
             let x = d.lat.highest_equivalent(v.value_iterated_to());
             let c = v.count_at_value();
@@ -353,7 +365,6 @@ pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool, percentiles: &[f64])
     let batch = ["0", "4", "8", "16", "32", "64", ">=64"];
     let mut submit = [0u64; 7];
     submit[1] = c.submits;
-    let none = DirStats::new();
     let mut options = serde_json::Map::new();
     options.insert("name".into(), json!(spec.name));
     options.insert(
@@ -394,13 +405,13 @@ pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool, percentiles: &[f64])
         "jobs": [{
             "jobname": spec.name,
             "groupid": 0,
-            "error": u64::from(r.read.errors + r.write.errors > 0),
+            "error": u64::from(any_error(r)),
             "eta": 0,
             "elapsed": r.elapsed.as_secs(),
             "job options": Value::Object(options),
-            "read": dir_json(&r.read, r, false, plus, percentiles),
-            "write": dir_json(&r.write, r, true, plus, percentiles),
-            "trim": dir_json(&none, r, false, plus, percentiles),
+            "read": dir_json(&r.read, r, Op::Read, plus, percentiles),
+            "write": dir_json(&r.write, r, Op::Write, plus, percentiles),
+            "trim": dir_json(&r.trim, r, Op::Trim, plus, percentiles),
             "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}},
             "job_runtime": r.elapsed.as_millis() as u64,
             "usr_cpu": c.usr.as_secs_f64() * 100.0 / secs,
@@ -438,7 +449,8 @@ pub fn json_with(spec: &JobSpec, r: &RunResult, plus: bool, percentiles: &[f64])
 
 /// fio's per-second logs (`log_avg_msec=1000`): `NAME_bw.1.log` (KiB/s),
 /// `NAME_iops.1.log` and, with `lat`, `NAME_clat.1.log`/`NAME_lat.1.log`
-/// (mean ns); lines `msec, value, ddir, 0, 0`, ddir 0 read, 1 write.
+/// (mean ns); lines `msec, value, ddir, 0, 0`, ddir 0 read, 1 write, 2
+/// trim.
 /// Returns the files written.
 pub fn write_logs(
     r: &RunResult,
@@ -448,16 +460,26 @@ pub fn write_logs(
 ) -> std::io::Result<Vec<String>> {
     use std::fmt::Write as _;
     let mut written = Vec::new();
-    let dirs: Vec<u8> = [(0u8, r.read.ios), (1u8, r.write.ios)]
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(d, _)| *d)
-        .collect();
-    let mut emit = |name: String, value: &dyn Fn(&crate::run::Second, u8) -> u64| {
+    let dirs: Vec<Op> = [
+        (Op::Read, r.read.ios),
+        (Op::Write, r.write.ios),
+        (Op::Trim, r.trim.ios),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(d, _)| *d)
+    .collect();
+    let mut emit = |name: String, value: &dyn Fn(&crate::run::Second, Op) -> u64| {
         let mut text = String::new();
         for (i, s) in r.series.iter().enumerate() {
             for &d in &dirs {
-                let _ = writeln!(text, "{}, {}, {d}, 0, 0", (i + 1) * 1000, value(s, d));
+                let _ = writeln!(
+                    text,
+                    "{}, {}, {}, 0, 0",
+                    (i + 1) * 1000,
+                    value(s, d),
+                    d.ddir()
+                );
             }
         }
         std::fs::write(&name, text)?;
@@ -465,21 +487,13 @@ pub fn write_logs(
         Ok::<(), std::io::Error>(())
     };
     if let Some(n) = bw {
-        emit(format!("{n}_bw.1.log"), &|s, d| {
-            (if d == 0 { s.read_bytes } else { s.write_bytes }) / 1024
-        })?;
+        emit(format!("{n}_bw.1.log"), &|s, d| second(s, d).1 / 1024)?;
     }
     if let Some(n) = iops {
-        emit(format!("{n}_iops.1.log"), &|s, d| {
-            if d == 0 {
-                s.read_ios
-            } else {
-                s.write_ios
-            }
-        })?;
+        emit(format!("{n}_iops.1.log"), &|s, d| second(s, d).0)?;
     }
     if let Some(n) = lat {
-        let mean = |s: &crate::run::Second, _: u8| {
+        let mean = |s: &crate::run::Second, _: Op| {
             if s.lat.is_empty() {
                 0
             } else {
@@ -507,10 +521,11 @@ pub fn terse(spec: &JobSpec, r: &RunResult, disk: Option<&Value>, percentiles: &
         concat!("ironsan-", env!("CARGO_PKG_VERSION")).into(),
         spec.name.clone(),
         "0".into(),
-        u64::from(r.read.errors + r.write.errors > 0).to_string(),
+        u64::from(any_error(r)).to_string(),
     ];
     let us = |ns: f64| ns / 1000.0;
-    for (d, write) in [(&r.read, false), (&r.write, true)] {
+    // Version 3 has no trim fields (fio added them in version 4).
+    for (d, op) in [(&r.read, Op::Read), (&r.write, Op::Write)] {
         f.push((d.bytes / 1024).to_string());
         f.push(((bw(d, r) / 1024.0) as u64).to_string());
         f.push(format!("{:.0}", iops(d, r)));
@@ -544,7 +559,7 @@ pub fn terse(spec: &JobSpec, r: &RunResult, disk: Option<&Value>, percentiles: &
             });
         }
         f.extend(lat.iter().cloned());
-        let (bw_s, _) = samples(r, write);
+        let (bw_s, _) = samples(r, op);
         let (bmin, bmax, bmean, bdev) = spread(&bw_s);
         f.push((bmin as u64).to_string());
         f.push((bmax as u64).to_string());

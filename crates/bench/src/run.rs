@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 
-use crate::engine::{Done, Engine, Io, IscsiEngine, PathStat, PsyncEngine};
+use crate::engine::{Done, Engine, Io, IscsiEngine, Op, PathStat, PsyncEngine};
 use crate::multipath::MultipathEngine;
 use crate::spec::{IoEngineKind, JobSpec, TargetSpec};
 use crate::uring::UringEngine;
@@ -130,6 +130,7 @@ fn rusage() -> (Duration, Duration, u64, u64, u64) {
 pub struct RunResult {
     pub read: DirStats,
     pub write: DirStats,
+    pub trim: DirStats,
     /// Measured time.
     pub elapsed: Duration,
     /// Completions per second of the measured time.
@@ -155,13 +156,22 @@ pub struct RunResult {
     pub counters: Counters,
 }
 
+impl RunResult {
+    /// I/O errors in every direction.
+    pub fn errors(&self) -> u64 {
+        self.read.errors + self.write.errors + self.trim.errors
+    }
+}
+
 /// One second of the series.
 #[derive(Clone, Debug)]
 pub struct Second {
     pub read_ios: u64,
     pub write_ios: u64,
+    pub trim_ios: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
+    pub trim_bytes: u64,
     /// Latency of the I/Os completed in this second (2 significant digits).
     pub lat: Histogram<u64>,
 }
@@ -172,8 +182,10 @@ impl Second {
         Second {
             read_ios: 0,
             write_ios: 0,
+            trim_ios: 0,
             read_bytes: 0,
             write_bytes: 0,
+            trim_bytes: 0,
             lat: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("bounds"),
         }
     }
@@ -182,8 +194,10 @@ impl Second {
     pub fn merge(&mut self, o: &Second) {
         self.read_ios += o.read_ios;
         self.write_ios += o.write_ios;
+        self.trim_ios += o.trim_ios;
         self.read_bytes += o.read_bytes;
         self.write_bytes += o.write_bytes;
+        self.trim_bytes += o.trim_bytes;
         self.lat.add(&o.lat).expect("same bounds");
     }
 }
@@ -191,6 +205,7 @@ impl Second {
 struct JobOut {
     read: DirStats,
     write: DirStats,
+    trim: DirStats,
     series: Vec<Second>,
     paths: Vec<PathStat>,
     errors: Vec<String>,
@@ -432,7 +447,7 @@ fn run_prepared(
     stop: Arc<AtomicBool>,
 ) -> Result<RunResult, String> {
     let barrier = Arc::new(Barrier::new(spec.numjobs as usize));
-    let writes = spec.rw.read_percent(spec.rwmixread) < 100;
+    let writes = spec.rw.modifies(spec.rwmixread);
     let verify_id = match (spec.verify, spec.verify_id) {
         (false, _) => None,
         (true, Some(id)) => Some(id),
@@ -473,6 +488,7 @@ fn run_prepared(
     }
     let mut read = DirStats::new();
     let mut write = DirStats::new();
+    let mut trim = DirStats::new();
     let mut series: Vec<Second> = Vec::new();
     let mut paths: Vec<PathStat> = Vec::new();
     let mut error_samples = Vec::new();
@@ -496,6 +512,7 @@ fn run_prepared(
         };
         read.merge(&out.read);
         write.merge(&out.write);
+        trim.merge(&out.trim);
         for (i, s) in out.series.iter().enumerate() {
             if series.len() <= i {
                 series.push(Second::new());
@@ -559,6 +576,7 @@ fn run_prepared(
     Ok(RunResult {
         read,
         write,
+        trim,
         elapsed,
         series,
         paths,
@@ -609,12 +627,13 @@ fn job(
     );
     let payload = Bytes::from(pattern(spec.bs as usize, spec.randseed ^ u64::from(index)));
     let depth = spec.iodepth as usize;
-    let mut started: Vec<(Instant, bool, u64)> = vec![(Instant::now(), false, 0); depth];
+    let mut started: Vec<(Instant, Op, u64)> = vec![(Instant::now(), Op::Read, 0); depth];
     let mut free: Vec<usize> = (0..depth).rev().collect();
     let mut done: Vec<Done> = Vec::with_capacity(depth);
     let mut out = JobOut {
         read: DirStats::new(),
         write: DirStats::new(),
+        trim: DirStats::new(),
         series: Vec::new(),
         paths: Vec::new(),
         errors: Vec::new(),
@@ -654,10 +673,10 @@ fn job(
                     break;
                 }
                 free.pop();
-                let (write, offset) = wl.next_io();
+                let (op, offset) = wl.next_io();
                 let stamped;
                 let data = match vshared.write_id {
-                    Some(id) if write => {
+                    Some(id) if op == Op::Write => {
                         let mut v = vec![0u8; spec.bs as usize];
                         verify::stamp(&mut v, offset, id, seq);
                         seq += 1;
@@ -666,10 +685,10 @@ fn job(
                     }
                     _ => &payload,
                 };
-                started[slot] = (Instant::now(), write, offset);
+                started[slot] = (Instant::now(), op, offset);
                 engine.submit(
                     Io {
-                        write,
+                        op,
                         offset,
                         len: spec.bs,
                         slot,
@@ -691,9 +710,13 @@ fn job(
         for d in done.drain(..) {
             inflight -= 1;
             free.push(d.slot);
-            let (start, write, offset) = started[d.slot];
-            let st = if write { &mut out.write } else { &mut out.read };
-            if spec.verify && !write && d.result.is_ok() {
+            let (start, op, offset) = started[d.slot];
+            let st = match op {
+                Op::Read => &mut out.read,
+                Op::Write => &mut out.write,
+                Op::Trim => &mut out.trim,
+            };
+            if spec.verify && op == Op::Read && d.result.is_ok() {
                 let data = d.data.as_deref().unwrap_or(&[]);
                 if data.len() < spec.bs as usize {
                     return Err(format!(
@@ -742,13 +765,13 @@ fn job(
                     }
                     let e = &mut out.series[sec];
                     e.lat.saturating_record(ns.max(1));
-                    if write {
-                        e.write_ios += 1;
-                        e.write_bytes += u64::from(spec.bs);
-                    } else {
-                        e.read_ios += 1;
-                        e.read_bytes += u64::from(spec.bs);
-                    }
+                    let (ios, bytes) = match op {
+                        Op::Read => (&mut e.read_ios, &mut e.read_bytes),
+                        Op::Write => (&mut e.write_ios, &mut e.write_bytes),
+                        Op::Trim => (&mut e.trim_ios, &mut e.trim_bytes),
+                    };
+                    *ios += 1;
+                    *bytes += u64::from(spec.bs);
                     if let Some(p) = progress {
                         p.ios.fetch_add(1, Ordering::Relaxed);
                         p.bytes.fetch_add(u64::from(spec.bs), Ordering::Relaxed);
@@ -759,7 +782,11 @@ fn job(
                     if out.errors.len() < 10 {
                         out.errors.push(format!(
                             "{} at byte {offset}: {e}",
-                            if write { "write" } else { "read" }
+                            match op {
+                                Op::Read => "read",
+                                Op::Write => "write",
+                                Op::Trim => "trim",
+                            }
                         ));
                     }
                 }

@@ -18,11 +18,16 @@ pub enum Rw {
     RandRw,
     /// Sequential mixed reads and writes.
     Rw,
+    /// Sequential trims (UNMAP on a LUN, a punched hole in a file,
+    /// BLKDISCARD on a block device).
+    Trim,
+    /// Random trims.
+    RandTrim,
 }
 
 impl Rw {
     /// Parses fio's names (`read`, `write`, `randread`, `randwrite`,
-    /// `randrw`, `rw`/`readwrite`).
+    /// `randrw`, `rw`/`readwrite`, `trim`, `randtrim`).
     pub fn parse(s: &str) -> Result<Rw, String> {
         Ok(match s {
             "read" => Rw::Read,
@@ -31,9 +36,12 @@ impl Rw {
             "randwrite" => Rw::RandWrite,
             "randrw" => Rw::RandRw,
             "rw" | "readwrite" => Rw::Rw,
+            "trim" => Rw::Trim,
+            "randtrim" => Rw::RandTrim,
             _ => {
                 return Err(format!(
-                    "--rw {s:?}: expected read, write, randread, randwrite, randrw or rw"
+                    "--rw {s:?}: expected read, write, randread, randwrite, randrw, rw, trim \
+                     or randtrim"
                 ))
             }
         })
@@ -48,21 +56,36 @@ impl Rw {
             Rw::RandWrite => "randwrite",
             Rw::RandRw => "randrw",
             Rw::Rw => "rw",
+            Rw::Trim => "trim",
+            Rw::RandTrim => "randtrim",
         }
     }
 
     /// True for random offsets.
     pub fn random(self) -> bool {
-        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)
+        matches!(
+            self,
+            Rw::RandRead | Rw::RandWrite | Rw::RandRw | Rw::RandTrim
+        )
     }
 
-    /// Percentage of reads given `rwmixread`.
+    /// True for the trim modes.
+    pub fn trim(self) -> bool {
+        matches!(self, Rw::Trim | Rw::RandTrim)
+    }
+
+    /// Percentage of reads given `rwmixread` (trims are not reads).
     pub fn read_percent(self, rwmixread: u8) -> u8 {
         match self {
             Rw::Read | Rw::RandRead => 100,
-            Rw::Write | Rw::RandWrite => 0,
+            Rw::Write | Rw::RandWrite | Rw::Trim | Rw::RandTrim => 0,
             Rw::RandRw | Rw::Rw => rwmixread,
         }
+    }
+
+    /// True when the run changes the target's data (writes or trims).
+    pub fn modifies(self, rwmixread: u8) -> bool {
+        self.read_percent(rwmixread) < 100
     }
 }
 
@@ -335,6 +358,12 @@ impl JobSpec {
         }
         if self.verify_id.is_some() && !self.verify {
             return Err("--verify-id needs --verify".into());
+        }
+        if self.verify && self.rw.trim() {
+            return Err(format!(
+                "--verify with --rw {}: trimmed blocks carry no pattern to check",
+                self.rw.name()
+            ));
         }
         let Share { index, count } = self.share;
         if count == 0 || index >= count || self.numjobs.checked_mul(count).is_none() {

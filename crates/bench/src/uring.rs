@@ -1,7 +1,8 @@
 //! Files and block devices through io_uring (fio's `io_uring` engine): up
 //! to `iodepth` reads and writes in flight per job, submitted in one
 //! `io_uring_enter` per batch, into 4 KiB-aligned buffers so `--direct`
-//! (O_DIRECT) works.
+//! (O_DIRECT) works. Trims are done at submission (a punched hole or
+//! BLKDISCARD), as fio's io_uring engine does them.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -10,11 +11,14 @@ use std::path::Path;
 use bytes::Bytes;
 use io_uring::{opcode, types, IoUring};
 
-use crate::engine::{open_file, AlignedBuf, Done, Engine, Io};
+use crate::engine::{is_block_device, open_file, trim_range, AlignedBuf, Done, Engine, Io, Op};
 
 /// An io_uring engine over one file or block device.
 pub struct UringEngine {
     file: File,
+    blockdev: bool,
+    /// Trims done at submission, handed back at the next reap.
+    trimmed: Vec<Done>,
     ring: IoUring,
     capacity: u64,
     max_io: usize,
@@ -43,6 +47,8 @@ impl UringEngine {
         let (file, capacity) = open_file(path, direct, create_size)?;
         let max_io = (max_io as usize).next_multiple_of(4096);
         Ok(UringEngine {
+            blockdev: is_block_device(&file),
+            trimmed: Vec::new(),
             file,
             ring,
             capacity,
@@ -64,7 +70,9 @@ impl Engine for UringEngine {
         512
     }
     fn can_submit(&self) -> bool {
-        self.inflight < self.depth
+        // A trim is done at submission: hand it back before the next I/O
+        // so its latency is its own, not the wait for a full batch.
+        self.trimmed.is_empty() && self.inflight < self.depth
     }
     fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
         if io.slot >= self.depth || io.len as usize > self.max_io {
@@ -73,15 +81,26 @@ impl Engine for UringEngine {
                 io.slot, io.len
             ));
         }
+        if io.op == Op::Trim {
+            let result = trim_range(&self.file, self.blockdev, io.offset, u64::from(io.len))
+                .map_err(|e| e.to_string());
+            self.trimmed.push(Done {
+                slot: io.slot,
+                result,
+                data: None,
+            });
+            return Ok(());
+        }
+        let write = io.op == Op::Write;
         let start = io.slot * self.max_io;
         let len = io.len as usize;
         let buf = &mut self.bufs.slice(start + len)[start..];
-        if io.write {
+        if write {
             buf.copy_from_slice(&payload[..len]);
         }
         let fd = types::Fd(self.file.as_raw_fd());
         let ptr = buf.as_mut_ptr();
-        let sqe = if io.write {
+        let sqe = if write {
             opcode::Write::new(fd, ptr, io.len)
                 .offset(io.offset)
                 .build()
@@ -89,7 +108,7 @@ impl Engine for UringEngine {
             opcode::Read::new(fd, ptr, io.len).offset(io.offset).build()
         }
         .user_data(io.slot as u64);
-        self.lens[io.slot] = (io.len, io.write);
+        self.lens[io.slot] = (io.len, write);
         // SAFETY: the buffer lives in `self.bufs`, owned by this engine; the
         // job loop reuses a slot only after its completion was reaped, and
         // Drop reaps everything in flight before the buffers and the file
@@ -107,6 +126,17 @@ impl Engine for UringEngine {
         Ok(())
     }
     fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String> {
+        if !self.trimmed.is_empty() {
+            done.append(&mut self.trimmed);
+            // Collect what else completed, without waiting.
+            if self.inflight > 0 {
+                self.ring
+                    .submit()
+                    .map_err(|e| format!("io_uring_enter: {e}"))?;
+                self.drain(done);
+            }
+            return Ok(());
+        }
         if self.inflight == 0 {
             return Ok(());
         }
@@ -117,6 +147,14 @@ impl Engine for UringEngine {
                 Err(e) => return Err(format!("io_uring_enter: {e}")),
             }
         }
+        self.drain(done);
+        Ok(())
+    }
+}
+
+impl UringEngine {
+    /// Hands back every completion queued.
+    fn drain(&mut self, done: &mut Vec<Done>) {
         let mut cq = self.ring.completion();
         cq.sync();
         for cqe in &mut cq {
@@ -140,7 +178,6 @@ impl Engine for UringEngine {
             self.inflight -= 1;
             done.push(Done { slot, result, data });
         }
-        Ok(())
     }
 }
 

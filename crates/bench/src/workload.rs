@@ -2,6 +2,7 @@
 //! the block size) and the read/write mix, from a seeded generator so runs
 //! repeat exactly.
 
+use crate::engine::Op;
 use crate::spec::Rw;
 
 /// xorshift64*: small, fast, good enough for offsets.
@@ -38,6 +39,7 @@ impl Rng {
 #[derive(Clone, Debug)]
 pub struct Workload {
     random: bool,
+    trim: bool,
     read_pct: u8,
     bs: u64,
     start: u64,
@@ -64,6 +66,7 @@ impl Workload {
         let pos = blocks / u64::from(jobs.max(1)) * u64::from(job);
         Workload {
             random: rw.random(),
+            trim: rw.trim(),
             read_pct: rw.read_percent(rwmixread),
             bs: u64::from(bs),
             start,
@@ -73,12 +76,14 @@ impl Workload {
         }
     }
 
-    /// The next I/O: (is a write, byte offset).
-    pub fn next_io(&mut self) -> (bool, u64) {
-        let write = match self.read_pct {
-            100 => false,
-            0 => true,
-            p => self.rng.below(100) >= u64::from(p),
+    /// The next I/O: (what it does, byte offset).
+    pub fn next_io(&mut self) -> (Op, u64) {
+        let op = match self.read_pct {
+            _ if self.trim => Op::Trim,
+            100 => Op::Read,
+            0 => Op::Write,
+            p if self.rng.below(100) >= u64::from(p) => Op::Write,
+            _ => Op::Read,
         };
         let block = if self.random {
             self.rng.below(self.blocks)
@@ -87,7 +92,7 @@ impl Workload {
             self.pos = (self.pos + 1) % self.blocks;
             b
         };
-        (write, self.start + block * self.bs)
+        (op, self.start + block * self.bs)
     }
 }
 
@@ -103,7 +108,7 @@ mod tests {
             let (wr, off) = w.next_io();
             assert!(off >= 1 << 20 && off + 4096 <= (1 << 20) + (64 << 20));
             assert_eq!(off % 4096, 0);
-            writes += usize::from(wr);
+            writes += usize::from(wr == Op::Write);
         }
         assert!(
             (2500..3500).contains(&writes),
@@ -126,5 +131,16 @@ mod tests {
             })
             .collect();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn trim_modes_only_trim() {
+        for rw in [Rw::Trim, Rw::RandTrim] {
+            let mut w = Workload::new(rw, 50, 4096, 0, 1 << 20, 5, 0, 1);
+            assert!((0..1000).all(|_| w.next_io().0 == Op::Trim), "{rw:?}");
+        }
+        let mut w = Workload::new(Rw::Trim, 0, 4096, 0, 16384, 5, 0, 1);
+        let offs: Vec<u64> = (0..5).map(|_| w.next_io().1).collect();
+        assert_eq!(offs, vec![0, 4096, 8192, 12288, 0]);
     }
 }

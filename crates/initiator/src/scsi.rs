@@ -52,6 +52,27 @@ pub fn rw10(write: bool, lba: u32, blocks: u16) -> [u8; 10] {
     c
 }
 
+/// UNMAP (SBC-4 §5.30) with a parameter list of `param_len` bytes.
+pub fn unmap(param_len: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = 0x42;
+    c[7..9].copy_from_slice(&param_len.to_be_bytes());
+    c
+}
+
+/// UNMAP's parameter list with one block descriptor (SBC-4 §5.30.2):
+/// `blocks` blocks from `lba`.
+pub fn unmap_list(lba: u64, blocks: u32) -> [u8; 24] {
+    let mut p = [0u8; 24];
+    // UNMAP DATA LENGTH counts the bytes after itself; BLOCK DESCRIPTOR
+    // DATA LENGTH the descriptors.
+    p[0..2].copy_from_slice(&22u16.to_be_bytes());
+    p[2..4].copy_from_slice(&16u16.to_be_bytes());
+    p[8..16].copy_from_slice(&lba.to_be_bytes());
+    p[16..20].copy_from_slice(&blocks.to_be_bytes());
+    p
+}
+
 /// SYNCHRONIZE CACHE(10) of the whole LU.
 pub fn synchronize_cache() -> [u8; 10] {
     [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0]

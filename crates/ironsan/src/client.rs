@@ -95,6 +95,10 @@ pub struct BenchArgs {
     /// prints).
     #[arg(long = "group_reporting")]
     group_reporting: bool,
+    /// fio's stonewall (also wait_for_previous): in a job file, this job starts when every
+    /// job before it has finished, and begins a new group (its groupid).
+    #[arg(long, alias = "wait_for_previous")]
+    stonewall: bool,
     /// fio's write_bw_log: NAME_bw.1.log, per-second KiB/s per direction (log_avg_msec=1000).
     #[arg(long = "write_bw_log", value_name = "NAME")]
     write_bw_log: Option<String>,
@@ -481,8 +485,8 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
     let r = &done.0;
-    if r.read.errors + r.write.errors > 0 {
-        bail!("{} I/O errors", r.read.errors + r.write.errors);
+    if r.errors() > 0 {
+        bail!("{} I/O errors", r.errors());
     }
     Ok(())
 }
@@ -607,8 +611,26 @@ fn report(a: &BenchArgs, spec: &JobSpec, done: &Collected) -> Result<Option<serd
     Ok(None)
 }
 
-/// The jobs of a fio job file, run at once as fio runs them; their
-/// reports in the file's order (one JSON document with every job).
+/// Group ids of a job file's jobs: a job with `stonewall` begins a new
+/// group (fio's rule; the first job is group 0 either way).
+fn group_ids(stonewalls: &[bool]) -> Vec<u32> {
+    let mut g = 0;
+    stonewalls
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            if s && i > 0 {
+                g += 1;
+            }
+            g
+        })
+        .collect()
+}
+
+/// The jobs of a fio job file, run as fio runs them: at once, except that
+/// a `stonewall` job waits for every job before it (each group runs after
+/// the one before); their reports in the file's order (one JSON document
+/// with every job, each with its groupid).
 fn run_jobs(jobs: Vec<BenchArgs>) -> Result<()> {
     let mut specs = Vec::new();
     for a in &jobs {
@@ -619,25 +641,35 @@ fn run_jobs(jobs: Vec<BenchArgs>) -> Result<()> {
         spec.validate().map_err(anyhow::Error::msg)?;
         specs.push(spec);
     }
-    let results: Vec<Result<Collected>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = jobs
-            .iter()
-            .zip(&specs)
-            .map(|(a, s)| sc.spawn(move || collect(a, s, false)))
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a job panicked")))
-            })
-            .collect()
-    });
+    let groups = group_ids(&jobs.iter().map(|a| a.stonewall).collect::<Vec<_>>());
+    let mut results: Vec<Result<Collected>> = Vec::new();
+    let mut from = 0;
+    while from < jobs.len() {
+        let to = (from..jobs.len())
+            .find(|&i| groups[i] != groups[from])
+            .unwrap_or(jobs.len());
+        results.extend(std::thread::scope(|sc| {
+            let hs: Vec<_> = jobs[from..to]
+                .iter()
+                .zip(&specs[from..to])
+                .map(|(a, s)| sc.spawn(move || collect(a, s, false)))
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a job panicked")))
+                })
+                .collect::<Vec<_>>()
+        }));
+        from = to;
+    }
     let mut doc: Option<serde_json::Value> = None;
     let mut errors = 0;
-    for ((a, spec), r) in jobs.iter().zip(&specs).zip(results) {
+    for (((a, spec), r), group) in jobs.iter().zip(&specs).zip(results).zip(&groups) {
         let done = r.with_context(|| format!("job {}", spec.name))?;
-        errors += done.0.read.errors + done.0.write.errors;
-        if let Some(v) = report(a, spec, &done)? {
+        errors += done.0.errors();
+        if let Some(mut v) = report(a, spec, &done)? {
+            v["jobs"][0]["groupid"] = (*group).into();
             match &mut doc {
                 None => doc = Some(v),
                 Some(d) => {

@@ -142,7 +142,7 @@ pub fn coordinator(a: &BenchArgs, base: JobSpec) -> Result<()> {
     } else {
         print!("{}", bench::node::report::text(&m));
     }
-    let errors = m.merged.read.errors + m.merged.write.errors;
+    let errors = m.merged.errors();
     if errors > 0 {
         bail!("{errors} I/O errors");
     }

@@ -186,11 +186,11 @@ pub fn gpfsperf(a: GpfsperfArgs) -> Result<()> {
         eprintln!("ironsan: note: {n}");
     }
     print!("{}", bench::gpfsperf::report(&g, &spec, &r, r.capacity));
-    if r.read.errors + r.write.errors > 0 {
+    if r.errors() > 0 {
         for e in &r.error_samples {
             eprintln!("ironsan: error: {e}");
         }
-        bail!("{} I/O errors", r.read.errors + r.write.errors);
+        bail!("{} I/O errors", r.errors());
     }
     Ok(())
 }

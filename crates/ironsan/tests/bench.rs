@@ -813,6 +813,128 @@ fn files_are_laid_out_and_sizes_are_honest() {
     );
 }
 
+/// `trim`/`randtrim` deallocate for real: a punched hole in a file (psync
+/// and io_uring), UNMAP through the built-in initiator on one path and on
+/// several, reported in fio's `trim` section and logs (ddir 2); a LU
+/// without UNMAP answers INVALID COMMAND OPERATION CODE and the run fails.
+#[test]
+fn trims_deallocate_files_and_luns() {
+    use std::os::unix::fs::MetadataExt;
+    let allocated = |p: &std::path::Path| std::fs::metadata(p).unwrap().blocks() * 512;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("data");
+    let fs = f.to_str().unwrap();
+    ok(&["bench", "--rw", "write", "--bs", "1M", "--size", "16M", fs]);
+    assert!(allocated(&f) >= 16 << 20, "{}", allocated(&f));
+    let v = json(&[
+        "bench",
+        "--ioengine",
+        "psync",
+        "--rw",
+        "trim",
+        "--bs",
+        "1M",
+        "--size",
+        "8M",
+        fs,
+    ]);
+    let t = &v["jobs"][0]["trim"];
+    assert_eq!(t["total_ios"], 8, "{t}");
+    assert_eq!(t["io_bytes"], 8 << 20, "{t}");
+    assert_eq!(v["jobs"][0]["read"]["total_ios"], 0);
+    assert_eq!(v["jobs"][0]["write"]["total_ios"], 0);
+    assert!(t["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
+    let a = allocated(&f);
+    assert!(
+        (8 << 20..12 << 20).contains(&a),
+        "{a} bytes allocated after trimming half"
+    );
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 16 << 20, "size kept");
+    // io_uring, random, with fio's logs.
+    let log = dir.path().join("trimlog");
+    let log = log.to_str().unwrap();
+    let v = json(&[
+        "bench",
+        "--ioengine",
+        "io_uring",
+        "--rw",
+        "randtrim",
+        "--bs",
+        "64k",
+        "--runtime",
+        "1",
+        "--write_iops_log",
+        log,
+        fs,
+    ]);
+    assert!(v["jobs"][0]["trim"]["iops"].as_f64().unwrap() > 0.0);
+    assert!(allocated(&f) < a, "random trims freed nothing");
+    let lines = std::fs::read_to_string(format!("{log}_iops.1.log")).unwrap();
+    assert!(
+        !lines.is_empty() && lines.lines().all(|l| l.split(", ").nth(2) == Some("2")),
+        "{lines}"
+    );
+    refused(
+        &["bench", "--verify", "--rw", "randtrim", "--size", "1M", fs],
+        "--verify",
+    );
+
+    // Through the target: UNMAP reaches the LUN's file.
+    let lun = dir.path().join("lun");
+    let lun_spec = format!("file:{}:16M", lun.display());
+    let s = Server::start(2, &[&lun_spec, "null:16M"]);
+    let url = s.url(0, 0);
+    ok(&["bench", "--rw", "write", "--bs", "1M", &url]);
+    assert!(allocated(&lun) >= 16 << 20);
+    let v = json(&["bench", "--rw", "trim", "--bs", "1M", "--size", "8M", &url]);
+    assert_eq!(v["jobs"][0]["trim"]["total_ios"], 8);
+    assert!(allocated(&lun) <= 8 << 20, "{}", allocated(&lun));
+    let v = json(&[
+        "bench",
+        "--multipath",
+        "rr",
+        "--rw",
+        "randtrim",
+        "--bs",
+        "64k",
+        "--runtime",
+        "1",
+        &url,
+        &s.url(1, 0),
+    ]);
+    assert!(v["jobs"][0]["trim"]["total_ios"].as_u64().unwrap() > 0);
+    assert!(v["ironsan"]["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["ios"].as_u64().unwrap() > 0));
+    assert!(allocated(&lun) < 8 << 20, "{}", allocated(&lun));
+    // The null LU has no thin provisioning: UNMAP is not a command there.
+    refused(
+        &[
+            "bench",
+            "--rw",
+            "randtrim",
+            "--runtime",
+            "300ms",
+            &s.url(0, 1),
+        ],
+        "I/O errors",
+    );
+    let out = run(&[
+        "bench",
+        "--rw",
+        "randtrim",
+        "--runtime",
+        "300ms",
+        &s.url(0, 1),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("INVALID COMMAND OPERATION CODE"),
+        "{out:?}"
+    );
+}
+
 /// fio's spellings: --name=value forms, --filename, --direct=1,
 /// --time_based, --output-format=json, --group_reporting, --rwmixwrite;
 /// a fio job file; unsupported options and formats refused by name.
@@ -890,6 +1012,25 @@ fn fio_command_lines_and_job_files() {
     assert!(
         text.contains("reader: rw=randread") && text.contains("writer: rw=randwrite"),
         "{text}"
+    );
+    // stonewall: the trimmer waits for the reader and writer (which run at
+    // once) and is group 1; so the file takes at least two runtimes.
+    let walled = dir.path().join("walled.fio");
+    std::fs::write(
+        &walled,
+        format!("[global]\nfilename={fs}\nsize=8M\nruntime=500ms\ntime_based\nioengine=psync\n[reader]\nrw=randread\n[writer]\nrw=randwrite\n[trimmer]\nstonewall\nrw=randtrim\n"),
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let v = json(&["bench", walled.to_str().unwrap()]);
+    let took = t0.elapsed();
+    let jobs = v["jobs"].as_array().unwrap();
+    let groups: Vec<_> = jobs.iter().map(|j| j["groupid"].as_u64()).collect();
+    assert_eq!(groups, vec![Some(0), Some(0), Some(1)]);
+    assert!(jobs[2]["trim"]["total_ios"].as_u64().unwrap() > 0);
+    assert!(
+        took >= Duration::from_millis(1000),
+        "{took:?}: not one after the other"
     );
     refused(&["bench", "--output-format=xml", fs], "--output-format=xml");
     refused(

@@ -424,19 +424,13 @@ impl MultipathEngine {
     }
 
     fn send(&mut self, i: usize, io: Io, payload: Bytes) {
-        let lba = io.offset / u64::from(self.bs);
-        let cdb = scsi::rw16(io.write, lba, io.len / self.bs, false);
-        let dir = if io.write {
-            DataDir::Write(payload.slice(..io.len as usize))
-        } else {
-            DataDir::Read(io.len)
-        };
+        let (cdb, n, dir) = crate::engine::scsi_io(&io, self.bs, &payload);
         let p = &mut self.paths[i];
         let Some(conn) = p.conn.as_mut() else {
             self.pending.push_back((io, payload));
             return;
         };
-        let itt = conn.submit(self.lun, &cdb, dir);
+        let itt = conn.submit(self.lun, &cdb[..n], dir);
         p.inflight.insert(itt.0, (io, payload));
     }
 
@@ -754,7 +748,7 @@ impl Engine for MultipathEngine {
         self.pending.is_empty() && (settling || (0..self.paths.len()).any(|i| self.ready(i)))
     }
     fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
-        let payload = if io.write {
+        let payload = if io.op == crate::engine::Op::Write {
             payload.clone()
         } else {
             Bytes::new()

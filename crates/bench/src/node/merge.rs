@@ -89,6 +89,7 @@ pub fn stonewall(nodes: &[(&RunResult, &[Sample])]) -> Option<Stonewall> {
 pub fn merge(results: &[&RunResult], labels: &[String]) -> RunResult {
     let mut read = DirStats::new();
     let mut write = DirStats::new();
+    let mut trim = DirStats::new();
     let mut series: Vec<Second> = Vec::new();
     let mut paths: Vec<PathStat> = Vec::new();
     let mut error_samples = Vec::new();
@@ -100,6 +101,7 @@ pub fn merge(results: &[&RunResult], labels: &[String]) -> RunResult {
     for (i, r) in results.iter().enumerate() {
         read.merge(&r.read);
         write.merge(&r.write);
+        trim.merge(&r.trim);
         for (k, s) in r.series.iter().enumerate() {
             if series.len() <= k {
                 series.push(Second::new());
@@ -143,6 +145,7 @@ pub fn merge(results: &[&RunResult], labels: &[String]) -> RunResult {
     RunResult {
         read,
         write,
+        trim,
         elapsed,
         series,
         paths,
@@ -172,6 +175,7 @@ mod tests {
         RunResult {
             read,
             write: DirStats::new(),
+            trim: DirStats::new(),
             elapsed: Duration::from_millis(elapsed_ms),
             series: Vec::new(),
             paths: Vec::new(),

@@ -91,6 +91,10 @@ pub struct WireSecond {
     pub write_ios: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
+    #[serde(default)]
+    pub trim_ios: u64,
+    #[serde(default)]
+    pub trim_bytes: u64,
     pub lat: String,
 }
 
@@ -100,6 +104,9 @@ pub struct WireSecond {
 pub struct NodeRun {
     pub read: WireDir,
     pub write: WireDir,
+    /// Trims (absent when the run had none).
+    #[serde(default)]
+    pub trim: Option<WireDir>,
     pub elapsed_us: u64,
     pub first_finish_us: u64,
     pub series: Vec<WireSecond>,
@@ -243,6 +250,7 @@ impl NodeRun {
         NodeRun {
             read: dir_to_wire(&r.read),
             write: dir_to_wire(&r.write),
+            trim: (r.trim.ios + r.trim.errors > 0).then(|| dir_to_wire(&r.trim)),
             elapsed_us: us(r.elapsed),
             first_finish_us: us(r.first_finish),
             series: r
@@ -253,6 +261,8 @@ impl NodeRun {
                     write_ios: s.write_ios,
                     read_bytes: s.read_bytes,
                     write_bytes: s.write_bytes,
+                    trim_ios: s.trim_ios,
+                    trim_bytes: s.trim_bytes,
                     lat: encode_hist(&s.lat),
                 })
                 .collect(),
@@ -288,6 +298,8 @@ impl NodeRun {
                     write_ios: s.write_ios,
                     read_bytes: s.read_bytes,
                     write_bytes: s.write_bytes,
+                    trim_ios: s.trim_ios,
+                    trim_bytes: s.trim_bytes,
                     lat: decode_hist(&s.lat, SECOND_BOUNDS)?,
                 })
             })
@@ -303,6 +315,10 @@ impl NodeRun {
             RunResult {
                 read: dir_from_wire(&self.read)?,
                 write: dir_from_wire(&self.write)?,
+                trim: match &self.trim {
+                    Some(t) => dir_from_wire(t)?,
+                    None => DirStats::new(),
+                },
                 elapsed: Duration::from_micros(self.elapsed_us),
                 series,
                 paths: self.paths,
@@ -389,6 +405,7 @@ mod tests {
         sec.lat.record(3_000).unwrap();
         let run = RunResult {
             read: r.clone(),
+            trim: r.clone(),
             write: r,
             elapsed: Duration::from_secs(1),
             series: vec![sec],
@@ -440,6 +457,7 @@ mod tests {
         let (back, tl) = result.into_run().unwrap();
         assert_eq!((back.read.ios, back.read.lat.len()), (4, 4));
         assert_eq!(back.read.lat, run.read.lat);
+        assert_eq!(back.trim.lat, run.trim.lat);
         assert_eq!(back.series[0].lat, run.series[0].lat);
         assert_eq!(
             (back.first_finish, back.verify_id),
