@@ -661,6 +661,9 @@ fn job(
     }
     let measure_from = t0 + spec.ramp_time;
     let deadline = spec.runtime.map(|r| measure_from + r);
+    let last_second = spec.runtime.map_or(usize::MAX, |r| {
+        (r.as_nanos().div_ceil(1_000_000_000) as usize).max(1) - 1
+    });
     let mut inflight = 0usize;
     loop {
         let now = Instant::now();
@@ -759,7 +762,11 @@ fn job(
                         .as_nanos()
                         .min(u128::from(u64::MAX)) as u64;
                     st.lat.saturating_record(ns.max(1));
-                    let sec = now.duration_since(measure_from).as_secs() as usize;
+                    // The I/Os still in flight at the deadline complete
+                    // after it: they count in the run's last second, not
+                    // in a second of their own.
+                    let sec =
+                        (now.duration_since(measure_from).as_secs() as usize).min(last_second);
                     while out.series.len() <= sec {
                         out.series.push(Second::new());
                     }

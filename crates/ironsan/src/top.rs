@@ -41,13 +41,176 @@ fn s<'a>(v: &'a Value, k: &str) -> &'a str {
     v.get(k).and_then(Value::as_str).unwrap_or("")
 }
 
-/// The screen's lines for one `/api/stats` answer.
+/// One column of a table: header, width, left-aligned, and how long it
+/// stays when the terminal is narrow (lower goes first; 0 never goes).
+struct Col {
+    head: &'static str,
+    width: usize,
+    left: bool,
+    drop: u8,
+}
+
+const fn col(head: &'static str, width: usize, left: bool, drop: u8) -> Col {
+    Col {
+        head,
+        width,
+        left,
+        drop,
+    }
+}
+
+/// The shortest the name column gets before other columns go.
+const MIN_NAME: usize = 12;
+
+/// The tail of `s` in at most `w` characters (names differ at their end:
+/// `iqn.…:target0`, `…:target1`).
+fn tail(s: &str, w: usize) -> String {
+    let n = s.chars().count();
+    s.chars().skip(n.saturating_sub(w)).collect()
+}
+
+/// A table that fits `width`: column 1 is the name, given what is left
+/// (between [`MIN_NAME`] and its longest value); when even that does not
+/// fit, the columns with the lowest `drop` go first (a rank at a time). Returns the lines
+/// and how many columns were left out.
+fn table(cols: &[Col], rows: &[Vec<String>], width: usize) -> (Vec<String>, usize) {
+    let longest = rows
+        .iter()
+        .map(|r| r[1].chars().count())
+        .chain([cols[1].head.len()])
+        .max()
+        .unwrap_or(0);
+    let mut keep: Vec<bool> = vec![true; cols.len()];
+    let fixed = |keep: &[bool]| -> usize {
+        cols.iter()
+            .zip(keep)
+            .enumerate()
+            .filter(|(i, (_, k))| **k && *i != 1)
+            .map(|(_, (c, _))| c.width + 1)
+            .sum()
+    };
+    while fixed(&keep) + MIN_NAME.min(longest) > width {
+        // Columns of one rank go together (MB read and written).
+        let Some(rank) = (0..cols.len())
+            .filter(|&i| keep[i] && cols[i].drop > 0)
+            .map(|i| cols[i].drop)
+            .min()
+        else {
+            break;
+        };
+        for (k, c) in keep.iter_mut().zip(cols) {
+            if c.drop == rank {
+                *k = false;
+            }
+        }
+    }
+    let name_w = width
+        .saturating_sub(fixed(&keep))
+        .min(longest)
+        .max(MIN_NAME.min(longest));
+    let line = |cells: &[String]| -> String {
+        let mut l = String::new();
+        for (i, c) in cols.iter().enumerate() {
+            if !keep[i] {
+                continue;
+            }
+            if !l.is_empty() {
+                l.push(' ');
+            }
+            let w = if i == 1 { name_w } else { c.width };
+            let v = tail(&cells[i], w);
+            if c.left {
+                l += &format!("{v:<w$}");
+            } else {
+                l += &format!("{v:>w$}");
+            }
+        }
+        l.trim_end().to_string()
+    };
+    let mut out = vec![line(
+        &cols.iter().map(|c| c.head.to_string()).collect::<Vec<_>>(),
+    )];
+    out.extend(rows.iter().map(|r| line(r)));
+    (out, keep.iter().filter(|k| !**k).count())
+}
+
+const LUN_COLS: [Col; 11] = [
+    col("LUN", 3, false, 0),
+    col("TARGET", 0, true, 0),
+    col("READS/s", 8, false, 0),
+    col("WRITES/s", 8, false, 0),
+    col("MBREAD/s", 8, false, 7),
+    col("MBWRTN/s", 8, false, 7),
+    col("LAT_R_us", 8, false, 9),
+    col("LAT_W_us", 8, false, 9),
+    col("P99_us", 7, false, 8),
+    col("QD", 5, false, 5),
+    col("ERR", 5, false, 6),
+];
+
+const SESSION_COLS: [Col; 10] = [
+    col("SID", 4, true, 0),
+    col("INITIATOR", 0, true, 0),
+    col("ISID", 12, true, 3),
+    col("PORTAL", 21, true, 6),
+    col("READS/s", 8, false, 0),
+    col("WRITES/s", 8, false, 0),
+    col("MB/s", 7, false, 8),
+    col("LAT_us", 7, false, 9),
+    col("INFLT", 6, false, 5),
+    col("WINDOW", 6, false, 4),
+];
+
+/// The screen's lines for one `/api/stats` answer, fitted to `width`
+/// columns: long names keep their tail, and on a narrow terminal the
+/// least telling columns go (the header says how many).
 pub fn lines(v: &Value, width: usize) -> Vec<String> {
     let mut out = Vec::new();
     let luns = v["luns"].as_array().cloned().unwrap_or_default();
     let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
     let tot = |k: &str| luns.iter().map(|l| f(&l["rate"], k)).sum::<f64>();
-    out.push(format!(
+    let lun_rows: Vec<Vec<String>> = luns
+        .iter()
+        .map(|l| {
+            let r = &l["rate"];
+            vec![
+                // JSON values ignore widths: their text is padded.
+                l["lun"].to_string(),
+                s(l, "target").to_string(),
+                format!("{:.0}", f(r, "read_iops")),
+                format!("{:.0}", f(r, "write_iops")),
+                format!("{:.1}", f(r, "read_mbps")),
+                format!("{:.1}", f(r, "write_mbps")),
+                format!("{:.0}", f(r, "read_lat_us")),
+                format!("{:.0}", f(r, "write_lat_us")),
+                format!("{:.0}", f(r, "p99_us")),
+                format!("{:.1}", f(r, "qd")),
+                r["errors"].to_string(),
+            ]
+        })
+        .collect();
+    let session_rows: Vec<Vec<String>> = sessions
+        .iter()
+        .map(|x| {
+            let i = &x["info"];
+            let r = &x["rate"];
+            vec![
+                i["id"].to_string(),
+                s(i, "initiator").to_string(),
+                s(i, "isid").to_string(),
+                s(i, "portal").to_string(),
+                format!("{:.0}", f(r, "read_iops")),
+                format!("{:.0}", f(r, "write_iops")),
+                format!("{:.1}", f(r, "read_mbps") + f(r, "write_mbps")),
+                format!("{:.0}", f(r, "read_lat_us").max(f(r, "write_lat_us"))),
+                x["in_flight"].to_string(),
+                i["queue_depth"].to_string(),
+            ]
+        })
+        .collect();
+    let (lun_lines, lun_hidden) = table(&LUN_COLS, &lun_rows, width);
+    let (ses_lines, ses_hidden) = table(&SESSION_COLS, &session_rows, width);
+    let head = format!(
         "ironsan top   up {}s   {} LUNs   {} sessions   IOPS r {:.0} w {:.0}   MB/s r {:.1} w {:.1}",
         v["uptime_s"],
         luns.len(),
@@ -56,86 +219,22 @@ pub fn lines(v: &Value, width: usize) -> Vec<String> {
         tot("write_iops"),
         tot("read_mbps"),
         tot("write_mbps")
-    ));
+    );
+    out.push(head);
+    out.push(if lun_hidden + ses_hidden > 0 {
+        format!(
+            "({} columns hidden: widen the terminal)",
+            lun_hidden + ses_hidden
+        )
+    } else {
+        String::new()
+    });
+    out.extend(lun_lines);
     out.push(String::new());
-    out.push(format!(
-        "{:<34} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6}",
-        "TARGET",
-        "LUN",
-        "READS/s",
-        "WRITES/s",
-        "MBREAD/s",
-        "MBWRTN/s",
-        "LAT_R_us",
-        "LAT_W_us",
-        "P99_us",
-        "QD",
-        "ERR"
-    ));
-    for l in &luns {
-        let r = &l["rate"];
-        let name = s(l, "target");
-        let name = if name.len() > 34 {
-            &name[name.len() - 34..]
-        } else {
-            name
-        };
-        out.push(format!(
-            "{:<34} {:>3} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.0} {:>8.0} {:>8.0} {:>6.1} {:>6}",
-            name,
-            // JSON values ignore widths: pad their text.
-            l["lun"].to_string(),
-            f(r, "read_iops"),
-            f(r, "write_iops"),
-            f(r, "read_mbps"),
-            f(r, "write_mbps"),
-            f(r, "read_lat_us"),
-            f(r, "write_lat_us"),
-            f(r, "p99_us"),
-            f(r, "qd"),
-            r["errors"].to_string()
-        ));
-    }
-    out.push(String::new());
-    out.push(format!(
-        "{:<4} {:<34} {:<12} {:<21} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6}",
-        "SID",
-        "INITIATOR",
-        "ISID",
-        "PORTAL",
-        "READS/s",
-        "WRITES/s",
-        "MB/s",
-        "LAT_us",
-        "INFLT",
-        "WINDOW"
-    ));
-    for x in &sessions {
-        let i = &x["info"];
-        let r = &x["rate"];
-        let ini = s(i, "initiator");
-        let ini = if ini.len() > 34 {
-            &ini[ini.len() - 34..]
-        } else {
-            ini
-        };
-        out.push(format!(
-            "{:<4} {:<34} {:<12} {:<21} {:>9.0} {:>9.0} {:>8.1} {:>8.0} {:>6} {:>6}",
-            i["id"].to_string(),
-            ini,
-            s(i, "isid"),
-            s(i, "portal"),
-            f(r, "read_iops"),
-            f(r, "write_iops"),
-            f(r, "read_mbps") + f(r, "write_mbps"),
-            f(r, "read_lat_us").max(f(r, "write_lat_us")),
-            x["in_flight"].to_string(),
-            i["queue_depth"].to_string()
-        ));
-    }
+    out.extend(ses_lines);
     for l in &mut out {
-        if l.len() > width {
-            l.truncate(width);
+        if l.chars().count() > width {
+            *l = l.chars().take(width).collect();
         }
     }
     out
@@ -251,11 +350,43 @@ mod tests {
                                    "queue_depth": 128},
                           "rate": {}, "in_flight": 0}],
         });
-        let l = lines(&v, usize::MAX);
-        let (lun_head, lun_row) = (&l[2], &l[3]);
-        let (ses_head, ses_row) = (&l[5], &l[6]);
-        assert_eq!(lun_head.len(), lun_row.len(), "\n{lun_head}\n{lun_row}");
-        assert_eq!(ses_head.len(), ses_row.len(), "\n{ses_head}\n{ses_row}");
-        assert!(ses_row.starts_with("1    iqn."), "{ses_row}");
+        for width in [usize::MAX, 160, 120, 100, 80, 60] {
+            let l = lines(&v, width);
+            let (lun_head, lun_row) = (&l[2], &l[3]);
+            let (ses_head, ses_row) = (&l[5], &l[6]);
+            // Every header ends where its column's values end.
+            for (h, r) in [(lun_head, lun_row), (ses_head, ses_row)] {
+                assert_eq!(h.len(), r.len(), "width {width}\n{h}\n{r}");
+            }
+            assert!(
+                l.iter().all(|x| x.chars().count() <= width),
+                "width {width}:\n{}",
+                l.join("\n")
+            );
+            assert!(ses_row.starts_with("1    "), "{ses_row}");
+            assert!(
+                lun_row.contains("target0"),
+                "the name keeps its tail: {lun_row}"
+            );
+            // The rate columns stay at every width; the rest go last.
+            assert!(lun_head.contains("READS/s") && lun_head.contains("WRITES/s"));
+            assert!(lun_row.contains("182961"), "{lun_row}");
+            let hidden = l[1].contains("columns hidden");
+            assert_eq!(
+                hidden,
+                !lun_head.contains("ERR") || !ses_head.contains("ISID"),
+                "width {width}: {}",
+                l[1]
+            );
+        }
+        // 80 columns keep the latencies, the p99 and both MB/s.
+        let l = lines(&v, 80);
+        for c in ["LAT_R_us", "LAT_W_us", "P99_us", "MBREAD/s", "MBWRTN/s"] {
+            assert!(l[2].contains(c), "{}", l[2]);
+        }
+        // Not ASCII: no panic, still within the width.
+        let mut w = v.clone();
+        w["luns"][0]["target"] = "iqn.2026-11.io.ironsan:zielspeicher-größe-äöü-𝔘".into();
+        assert!(lines(&w, 70).iter().all(|x| x.chars().count() <= 70));
     }
 }

@@ -1079,6 +1079,15 @@ fn fio_command_lines_and_job_files() {
             "{log}: {first}"
         );
         assert!(f[1].parse::<u64>().unwrap() > 0, "{log}: {first}");
+        // A 2 s run has two seconds: the I/Os in flight at the deadline
+        // count in the second, not in a third of their own.
+        let secs: std::collections::BTreeSet<&str> =
+            text.lines().filter_map(|l| l.split(", ").next()).collect();
+        assert_eq!(
+            secs.into_iter().collect::<Vec<_>>(),
+            ["1000", "2000"],
+            "{log}"
+        );
     }
 }
 
