@@ -388,6 +388,12 @@ impl PortGroups {
         })
     }
 
+    /// Relative target ports in every group: more than one makes the
+    /// units multi-port (INQUIRY MULTIP).
+    pub fn port_count(&self) -> usize {
+        self.iter().map(|g| g.ports.read().len()).sum()
+    }
+
     /// Every group id with its current state, in configuration order.
     pub fn states(&self) -> Vec<(u16, AccessState)> {
         self.iter().map(|g| (g.id, g.state())).collect()

@@ -46,7 +46,8 @@ fn space_padded(dst: &mut [u8], s: &str) {
 
 /// The standard INQUIRY data (SPC-4 §6.6.2): a connected direct-access
 /// device, not removable, SPC-4, response data format 2, command queuing,
-/// no ACA, no hierarchical addressing, no protection; implicit ALUA (TPGS
+/// no ACA, no protection; HISUP, since LUNs are single-level peripheral or
+/// flat addresses of SAM-5's hierarchical model (§4.7); implicit ALUA (TPGS
 /// 01b, raised to 11b by [`crate::LogicalUnit::with_port_groups`] when SET
 /// TARGET PORT GROUPS is allowed) and a copy manager (3PC, SPC-4 §6.4).
 pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
@@ -54,7 +55,7 @@ pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
     d[0] = 0x00; // PERIPHERAL QUALIFIER 000b, DEVICE TYPE 00h
     d[1] = 0x00; // RMB = 0
     d[2] = 0x06; // VERSION: SPC-4
-    d[3] = 0x02; // NORMACA = 0, HISUP = 0, RESPONSE DATA FORMAT = 2
+    d[3] = 0x10 | 0x02; // NORMACA = 0, HISUP = 1, RESPONSE DATA FORMAT = 2
     d[4] = (STD_INQUIRY_LEN - 5) as u8; // ADDITIONAL LENGTH
     d[5] = 0x10 | 0x08; // TPGS = 01b, 3PC
     d[7] = 0x02; // CMDQUE
@@ -79,7 +80,14 @@ pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
         if page != 0 {
             return Outcome::check(Sense::invalid_cdb(2, None));
         }
-        return data_in(lu.std_inquiry.to_vec(), alloc);
+        let mut d = lu.std_inquiry.to_vec();
+        // MULTIP (SPC-4 §6.6.2): the LU is reachable through more than one
+        // target port (portal groups, here or at the other gateways);
+        // ports come and go at run time, so it is decided per INQUIRY.
+        if lu.alua.port_count() > 1 {
+            d[6] |= 0x10;
+        }
+        return data_in(d, alloc);
     }
     let data = match page {
         0x00 => page_with(0x00, &SUPPORTED_PAGES[..6 + usize::from(lu.thin)]),

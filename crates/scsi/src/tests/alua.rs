@@ -83,6 +83,24 @@ fn standard_inquiry_tpgs_and_3pc() {
     assert_eq!(o.data[5] & 0x08, 0x08, "3PC");
 }
 
+/// MULTIP follows the ports the unit is reachable through (SPC-4
+/// §6.6.2), as they are added and removed; HISUP is always set.
+#[test]
+fn standard_inquiry_multip_follows_the_ports_and_hisup() {
+    let inq = [op::INQUIRY, 0, 0, 0, 96, 0];
+    let o = run(&mem_lu(), &inq, &[]);
+    assert_eq!(o.data[6] & 0x10, 0, "one port: MULTIP 0");
+    assert_eq!(o.data[3] & 0x10, 0x10, "HISUP");
+    let pg = groups(false);
+    let lu = alua_lu(&pg);
+    assert_eq!(run(&lu, &inq, &[]).data[6] & 0x10, 0x10, "3 ports: MULTIP 1");
+    pg.remove_port(1);
+    pg.remove_port(2);
+    assert_eq!(run(&lu, &inq, &[]).data[6] & 0x10, 0, "1 port left");
+    assert!(pg.add_port(2, 2));
+    assert_eq!(run(&lu, &inq, &[]).data[6] & 0x10, 0x10, "a port added");
+}
+
 #[test]
 fn report_target_port_groups_length_format() {
     let pg = groups(false);

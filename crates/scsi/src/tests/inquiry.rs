@@ -17,7 +17,7 @@ fn standard_data() {
     assert_eq!(d[0], 0x00, "PQ 0, direct access");
     assert_eq!(d[1] & 0x80, 0, "not removable");
     assert_eq!(d[2], 0x06, "SPC-4");
-    assert_eq!(d[3], 0x02, "RDF 2, no NORMACA/HISUP/AERC/TRMTSK");
+    assert_eq!(d[3], 0x12, "RDF 2, HISUP, no NORMACA/AERC/TRMTSK");
     assert_eq!(usize::from(d[4]), d.len() - 5);
     assert_eq!(d[5] & 0x01, 0, "no PROTECT");
     assert_eq!(d[7] & 0x02, 0x02, "CMDQUE");

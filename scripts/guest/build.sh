@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds the Linux guest the Real hosts scenarios boot (scripts/guest/run.py):
+# Debian's kernel (linux-image-amd64, extracted, not installed) and a
+# busybox initramfs carrying open-iscsi, multipath-tools, sg3-utils,
+# e2fsprogs, xfsprogs, util-linux and fio from this machine's Debian
+# packages (installed when missing), their shared libraries, and the kernel
+# modules an iSCSI host needs. Nothing prebuilt is committed: everything is
+# made here, from packages, and cached by content.
+#
+#   scripts/guest/build.sh [CACHE_DIR]    prints the directory with vmlinuz and base.cpio.gz
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${1:-${IRONSAN_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ironsan-guest}}"
+mkdir -p "$cache"
+export DEBIAN_FRONTEND=noninteractive
+
+# Host tools: the programs copied into the guest, qemu to boot it, socat for
+# the per-connection port forwards, kmod/cpio to build the image.
+pkgs=(qemu-system-x86 busybox-static open-iscsi multipath-tools sg3-utils e2fsprogs
+      xfsprogs util-linux fio socat kmod cpio udev dmsetup)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "guest build: installing ${missing[*]}" >&2
+  # A package's service must not start on the host (open-iscsi, multipathd).
+  policy=/usr/sbin/policy-rc.d
+  had_policy=0; [ -e $policy ] && had_policy=1
+  [ $had_policy = 1 ] || { printf '#!/bin/sh\nexit 101\n' > $policy; chmod +x $policy; }
+  apt-get update -qq >&2 || true
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [ $had_policy = 1 ] || rm -f $policy
+fi
+
+# The kernel: the version linux-image-amd64 points at, downloaded and
+# extracted into the cache (never installed on the host).
+kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+[ -n "$kpkg" ] || { echo "guest build: no linux-image-amd64 in the package lists" >&2; exit 1; }
+kver=${kpkg#linux-image-}
+kdir="$cache/kernel-$kver"
+if [ ! -f "$kdir/vmlinuz" ]; then
+  echo "guest build: fetching $kpkg" >&2
+  rm -rf "$kdir.tmp" && mkdir -p "$kdir.tmp/deb"
+  (cd "$kdir.tmp/deb" && apt-get download "$kpkg" >/dev/null 2>&1) || {
+    apt-get update -qq >&2; (cd "$kdir.tmp/deb" && apt-get download "$kpkg" >/dev/null)
+  }
+  dpkg-deb -x "$kdir.tmp"/deb/*.deb "$kdir.tmp/root"
+  depmod -b "$kdir.tmp/root" "$kver"
+  cp "$kdir.tmp/root/boot/vmlinuz-$kver" "$kdir.tmp/vmlinuz"
+  rm -rf "$kdir.tmp/deb"
+  rm -rf "$kdir" && mv "$kdir.tmp" "$kdir"
+fi
+
+# The image is rebuilt when this script, the guest's init or the package
+# versions change.
+stamp=$( { cat "$0" "$here/init"; dpkg-query -W "${pkgs[@]}"; echo "$kver"; } | sha256sum | cut -c1-16)
+out="$cache/image-$stamp"
+if [ -f "$out/base.cpio.gz" ]; then
+  echo "$out"
+  exit 0
+fi
+echo "guest build: making the initramfs ($kver)" >&2
+root="$out.tmp/root"
+rm -rf "$out.tmp" && mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,lib,lib64,etc/iscsi,etc/multipath,lib/modules,proc,sys,dev,run,tmp,var/lib/iscsi,mnt,root}
+ln -s ../run "$root/var/run" 2>/dev/null || true
+cp /bin/busybox "$root/bin/busybox"
+for app in $("$root/bin/busybox" --list); do
+  [ -e "$root/bin/$app" ] || ln -s busybox "$root/bin/$app"
+done
+
+# Programs and every shared library they load (the loader included).
+progs=(/usr/sbin/iscsiadm /usr/sbin/iscsid /usr/sbin/multipath /usr/sbin/multipathd
+       /usr/sbin/dmsetup /usr/sbin/mkfs.ext4 /usr/sbin/mke2fs /usr/sbin/e2fsck /usr/sbin/resize2fs
+       /usr/sbin/dumpe2fs /usr/sbin/mkfs.xfs /usr/sbin/xfs_repair /usr/sbin/xfs_io /usr/sbin/xfs_db
+       /usr/sbin/fstrim /usr/sbin/blkdiscard /usr/sbin/blockdev /usr/bin/lsblk /usr/bin/fio
+       /lib/udev/scsi_id)
+for b in sg_inq sg_vpd sg_rtpg sg_stpg sg_reset sg_readcap sg_turs sg_sat_identify sg_logs \
+         sg_modes sg_unmap sg_write_same sg_persist sg_luns; do
+  progs+=("$(command -v $b)")
+done
+libs=()
+for p in "${progs[@]}" /lib/multipath/*.so; do
+  [ -e "$p" ] || { echo "guest build: $p missing" >&2; exit 1; }
+  case "$p" in
+    /lib/multipath/*) mkdir -p "$root/lib/multipath"; cp -L "$p" "$root/lib/multipath/" ;;
+    *) mkdir -p "$root$(dirname "$p")"; cp -L "$p" "$root$p" ;;
+  esac
+  while read -r lib; do libs+=("$lib"); done < <(ldd "$p" 2>/dev/null | grep -o '/[^ ]*' || true)
+done
+for l in $(printf '%s\n' "${libs[@]}" | sort -u); do
+  mkdir -p "$root$(dirname "$l")"
+  cp -L "$l" "$root$l"
+done
+# busybox's applets must not shadow the real programs' names.
+for p in "${progs[@]}"; do rm -f "$root/bin/$(basename "$p")"; done
+# xfs_growfs is a script around xfs_io.
+cp /usr/sbin/xfs_growfs "$root/usr/sbin/xfs_growfs" 2>/dev/null || true
+
+# Configuration the programs read.
+cp /etc/iscsi/iscsid.conf "$root/etc/iscsi/iscsid.conf"
+echo "InitiatorName=iqn.2026-12.io.ironsan:guest" > "$root/etc/iscsi/initiatorname.iscsi"
+echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
+echo "root:x:0:" > "$root/etc/group"
+touch "$root/etc/multipath.conf"
+
+# Kernel modules, in load order.
+mods=(virtio_net virtio_pci iscsi_tcp sd_mod sg dm_multipath dm_round_robin dm_service_time
+      dm_queue_length scsi_dh_alua ext4 xfs crc32c_generic crc32c_intel libcrc32c)
+: > "$root/etc/modules.order"
+for m in "${mods[@]}"; do
+  modprobe -d "$kdir/root" -S "$kver" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}'
+done | awk '!seen[$0]++' | while read -r ko; do
+  name=$(basename "$ko")
+  case "$ko" in
+    *.xz) xz -dc "$ko" > "$root/lib/modules/${name%.xz}"; name=${name%.xz} ;;
+    *.zst) zstd -qdc "$ko" > "$root/lib/modules/${name%.zst}"; name=${name%.zst} ;;
+    *) cp "$ko" "$root/lib/modules/$name" ;;
+  esac
+  echo "$name" >> "$root/etc/modules.order"
+done
+[ -s "$root/etc/modules.order" ] || { echo "guest build: no modules resolved" >&2; exit 1; }
+
+cp "$here/init" "$root/init"
+chmod +x "$root/init"
+(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$out.tmp/base.cpio.gz"
+cp "$kdir/vmlinuz" "$out.tmp/vmlinuz"
+echo "$kver" > "$out.tmp/kernel-version"
+rm -rf "$root" "$out" && mv "$out.tmp" "$out"
+# Older images of this cache go.
+find "$cache" -maxdepth 1 -name 'image-*' ! -name "image-$stamp" -exec rm -rf {} + 2>/dev/null || true
+echo "$out"

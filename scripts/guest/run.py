@@ -1,0 +1,465 @@
+#!/usr/bin/env python3
+"""Real hosts: Debian's Linux kernel, booted under qemu, as the iSCSI initiator
+of ironsan (and, for comparison, of tgt).
+
+Each scenario boots a fresh guest (scripts/guest/build.sh: the kernel and a
+busybox initramfs with open-iscsi, multipath-tools, sg3-utils, e2fsprogs,
+xfsprogs, fio) with /scenario.sh from scripts/guest/scenarios/. The guest
+reaches the target only through qemu's user network with restrict=on: each
+portal is a guestfwd rule (10.0.2.100:3260, 10.0.2.101:3260, …) that runs
+`socat - TCP:127.0.0.1:PORT` per connection, and 10.0.2.200:9000 reaches
+this harness's control channel, through which a scenario asks for host-side
+actions (kill -9 the target and start it again, `ironsan admin …`, the
+backing file's allocated bytes). The guest reports on its serial console:
+STEP/PASS/FAIL/INFO/FACT lines (scripts/guest/init); FACT lines are
+checked here against what the scenario's LUNs advertise.
+
+/dev/kvm on these machines cannot run Debian's kernel, so the guest runs
+under TCG: its figures are functional, never performance.
+
+  scripts/guest/run.py [--target ironsan|tgt] [SCENARIO ...]
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+IQN = "iqn.2026-12.io.ironsan:guest"
+GUEST_PORTALS = ["10.0.2.100", "10.0.2.101"]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, secs=20):
+    end = time.time() + secs
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+class Ironsan:
+    """`ironsan serve` with a scenario's configuration, restartable."""
+
+    name = "ironsan"
+
+    def __init__(self, binary, work, scenario):
+        self.bin = binary
+        self.work = work
+        self.ports = [free_port() for _ in range(scenario.portals)]
+        self.admin_port = free_port()
+        self.state = os.path.join(work, "state")
+        self.luns = scenario.luns(work)
+        self.config = os.path.join(work, "target.toml")
+        with open(self.config, "w") as f:
+            f.write(scenario.toml(self.ports, self.luns))
+        self.log = open(os.path.join(work, "target.log"), "ab")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [self.bin, "--log", "info", "serve", "--config", self.config,
+             "--admin", f"127.0.0.1:{self.admin_port}", "--state-dir", self.state],
+            stdout=self.log, stderr=self.log, env=dict(os.environ, RUST_BACKTRACE="0"))
+        for p in self.ports:
+            if not wait_port(p):
+                raise RuntimeError(f"ironsan did not listen on {p}")
+        sock = os.path.join(self.state, "admin.sock")
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def admin(self, args):
+        r = subprocess.run(
+            [self.bin, "admin", "--socket", os.path.join(self.state, "admin.sock")] + args,
+            capture_output=True, text=True, timeout=30,
+            env=dict(os.environ, RUST_BACKTRACE="0"))
+        return r.returncode == 0, (r.stdout + r.stderr).strip()
+
+
+class Scenario:
+    """What the target serves and what the guest runs."""
+
+    def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
+                 facts=None, limits="", extra="", rules=None):
+        self.name = name
+        self.doc = doc
+        self._luns = luns
+        self.portals = portals
+        self.timeout = timeout
+        self.env = env or {}
+        self.facts = facts or {}
+        self.limits = limits
+        self.extra = extra
+        self.rules = rules
+
+    def luns(self, work):
+        out = []
+        for i, spec in enumerate(self._luns):
+            spec = dict(spec)
+            if spec["backend"] == "file":
+                spec["path"] = os.path.join(work, f"lun{i}.img")
+            out.append(spec)
+        return out
+
+    def toml(self, ports, luns):
+        t = "listen = [%s]\n" % ", ".join(f'"127.0.0.1:{p}"' for p in ports)
+        if self.limits:
+            t += "[limits]\n" + self.limits + "\n"
+        t += self.extra
+        t += f'[[target]]\nname = "{IQN}"\n'
+        for spec in luns:
+            t += "[[target.lun]]\n"
+            for k, v in spec.items():
+                if isinstance(v, bool):
+                    t += f"{k} = {'true' if v else 'false'}\n"
+                elif isinstance(v, int):
+                    t += f"{k} = {v}\n"
+                else:
+                    t += f'{k} = "{v}"\n'
+        return t
+
+
+def block_limit_rules(facts):
+    """The queue limits Linux's sd driver derives from what the LU sends
+    (drivers/scsi/sd.c: sd_read_block_limits, sd_revalidate_disk,
+    sd_config_discard): checked per LUN against the VPD B0 values the guest
+    read with sg_vpd."""
+    fails = []
+    for lun, f in sorted(facts.items()):
+        try:
+            lbs = int(f["logical_block_size"])
+            pbs = int(f["physical_block_size"])
+            want = {
+                # OPTIMAL TRANSFER LENGTH GRANULARITY, at least a physical block.
+                "minimum_io_size": max(int(f["vpd_otlg"]) * lbs, pbs),
+                # OPTIMAL TRANSFER LENGTH.
+                "optimal_io_size": int(f["vpd_otl"]) * lbs,
+                # MAXIMUM UNMAP LBA COUNT.
+                "discard_max_hw_bytes": int(f["vpd_max_unmap"]) * lbs,
+                # OPTIMAL UNMAP GRANULARITY, at least a physical block.
+                "discard_granularity": max(int(f["vpd_unmap_gran"]) * lbs, pbs),
+                # Requests are cut at the OPTIMAL TRANSFER LENGTH (within the
+                # MAXIMUM TRANSFER LENGTH and the host's limit).
+                "max_sectors_kb": min(int(f["vpd_otl"]) * lbs // 1024,
+                                      int(f["vpd_max_xfer"]) * lbs // 1024,
+                                      int(f["max_hw_sectors_kb"])),
+            }
+        except (KeyError, ValueError) as e:
+            fails.append(f"{lun}: missing or bad fact {e}")
+            continue
+        for k, v in want.items():
+            if f.get(k) != str(v):
+                fails.append(f"{lun} {k}: kernel {f.get(k)}, VPD B0 implies {v}")
+        if int(f.get("write_zeroes_max_bytes", "0")) == 0:
+            fails.append(f"{lun}: the kernel does not zero with WRITE SAME (write_zeroes_max_bytes 0)")
+    return fails
+
+
+def scenario_list():
+    m64 = {"backend": "file", "size": "64M"}
+    return [
+        Scenario(
+            "identity",
+            "what the kernel learned (sysfs, sg_vpd, sg_rtpg) matches what each LU advertises: "
+            "512n file LU, 512e RAM LU, write-back file LU",
+            [dict(m64), {"backend": "mem", "size": "64M", "physical_block_size": 4096},
+             dict(m64, write_cache="back")],
+            timeout=180,
+            facts={
+                "lun0": {"logical_block_size": "512", "physical_block_size": "512",
+                         "size_bytes": str(64 << 20), "cache_type": "write through",
+                         "provisioning_mode": "unmap", "access_state": "active/optimized",
+                         "dh_state": "alua", "multip": "1", "hisup": "1", "tpgs": "1"},
+                # A RAM LU says WCE=1: nothing behind it is stable.
+                "lun1": {"logical_block_size": "512", "physical_block_size": "4096",
+                         "size_bytes": str(64 << 20), "cache_type": "write back",
+                         "provisioning_mode": "unmap", "multip": "1"},
+                "lun2": {"logical_block_size": "512", "physical_block_size": "512",
+                         "cache_type": "write back", "multip": "1"},
+            },
+            rules=block_limit_rules),
+        Scenario(
+            "filesystems",
+            "ext4 and xfs: mkfs, files, md5, fstrim shrinks the backing file, fsck clean, "
+            "logout/login, remount, verify",
+            [{"backend": "file", "size": "1G"}, {"backend": "file", "size": "1G"}],
+            timeout=420),
+        Scenario(
+            "digests",
+            "every header x data digest combination and the parameter space initiators use "
+            "(InitialR2T x ImmediateData, small and large bursts and segments): data written "
+            "and read back intact",
+            [{"backend": "file", "size": "64M"}],
+            limits='header_digest = "allowed"\ndata_digest = "allowed"\n',
+            timeout=300),
+        Scenario(
+            "resize",
+            "`ironsan admin resize-lun` during I/O reaches the host; resize2fs grows the fs",
+            [{"backend": "file", "size": "256M"}],
+            timeout=240),
+        Scenario(
+            "restart",
+            "kill -9 of the target mid-write, restarted: the session recovers, no acknowledged "
+            "write lost, fsck clean",
+            [{"backend": "file", "size": "256M"}],
+            timeout=300),
+    ]
+
+
+class Control(threading.Thread):
+    """The guest's line-based requests to the host (10.0.2.200:9000)."""
+
+    def __init__(self, target, log):
+        super().__init__(daemon=True)
+        self.target = target
+        self.log = log
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with c:
+                line = b""
+                while not line.endswith(b"\n"):
+                    b = c.recv(4096)
+                    if not b:
+                        break
+                    line += b
+                req = line.decode(errors="replace").strip()
+                try:
+                    ans = self.handle(req)
+                except Exception as e:  # reported to the guest, which fails its step
+                    ans = f"ERR {e}"
+                self.log(f"host: {req!r} -> {ans!r}")
+                c.sendall((ans + "\n").encode())
+
+    def handle(self, req):
+        words = req.split()
+        if not words:
+            return "ERR empty request"
+        op, args = words[0], words[1:]
+        t = self.target
+        if op == "ping":
+            return "OK"
+        if op == "kill":
+            t.kill()
+            return "OK"
+        if op == "start":
+            t.start()
+            return "OK"
+        if op == "admin":
+            ok, out = t.admin(args)
+            return ("OK " if ok else "ERR ") + out.replace("\n", " | ")
+        if op == "allocated":
+            st = os.stat(t.luns[int(args[0])]["path"])
+            return f"OK {st.st_blocks * 512}"
+        return f"ERR unknown request {op}"
+
+
+def run_scenario(sc, args, image, binary, keep):
+    work = tempfile.mkdtemp(prefix=f"ironsan-guest-{sc.name}-")
+    serial_path = os.path.join(work, "serial.log")
+    serial = open(serial_path, "w")
+    lines = []
+
+    def log(msg):
+        serial.write(msg + "\n")
+        serial.flush()
+
+    target = Ironsan(binary, work, sc)
+    target.start()
+    ctl = Control(target, log)
+    ctl.start()
+
+    env = {"IQN": IQN, "NPORTALS": str(sc.portals)}
+    for i in range(sc.portals):
+        env[f"P{i}"] = f"{GUEST_PORTALS[i]}:3260"
+    env.update(sc.env)
+    scen = os.path.join(HERE, "scenarios", sc.name + ".sh")
+    tree = os.path.join(work, "cpio")
+    os.makedirs(tree)
+    shutil.copy(scen, os.path.join(tree, "scenario.sh"))
+    with open(os.path.join(tree, "scenario.env"), "w") as f:
+        for k, v in env.items():
+            f.write(f"{k}='{v}'\n")
+    initrd = os.path.join(work, "initrd.img")
+    with open(initrd, "wb") as out:
+        with open(os.path.join(image, "base.cpio.gz"), "rb") as base:
+            shutil.copyfileobj(base, out)
+        cp = subprocess.run("find . | cpio -o -H newc --quiet | gzip -1", shell=True,
+                            cwd=tree, capture_output=True, check=True)
+        out.write(cp.stdout)
+
+    fwd = ",".join(
+        f"guestfwd=tcp:{GUEST_PORTALS[i]}:3260-cmd:socat - TCP:127.0.0.1:{p},,nodelay"
+        for i, p in enumerate(target.ports))
+    fwd += f",guestfwd=tcp:10.0.2.200:9000-cmd:socat - TCP:127.0.0.1:{ctl.port}"
+    cmd = [args.qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "1",
+           "-kernel", os.path.join(image, "vmlinuz"), "-initrd", initrd,
+           "-append", "console=ttyS0 panic=-1 quiet loglevel=4",
+           "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
+           "-netdev", f"user,id=n0,restrict=on,{fwd}", "-device", "virtio-net-pci,netdev=n0"]
+    t0 = time.time()
+    q = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL)
+    timer = threading.Timer(sc.timeout, lambda: q.kill())
+    timer.start()
+    steps, fails, facts, infos = [], [], {}, []
+    done = None
+    booted = None
+    for raw in q.stdout:
+        line = raw.decode(errors="replace").rstrip("\r\n")
+        log(line)
+        m = re.search(r"GUEST (STEP|PASS|FAIL|INFO|FACT|DONE|BOOTED) ?(.*)", line)
+        if not m:
+            continue
+        kind, rest = m.groups()
+        if kind == "PASS":
+            name, ms = (rest.split() + ["0"])[:2]
+            steps.append((name, "PASS", int(ms)))
+            if args.verbose:
+                print(f"    {name}: PASS ({int(ms) / 1000:.1f} s)", flush=True)
+        elif kind == "FAIL":
+            name, _, why = rest.partition(" ")
+            steps.append((name, "FAIL", why))
+            fails.append(f"{name}: {why}")
+            print(f"    {name}: FAIL {why}", flush=True)
+        elif kind == "FACT":
+            parts = rest.split(" ", 2)
+            if len(parts) == 3:
+                facts.setdefault(parts[0], {})[parts[1]] = parts[2]
+        elif kind == "INFO":
+            infos.append(rest)
+        elif kind == "BOOTED":
+            booted = time.time() - t0
+        elif kind == "DONE":
+            done = rest
+    q.wait()
+    timer.cancel()
+    elapsed = time.time() - t0
+    target.stop()
+    ctl.sock.close()
+    # The facts the scenario expects of the kernel's view.
+    for lun, want in sc.facts.items():
+        got = facts.get(lun, {})
+        for k, v in want.items():
+            if got.get(k) != v:
+                fails.append(f"fact {lun} {k}: kernel shows {got.get(k)!r}, LU advertises {v!r}")
+                steps.append((f"fact-{lun}-{k}", "FAIL", got.get(k)))
+    if sc.rules:
+        for f in sc.rules(facts):
+            fails.append(f)
+            steps.append(("rules", "FAIL", f))
+    if done is None:
+        fails.append(f"the guest did not finish (timeout {sc.timeout} s or crash)")
+    ok = not fails
+    result = {
+        "name": sc.name, "ok": ok, "elapsed": elapsed, "boot": booted, "steps": steps,
+        "fails": fails, "facts": facts, "infos": infos, "work": work,
+    }
+    if ok and not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        result["kept"] = work
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scenarios", nargs="*", help="scenarios to run (default: all)")
+    ap.add_argument("--target", default="ironsan", choices=["ironsan"])
+    ap.add_argument("--cache", default=None, help="guest image cache (scripts/guest/build.sh)")
+    ap.add_argument("--keep", action="store_true", help="keep every run's logs, not only failures'")
+    ap.add_argument("--list", action="store_true", help="list the scenarios")
+    ap.add_argument("--verbose", "-v", action="store_true", help="print every step")
+    ap.add_argument("--qemu", default="qemu-system-x86_64")
+    args = ap.parse_args()
+    all_sc = scenario_list()
+    if args.list:
+        for s in all_sc:
+            print(f"{s.name}: {s.doc}")
+        return 0
+    chosen = [s for s in all_sc if not args.scenarios or s.name in args.scenarios]
+    unknown = set(args.scenarios) - {s.name for s in all_sc}
+    if unknown:
+        print(f"guest: unknown scenarios {sorted(unknown)}; --list lists them", file=sys.stderr)
+        return 2
+    build = [os.path.join(HERE, "build.sh")] + ([args.cache] if args.cache else [])
+    b = subprocess.run(build, stdout=subprocess.PIPE, text=True)
+    if b.returncode != 0:
+        print("guest: SKIPPED: the guest image could not be built (see above)")
+        return 0 if os.environ.get("IRONSAN_GUEST_REQUIRED") != "1" else 1
+    image = b.stdout.strip().splitlines()[-1]
+    if not shutil.which(args.qemu):
+        print(f"guest: SKIPPED: {args.qemu} not found")
+        return 0 if os.environ.get("IRONSAN_GUEST_REQUIRED") != "1" else 1
+    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    subprocess.run(["cargo", "build", "-q", "-p", "ironsan"], cwd=ROOT, check=True)
+    binary = os.path.join(target_dir, "debug", "ironsan")
+    kver = open(os.path.join(image, "kernel-version")).read().strip()
+    print(f"guest: Linux {kver} under qemu TCG (functional figures, not performance); "
+          f"target {args.target}")
+    results = []
+    for sc in chosen:
+        print(f"guest: {sc.name}: {sc.doc}", flush=True)
+        r = run_scenario(sc, args, image, binary, args.keep)
+        results.append(r)
+        passed = sum(1 for s in r["steps"] if s[1] == "PASS")
+        boot = f", booted in {r['boot']:.1f} s" if r["boot"] else ""
+        print(f"guest: {sc.name}: {'PASS' if r['ok'] else 'FAIL'} "
+              f"({passed} steps passed, {len(r['fails'])} failed, {r['elapsed']:.0f} s{boot})",
+              flush=True)
+        for f in r["fails"]:
+            print(f"guest:   {f}")
+        if "kept" in r:
+            print(f"guest:   logs: {r['kept']} (serial.log, target.log)")
+    failed = [r["name"] for r in results if not r["ok"]]
+    print(f"guest: {len(results) - len(failed)}/{len(results)} scenarios passed"
+          + (f"; failed: {' '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(main())
