@@ -224,7 +224,9 @@ def scenario_list():
             "(InitialR2T x ImmediateData, small and large bursts and segments): data written "
             "and read back intact",
             [{"backend": "file", "size": "64M"}],
-            limits='header_digest = "allowed"\ndata_digest = "allowed"\n',
+            limits='header_digest = "allowed"\ndata_digest = "allowed"\n'
+                   'max_recv_data_segment = 16777215\nmax_burst = 16776192\n'
+                   'first_burst = 16776192\n',
             timeout=300),
         Scenario(
             "resize",
