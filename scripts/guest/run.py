@@ -114,7 +114,7 @@ class Scenario:
     """What the target serves and what the guest runs."""
 
     def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
-                 facts=None, limits="", extra="", rules=None):
+                 facts=None, limits="", extra="", rules=None, target_extra=""):
         self.name = name
         self.doc = doc
         self._luns = luns
@@ -125,6 +125,7 @@ class Scenario:
         self.limits = limits
         self.extra = extra
         self.rules = rules
+        self.target_extra = target_extra
 
     def luns(self, work):
         out = []
@@ -140,7 +141,7 @@ class Scenario:
         if self.limits:
             t += "[limits]\n" + self.limits + "\n"
         t += self.extra
-        t += f'[[target]]\nname = "{IQN}"\n'
+        t += f'[[target]]\nname = "{IQN}"\n' + self.target_extra
         for spec in luns:
             t += "[[target.lun]]\n"
             for k, v in spec.items():
@@ -239,6 +240,17 @@ def scenario_list():
             "write lost, fsck clean",
             [{"backend": "file", "size": "256M"}],
             timeout=300),
+        Scenario(
+            "chap",
+            "CHAP and mutual CHAP logins from the kernel; no credentials, a wrong secret and a "
+            "target that cannot prove itself are refused",
+            [{"backend": "mem", "size": "16M"}],
+            portals=1,
+            env={"CHAP_USER": "guest-host", "CHAP_SECRET": "guest-secret-0123",
+                 "MUTUAL_USER": "ironsan-tgt", "MUTUAL_SECRET": "target-secret-4567"},
+            target_extra='chap = { user = "guest-host", secret = "guest-secret-0123" }\n'
+                         'mutual_chap = { user = "ironsan-tgt", secret = "target-secret-4567" }\n',
+            timeout=120),
     ]
 
 

@@ -20,7 +20,7 @@ run_combo() { # NAME EXPECT(grep pattern of -P2 output) NODE-SETTINGS...
   done
   if [ -n "$bad" ]; then
     fail "negotiated otherwise than asked:$bad ($neg)"
-  elif fio --name=v --filename="$d" --rw=randwrite --bsrange=512-${MAXBS:-1m} --size=${SIZE:-8M} --direct=1 \
+  elif fio --eta=never --name=v --filename="$d" --rw=randwrite --bsrange=512-${MAXBS:-1m} --size=${SIZE:-8M} --direct=1 \
         --ioengine=libaio --iodepth=8 --verify=crc32c --do_verify=1 --randseed=$n \
         --output=/dev/null 2>/tmp/err; then
     pass

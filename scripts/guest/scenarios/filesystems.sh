@@ -18,7 +18,7 @@ for fs in ext4 xfs; do
   step "$fs-files"
   # 18 x 16 MiB written with a checksum in every block, then read back and
   # checked; plus an md5-summed file.
-  check fio --name=fill --directory=/mnt/$fs --nrfiles=18 --filesize=16M --bs=256k \
+  check fio --eta=never --name=fill --directory=/mnt/$fs --nrfiles=18 --filesize=16M --bs=256k \
     --rw=write --ioengine=psync --verify=crc32c --do_verify=1 --fsync_on_close=1 --output=/dev/null
   step "$fs-md5"
   cp /tmp/sample /mnt/$fs/sample && sync
@@ -48,7 +48,7 @@ for fs in ext4 xfs; do
   step "$fs-remount"
   d=$(wait_lun "$P0" $lun 20) && mount -t $fs "$d" /mnt/$fs && pass || fail "remount $d"
   step "$fs-verify"
-  if [ "$(md5sum < /mnt/$fs/sample)" = "$sum0" ] && fio --name=fill --directory=/mnt/$fs \
+  if [ "$(md5sum < /mnt/$fs/sample)" = "$sum0" ] && fio --eta=never --name=fill --directory=/mnt/$fs \
        --nrfiles=18 --filesize=16M --bs=256k --rw=write --ioengine=psync --verify=crc32c \
        --verify_only=1 --output=/dev/null --allow_file_create=0 2>/tmp/err; then pass
   else fail "data differs after remount: $(tail -3 /tmp/err | tr '\n' '|')"; fi
