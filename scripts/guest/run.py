@@ -114,7 +114,7 @@ class Scenario:
     """What the target serves and what the guest runs."""
 
     def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
-                 facts=None, limits="", extra="", rules=None, target_extra=""):
+                 facts=None, limits="", extra="", rules=None, target_extra="", files=None):
         self.name = name
         self.doc = doc
         self._luns = luns
@@ -126,6 +126,8 @@ class Scenario:
         self.extra = extra
         self.rules = rules
         self.target_extra = target_extra
+        # (target) -> {guest path: content}, made once the target runs.
+        self.files = files
 
     def luns(self, work):
         out = []
@@ -152,6 +154,24 @@ class Scenario:
                 else:
                     t += f'{k} = "{v}"\n'
         return t
+
+
+def multipath_conf(target):
+    """/etc/multipath.conf for a guest without udev, and the device section
+    `ironsan tune linux` prints for this target, taken from its heredoc as a
+    user would paste it."""
+    r = subprocess.run([target.bin, "tune", "linux",
+                        f"iscsi://127.0.0.1:{target.ports[0]}/{IQN}"],
+                       capture_output=True, text=True, check=True,
+                       env=dict(os.environ, RUST_BACKTRACE="0"))
+    m = re.search(r"cat > (/etc/multipath/conf\.d/\S+) <<'EOF'\n(.*?)\nEOF\n", r.stdout, re.S)
+    if not m:
+        raise RuntimeError("ironsan tune linux printed no multipath conf.d heredoc")
+    return {
+        "/etc/multipath.conf": "defaults {\n    find_multipaths no\n    user_friendly_names no\n"
+                               "    polling_interval 1\n}\n",
+        m.group(1): m.group(2) + "\n",
+    }
 
 
 def block_limit_rules(facts):
@@ -241,6 +261,16 @@ def scenario_list():
             [{"backend": "file", "size": "256M"}],
             timeout=300),
         Scenario(
+            "multipath",
+            "dm-multipath over two portals with the device section `ironsan tune linux` prints "
+            "(ALUA, group_by_prio, round robin): fio --verify on ext4 while a portal is removed "
+            "and added back; explicit ALUA with sg_stpg moves the active group and the kernel "
+            "follows",
+            [{"backend": "mem", "size": "512M"}],
+            extra="[alua]\nexplicit = true\n",
+            files=multipath_conf,
+            timeout=300),
+        Scenario(
             "chap",
             "CHAP and mutual CHAP logins from the kernel; no credentials, a wrong secret and a "
             "target that cannot prove itself are refused",
@@ -302,6 +332,8 @@ class Control(threading.Thread):
         if op == "start":
             t.start()
             return "OK"
+        if op == "port":
+            return f"OK 127.0.0.1:{t.ports[int(args[0])]}"
         if op == "admin":
             ok, out = t.admin(args)
             return ("OK " if ok else "ERR ") + out.replace("\n", " | ")
@@ -334,6 +366,11 @@ def run_scenario(sc, args, image, binary, keep):
     tree = os.path.join(work, "cpio")
     os.makedirs(tree)
     shutil.copy(scen, os.path.join(tree, "scenario.sh"))
+    for path, content in (sc.files(target) if sc.files else {}).items():
+        dst = os.path.join(tree, path.lstrip("/"))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(dst, "w") as f:
+            f.write(content)
     with open(os.path.join(tree, "scenario.env"), "w") as f:
         for k, v in env.items():
             f.write(f"{k}='{v}'\n")
@@ -345,10 +382,14 @@ def run_scenario(sc, args, image, binary, keep):
                             cwd=tree, capture_output=True, check=True)
         out.write(cp.stdout)
 
+    # slirp runs the command with the guest's connection as stdin, stdout
+    # and stderr: socat must log elsewhere, or its "connection refused"
+    # (a portal that is down) reaches the initiator as a PDU.
+    socat = "socat -lf /dev/null -"
     fwd = ",".join(
-        f"guestfwd=tcp:{GUEST_PORTALS[i]}:3260-cmd:socat - TCP:127.0.0.1:{p},,nodelay"
+        f"guestfwd=tcp:{GUEST_PORTALS[i]}:3260-cmd:{socat} TCP:127.0.0.1:{p},,nodelay"
         for i, p in enumerate(target.ports))
-    fwd += f",guestfwd=tcp:10.0.2.200:9000-cmd:socat - TCP:127.0.0.1:{ctl.port}"
+    fwd += f",guestfwd=tcp:10.0.2.200:9000-cmd:{socat} TCP:127.0.0.1:{ctl.port}"
     cmd = [args.qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "1",
            "-kernel", os.path.join(image, "vmlinuz"), "-initrd", initrd,
            "-append", "console=ttyS0 panic=-1 quiet loglevel=4",

@@ -344,7 +344,10 @@ impl Control {
     /// Binds a new portal on `addr` in ALUA group `alua_group` (default:
     /// its own, id = its group tag) and starts accepting on it. Joining a
     /// configured group adds the port to it (REPORT TARGET PORT GROUPS
-    /// lists it, and it takes the group's state).
+    /// lists it, and it takes the group's state). An address whose portal
+    /// was removed while the server runs gets that portal's tag and (unless
+    /// another is named) ALUA group back: the same target port returns,
+    /// and hosts' paths through it resume as they were.
     pub async fn add_portal(
         &self,
         addr: SocketAddr,
@@ -364,17 +367,33 @@ impl Control {
             .map_err(|e| ControlError::Invalid(e.to_string()))?;
         let portal = {
             let mut ps = self.shared.portals.write();
-            let tpgt = self
-                .shared
-                .next_tpgt
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| t.checked_add(1))
-                .map_err(|_| {
-                    ControlError::Conflict("no portal group tags left: restart the target".into())
-                })?;
-            let p = Portal {
-                addr: bound,
-                tpgt,
-                alua_group: alua_group.unwrap_or(tpgt),
+            let mut removed = self.shared.removed_portals.lock();
+            let before = removed
+                .iter()
+                .position(|r| r.addr == bound && !ps.iter().any(|p| p.tpgt == r.tpgt))
+                .map(|i| removed.remove(i));
+            let p = match before {
+                Some(r) => Portal {
+                    addr: bound,
+                    tpgt: r.tpgt,
+                    alua_group: alua_group.unwrap_or(r.alua_group),
+                },
+                None => {
+                    let tpgt = self
+                        .shared
+                        .next_tpgt
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| t.checked_add(1))
+                        .map_err(|_| {
+                            ControlError::Conflict(
+                                "no portal group tags left: restart the target".into(),
+                            )
+                        })?;
+                    Portal {
+                        addr: bound,
+                        tpgt,
+                        alua_group: alua_group.unwrap_or(tpgt),
+                    }
+                }
             };
             ps.push(p);
             p
@@ -452,6 +471,7 @@ impl Control {
         for t in &self.shared.targets {
             t.port_groups.remove_port(tpgt);
         }
+        self.shared.removed_portals.lock().push(p);
         self.shared.stop_portal(tpgt);
         tracing::info!(addr = %p.addr, tpgt, "portal removed");
         Ok(PortalView {

@@ -120,10 +120,15 @@ pub(crate) struct Shared {
     /// close its connections once their commands are done (portal removed
     /// at run time, or shutdown).
     pub portal_stops: Mutex<HashMap<u16, watch::Sender<bool>>>,
-    /// The tag of the next portal added at run time: tags are never
-    /// reused while the server runs (a removed portal's tag may still be
-    /// known to initiators as a relative port identifier).
+    /// The tag of the next portal added at run time on a new address: a
+    /// tag never moves to another address while the server runs (a removed
+    /// portal's tag may still be known to initiators as a relative port
+    /// identifier).
     pub next_tpgt: AtomicU16,
+    /// Portals removed at run time: added again on the same address, a
+    /// portal is the same target port again (its tag and ALUA group), as
+    /// hosts whose paths went down with it expect.
+    pub removed_portals: Mutex<Vec<Portal>>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
 }
@@ -315,6 +320,7 @@ impl Server {
             new_portals,
             portal_stops: Mutex::new(HashMap::new()),
             next_tpgt: AtomicU16::new(cfg.portal_tag(cfg.listen.len() as u16).saturating_add(1)),
+            removed_portals: Mutex::new(Vec::new()),
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
         };

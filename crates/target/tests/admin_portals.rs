@@ -168,6 +168,25 @@ fn removed_portal_stops_listening_and_leaves_send_targets() {
         "the new portal's group is reported"
     );
     drop(login(p3));
+    // The removed portal's address again: the same target port returns
+    // (tag 2, group 2), as hosts whose paths went down with it expect
+    // (Linux's ALUA handler asks for the group its VPD page named).
+    let (code, text) = http(
+        run.admin,
+        "POST",
+        "/api/portals",
+        &format!("{{\"addr\":\"{p2}\"}}"),
+        None,
+    );
+    assert_eq!(code, 201, "{text}");
+    assert!(text.contains("\"tpgt\":2"), "{text}");
+    assert_eq!(
+        port_groups(&mut on1),
+        vec![(1, vec![1]), (2, vec![2]), (3, vec![3])],
+        "the returned portal is in its old group"
+    );
+    assert_eq!(listed(p1).len(), 3);
+    drop(login(p2));
     // ALUA states of its group can be set, and persist.
     let (code, text) = http(
         run.admin,
@@ -182,8 +201,8 @@ fn removed_portal_stops_listening_and_leaves_send_targets() {
     drop(on2);
     drop(run);
     let c = Config::from_file(&path).unwrap();
-    assert_eq!(c.listen.len(), 2);
-    assert_eq!(c.listen[1], p3);
+    assert_eq!(c.listen.len(), 3);
+    assert_eq!((c.listen[1], c.listen[2]), (p3, p2));
     let g: Vec<_> = c
         .alua
         .group
@@ -194,6 +213,7 @@ fn removed_portal_stops_listening_and_leaves_send_targets() {
         g,
         vec![
             (1, vec![1], target::config::AluaStateConfig::ActiveOptimized),
+            (2, vec![3], target::config::AluaStateConfig::ActiveOptimized),
             (3, vec![2], target::config::AluaStateConfig::Standby),
         ]
     );

@@ -93,7 +93,11 @@ fn standard_inquiry_multip_follows_the_ports_and_hisup() {
     assert_eq!(o.data[3] & 0x10, 0x10, "HISUP");
     let pg = groups(false);
     let lu = alua_lu(&pg);
-    assert_eq!(run(&lu, &inq, &[]).data[6] & 0x10, 0x10, "3 ports: MULTIP 1");
+    assert_eq!(
+        run(&lu, &inq, &[]).data[6] & 0x10,
+        0x10,
+        "3 ports: MULTIP 1"
+    );
     pg.remove_port(1);
     pg.remove_port(2);
     assert_eq!(run(&lu, &inq, &[]).data[6] & 0x10, 0, "1 port left");
