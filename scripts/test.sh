@@ -14,6 +14,13 @@ scripts/console.sh
 scripts/security.sh
 scripts/admin.sh
 scripts/recipes.sh
+# Real hosts: Debian's Linux kernel under qemu (TCG) as the initiator, each
+# scenario in a fresh guest (scripts/guest/run.py --list; about 5 minutes).
+# The guest is built from Debian's packages at test time and cached; where
+# it cannot be built or booted the run says SKIPPED with the reason.
+if [ "${IRONSAN_SKIP_GUEST:-0}" != 1 ]; then
+  python3 scripts/guest/run.py
+fi
 # Fuzz targets on the stable runner: seeds, regressions, then 30 s of random
 # and mutated inputs each (IRONSAN_FUZZ_SECONDS to change), one process per
 # target, each bounded in time.

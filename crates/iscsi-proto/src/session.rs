@@ -23,7 +23,7 @@
 //! arrive in order (DataPDUInOrder=Yes, DataSequenceInOrder=Yes), with
 //! DataSN counting from 0 in each sequence.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bufpool::{Chain, LandBuf, Placed};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -286,6 +286,17 @@ enum Task {
     },
 }
 
+/// A command aborted while the driver executes it.
+#[derive(Debug)]
+struct Aborting {
+    /// Aborted by the task management request being handled now.
+    fresh: bool,
+    /// It holds a slot of the command window until it ends.
+    counted: bool,
+    /// Task management requests (by tag) whose response waits for it.
+    waiters: Vec<u32>,
+}
+
 /// The full feature phase state of one connection (= session).
 pub struct Session {
     params: SessionParams,
@@ -307,6 +318,17 @@ pub struct Session {
     ping: Option<u32>,
     closing: bool,
     rejects: u64,
+    /// Commands aborted while the driver was executing them (ABORT TASK,
+    /// ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET), by tag: their
+    /// result is dropped when it comes, and the task management requests
+    /// (by tag) waiting for them. A task is terminated only when nothing of
+    /// it can still reach the medium (SAM-5 §7.2, RFC 7143 §4.2.3.3): the
+    /// response is sent then, so a write aborted in the backend can never
+    /// land after the initiator has sent it again, or sent a newer one.
+    aborting: HashMap<u32, Aborting>,
+    /// Task management responses not sent yet: (tag, response, commands
+    /// still running).
+    pending_tmf: Vec<(Itt, u8, usize)>,
 }
 
 impl std::fmt::Debug for Session {
@@ -348,6 +370,8 @@ impl Session {
             ping: None,
             closing: false,
             rejects: 0,
+            aborting: HashMap::new(),
+            pending_tmf: Vec::new(),
         }
     }
 
@@ -917,6 +941,7 @@ impl Session {
             r2ts,
         }) = self.tasks.remove(&itt.0)
         else {
+            self.aborted_done(itt.0, out);
             return;
         };
         if counted {
@@ -1114,6 +1139,12 @@ impl Session {
                 if found {
                     self.abort(|itt, _| itt == t.ref_task_tag.0);
                     COMPLETE
+                } else if let Some(a) = self.aborting.get_mut(&t.ref_task_tag.0) {
+                    // Aborted already and still running: this request too
+                    // is answered when it ends.
+                    a.waiters.push(t.itt.0);
+                    self.pending_tmf.push((t.itt, COMPLETE, 1));
+                    return;
                 } else {
                     // Completed already, or never received (RFC 3720
                     // §10.6.1 c): "task does not exist".
@@ -1151,12 +1182,55 @@ impl Session {
             TmfFunction::TaskReassign => REASSIGN_UNSUPPORTED,
             TmfFunction::Unknown(_) => REJECTED,
         };
+        // Commands this request aborted that the driver is still executing:
+        // the response waits for them (see `aborting`).
+        let mut waiting = 0;
+        for a in self.aborting.values_mut().filter(|a| a.fresh) {
+            a.fresh = false;
+            a.waiters.push(t.itt.0);
+            waiting += 1;
+        }
+        if waiting > 0 {
+            self.pending_tmf.push((t.itt, response, waiting));
+            return;
+        }
+        self.send_tmf_response(t.itt, response, out);
+    }
+
+    fn send_tmf_response(&mut self, itt: Itt, response: u8, out: &mut Outbox) {
         let r = TaskMgmtResp {
             response,
-            itt: t.itt,
+            itt,
             sn: self.sn(true),
         };
         out.push(&r.encode(), &[], self.dg);
+    }
+
+    /// The driver finished command `itt`, which was aborted while it ran:
+    /// its slot in the command window is free, and a task management
+    /// response that waited only for it goes out.
+    fn aborted_done(&mut self, itt: u32, out: &mut Outbox) {
+        let Some(a) = self.aborting.remove(&itt) else {
+            return;
+        };
+        if a.counted {
+            self.in_flight -= 1;
+        }
+        for w in a.waiters {
+            let Some(i) = self.pending_tmf.iter().position(|p| p.0 .0 == w) else {
+                continue;
+            };
+            self.pending_tmf[i].2 -= 1;
+            if self.pending_tmf[i].2 == 0 {
+                let (tag, response, _) = self.pending_tmf.remove(i);
+                self.send_tmf_response(tag, response, out);
+            }
+        }
+    }
+
+    /// Task management responses still waiting for aborted commands.
+    pub fn pending_task_management(&self) -> usize {
+        self.pending_tmf.len()
     }
 
     /// Aborts this session's tasks for `lun` as ABORT TASK SET does, without
@@ -1167,10 +1241,16 @@ impl Session {
     pub fn abort_lun_tasks(&mut self, lun: Lun) -> usize {
         let before = self.tasks.len();
         self.abort(|_, task| task_lun(task) == lun);
+        // No task management response waits for these.
+        self.aborting.values_mut().for_each(|a| a.fresh = false);
         before - self.tasks.len()
     }
 
     /// Aborts every task `f` selects: no response will be sent for them.
+    /// A command still waiting for its data is gone at once; one the
+    /// driver is executing moves to `aborting` (marked fresh, for the task
+    /// management request at hand to wait for) and keeps its slot in the
+    /// command window until the driver finishes it.
     fn abort(&mut self, f: impl Fn(u32, &Task) -> bool) {
         let victims: Vec<u32> = self
             .tasks
@@ -1179,14 +1259,23 @@ impl Session {
             .map(|(k, _)| *k)
             .collect();
         for k in victims {
-            if let Some(t) = self.tasks.remove(&k) {
-                let counted = match t {
-                    Task::Receiving(w) => w.counted,
-                    Task::Running { counted, .. } => counted,
-                };
-                if counted {
-                    self.in_flight -= 1;
+            match self.tasks.remove(&k) {
+                Some(Task::Receiving(w)) => {
+                    if w.counted {
+                        self.in_flight -= 1;
+                    }
                 }
+                Some(Task::Running { counted, .. }) => {
+                    self.aborting.insert(
+                        k,
+                        Aborting {
+                            fresh: true,
+                            counted,
+                            waiters: Vec::new(),
+                        },
+                    );
+                }
+                None => {}
             }
         }
     }

@@ -321,6 +321,85 @@ fn task_management() {
     assert_eq!(resp(&mut out), 4);
 }
 
+/// A command the driver is executing when ABORT TASK, ABORT TASK SET or
+/// LOGICAL UNIT RESET names it is terminated only when the driver is done
+/// with it: the response waits, so an aborted write cannot reach the
+/// medium after the initiator was told it is gone (SAM-5 §7.2).
+#[test]
+fn task_management_waits_for_commands_in_the_driver() {
+    let mut s = session(true);
+    let mut out = Outbox::new();
+    let tmf = |f: TmfFunction, itt: u32, rtt: u32, sn: u32| TaskMgmtReq {
+        immediate: true,
+        function: f,
+        lun: Lun::from_index(0),
+        itt: Itt(itt),
+        ref_task_tag: Itt(rtt),
+        cmd_sn: Sn(sn),
+        exp_stat_sn: Sn(0),
+        ref_cmd_sn: Sn(10),
+        exp_data_sn: 0,
+    };
+    let tmf_resps = |out: &mut Outbox| -> Vec<(u32, u8)> {
+        sent(out)
+            .iter()
+            .filter_map(|(p, _)| match p {
+                Pdu::TaskMgmtResp(r) => Some((r.itt.0, r.response)),
+                _ => None,
+            })
+            .collect()
+    };
+    // Two reads handed to the driver.
+    let ev = run(&mut s, cmd(5, 10, 0x28, 1, 512, &[]), &mut out);
+    assert!(matches!(ev[..], [Event::Execute(_)]));
+    let ev = run(&mut s, cmd(6, 11, 0x28, 1, 512, &[]), &mut out);
+    assert!(matches!(ev[..], [Event::Execute(_)]));
+    sent(&mut out);
+    // ABORT TASK of the first: no response while it runs, and again for a
+    // second request naming it.
+    run(
+        &mut s,
+        raw(tmf(TmfFunction::AbortTask, 900, 5, 12).encode(), &[]),
+        &mut out,
+    );
+    assert!(
+        tmf_resps(&mut out).is_empty(),
+        "answered while the command runs"
+    );
+    run(
+        &mut s,
+        raw(tmf(TmfFunction::AbortTask, 901, 5, 12).encode(), &[]),
+        &mut out,
+    );
+    assert!(tmf_resps(&mut out).is_empty());
+    assert_eq!(s.pending_task_management(), 2);
+    assert_eq!(s.in_flight(), 2, "the aborted command keeps its slot");
+    s.complete(Itt(5), Completion::default(), &mut out);
+    assert_eq!(
+        tmf_resps(&mut out),
+        vec![(900, 0), (901, 0)],
+        "no status, both answered"
+    );
+    assert_eq!(s.in_flight(), 1);
+    // LOGICAL UNIT RESET waits for the other one.
+    run(
+        &mut s,
+        raw(
+            tmf(TmfFunction::LogicalUnitReset, 902, RESERVED_TAG, 12).encode(),
+            &[],
+        ),
+        &mut out,
+    );
+    assert!(tmf_resps(&mut out).is_empty());
+    s.complete(Itt(6), Completion::default(), &mut out);
+    let after = sent(&mut out);
+    assert!(
+        matches!(after[..], [(Pdu::TaskMgmtResp(r), _)] if r.itt.0 == 902 && r.response == 0),
+        "only the reset's response, no status for the aborted read: {after:?}"
+    );
+    assert_eq!((s.in_flight(), s.pending_task_management()), (0, 0));
+}
+
 #[test]
 fn nop_text_logout() {
     let mut s = session(false);
@@ -414,9 +493,11 @@ fn abort_lun_tasks_drops_them_silently() {
     sent(&mut out);
     assert_eq!(s.abort_lun_tasks(Lun::from_index(1)), 0, "other LUN");
     assert_eq!(s.abort_lun_tasks(Lun::from_index(0)), 2);
-    assert_eq!(s.in_flight(), 0);
+    // The read the driver executes holds its window slot until it ends.
+    assert_eq!(s.in_flight(), 1);
     s.complete(Itt(6), Completion::default(), &mut out);
     assert!(sent(&mut out).is_empty(), "no status for aborted tasks");
+    assert_eq!(s.in_flight(), 0);
 }
 
 #[test]
