@@ -135,6 +135,10 @@ class Scenario:
             spec = dict(spec)
             if spec["backend"] == "file":
                 spec["path"] = os.path.join(work, f"lun{i}.img")
+            if spec.pop("slowable", False):
+                # Test builds' key (feature test-delay): the guest asks the
+                # host to write milliseconds here.
+                spec["test_delay_file"] = os.path.join(work, f"lun{i}.delay")
             out.append(spec)
         return out
 
@@ -271,6 +275,14 @@ def scenario_list():
             files=multipath_conf,
             timeout=300),
         Scenario(
+            "tmf",
+            "task management for real: a LU made slow past the kernel's command timeout; the "
+            "SCSI error handler's ABORT TASK and LUN RESET are answered, the kernel recovers, "
+            "sg_reset -d during fio, no data lost",
+            [{"backend": "file", "size": "256M", "slowable": True}],
+            portals=1,
+            timeout=300),
+        Scenario(
             "chap",
             "CHAP and mutual CHAP logins from the kernel; no credentials, a wrong secret and a "
             "target that cannot prove itself are refused",
@@ -337,6 +349,17 @@ class Control(threading.Thread):
         if op == "admin":
             ok, out = t.admin(args)
             return ("OK " if ok else "ERR ") + out.replace("\n", " | ")
+        if op == "slow":
+            # slow LUN MS: every read and write of LUN waits MS first.
+            with open(t.luns[int(args[0])]["test_delay_file"], "w") as f:
+                f.write(args[1])
+            time.sleep(0.3)  # the backend re-reads the file every 100 ms
+            return "OK"
+        if op == "log":
+            # log PATTERN: how many lines of the target's log match.
+            with open(os.path.join(t.work, "target.log"), errors="replace") as f:
+                n = sum(1 for line in f if args[0] in line)
+            return f"OK {n}"
         if op == "allocated":
             st = os.stat(t.luns[int(args[0])]["path"])
             return f"OK {st.st_blocks * 512}"
@@ -490,7 +513,10 @@ def main():
         print(f"guest: SKIPPED: {args.qemu} not found")
         return 0 if os.environ.get("IRONSAN_GUEST_REQUIRED") != "1" else 1
     target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    subprocess.run(["cargo", "build", "-q", "-p", "ironsan"], cwd=ROOT, check=True)
+    # The test-delay feature adds only the LUN key the task management
+    # scenario uses to make a LU slow on demand.
+    subprocess.run(["cargo", "build", "-q", "-p", "ironsan", "--features", "test-delay"],
+                   cwd=ROOT, check=True)
     binary = os.path.join(target_dir, "debug", "ironsan")
     kver = open(os.path.join(image, "kernel-version")).read().strip()
     print(f"guest: Linux {kver} under qemu TCG (functional figures, not performance); "

@@ -279,6 +279,7 @@ pub fn drive_session(data: &[u8]) -> Option<u32> {
             match ev {
                 Event::Execute(req) => pending.push(req),
                 Event::Logout | Event::Close(_) => return Some(handled),
+                Event::TaskManagement { .. } => {}
             }
         }
         // Complete some commands now and some later, out of order.

@@ -116,6 +116,16 @@ pub enum Event {
     Logout,
     /// Close the connection now (protocol violation, cold reset).
     Close(&'static str),
+    /// A task management request arrived (for the log: a host that aborts
+    /// or resets is timing commands out). `waiting`: commands it aborted
+    /// that the driver still executes; its response goes out after them.
+    TaskManagement {
+        function: TmfFunction,
+        lun: Lun,
+        referenced: Itt,
+        response: u8,
+        waiting: usize,
+    },
 }
 
 /// What the session needs to know of the rest of the target.
@@ -1144,6 +1154,13 @@ impl Session {
                     // is answered when it ends.
                     a.waiters.push(t.itt.0);
                     self.pending_tmf.push((t.itt, COMPLETE, 1));
+                    ev.push(Event::TaskManagement {
+                        function: t.function,
+                        lun: t.lun,
+                        referenced: t.ref_task_tag,
+                        response: COMPLETE,
+                        waiting: 1,
+                    });
                     return;
                 } else {
                     // Completed already, or never received (RFC 3720
@@ -1190,6 +1207,13 @@ impl Session {
             a.waiters.push(t.itt.0);
             waiting += 1;
         }
+        ev.push(Event::TaskManagement {
+            function: t.function,
+            lun: t.lun,
+            referenced: t.ref_task_tag,
+            response,
+            waiting,
+        });
         if waiting > 0 {
             self.pending_tmf.push((t.itt, response, waiting));
             return;
@@ -1260,11 +1284,7 @@ impl Session {
             .collect();
         for k in victims {
             match self.tasks.remove(&k) {
-                Some(Task::Receiving(w)) => {
-                    if w.counted {
-                        self.in_flight -= 1;
-                    }
-                }
+                Some(Task::Receiving(w)) if w.counted => self.in_flight -= 1,
                 Some(Task::Running { counted, .. }) => {
                     self.aborting.insert(
                         k,
@@ -1275,7 +1295,7 @@ impl Session {
                         },
                     );
                 }
-                None => {}
+                Some(Task::Receiving(_)) | None => {}
             }
         }
     }

@@ -183,7 +183,7 @@ impl Pair {
                             let c = self.disk.execute(&r);
                             self.tgt.complete(r.itt, c, &mut tgt_out);
                         }
-                        Event::Logout | Event::Close(_) => {}
+                        Event::Logout | Event::Close(_) | Event::TaskManagement { .. } => {}
                     }
                 }
             }

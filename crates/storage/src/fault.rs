@@ -1,9 +1,10 @@
 //! A fault-injecting wrapper for tests: makes reads, writes or flushes of
-//! an inner backend fail with a chosen OS error (EIO, ENOSPC, …) until
-//! told otherwise, and counts what reached the inner backend.
+//! an inner backend fail with a chosen OS error (EIO, ENOSPC, …) or take
+//! longer (a slow device, for hosts' command timeouts and task management)
+//! until told otherwise, and counts what reached the inner backend.
 
 use std::io;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::{BlockBackend, Extent, WriteCache};
@@ -14,6 +15,11 @@ pub struct FaultBackend {
     read: AtomicI32,
     write: AtomicI32,
     flush: AtomicI32,
+    /// Milliseconds every read and write waits first (0: none).
+    delay_ms: AtomicU64,
+    /// Made to delay: every call runs on the I/O pool, never inline on an
+    /// event loop, so a slow call stalls only itself.
+    delaying: AtomicBool,
     /// Writes that reached the inner backend.
     pub writes: AtomicU64,
 }
@@ -37,7 +43,29 @@ impl FaultBackend {
             read: AtomicI32::new(0),
             write: AtomicI32::new(0),
             flush: AtomicI32::new(0),
+            delay_ms: AtomicU64::new(0),
+            delaying: AtomicBool::new(false),
             writes: AtomicU64::new(0),
+        }
+    }
+
+    /// Wraps `inner` to be slowed down with [`Self::set_delay_ms`]: its
+    /// calls run on the I/O pool from the start.
+    pub fn slowable(inner: Arc<dyn BlockBackend>) -> Self {
+        let f = FaultBackend::new(inner);
+        f.delaying.store(true, Ordering::SeqCst);
+        f
+    }
+
+    /// Every read and write waits `ms` milliseconds first (0: none).
+    pub fn set_delay_ms(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    fn wait(&self) {
+        let ms = self.delay_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
     }
 
@@ -72,10 +100,12 @@ impl BlockBackend for FaultBackend {
         self.inner.size()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.wait();
         Self::check(&self.read)?;
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.wait();
         Self::check(&self.write)?;
         // A write that must be stable on return fails like its sync would.
         if fua || self.write_cache() == WriteCache::WriteThrough {
@@ -98,10 +128,14 @@ impl BlockBackend for FaultBackend {
         self.inner.volatile()
     }
     fn may_block(&self) -> bool {
-        self.inner.may_block()
+        self.delaying.load(Ordering::Relaxed) || self.inner.may_block()
     }
     fn inline_write_max(&self) -> usize {
-        self.inner.inline_write_max()
+        if self.delaying.load(Ordering::Relaxed) {
+            0
+        } else {
+            self.inner.inline_write_max()
+        }
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         Self::check(&self.write)?;

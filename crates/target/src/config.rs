@@ -717,6 +717,13 @@ pub struct LunConfig {
     /// Linux and ESXi); 0: wait forever. Default 25.
     #[serde(default)]
     pub ceph_op_timeout: Option<u64>,
+    /// Test builds only (feature `test-delay`): a file holding a number of
+    /// milliseconds every read and write of this LUN waits first, re-read
+    /// every 100 ms, so a test can make the LU slow and fast again (hosts'
+    /// command timeouts and task management). Release builds refuse the key.
+    #[cfg(feature = "test-delay")]
+    #[serde(default)]
+    pub test_delay_file: Option<PathBuf>,
 }
 
 fn default_block_size() -> u32 {
@@ -787,6 +794,8 @@ impl LunConfig {
             ceph_client: None,
             ceph_keyring: None,
             ceph_op_timeout: None,
+            #[cfg(feature = "test-delay")]
+            test_delay_file: None,
         };
         match kind {
             "mem" | "null" => {

@@ -961,6 +961,21 @@ impl Conn {
                             }
                             Event::Logout => closing = Some("logout"),
                             Event::Close(why) => closing = Some(why),
+                            Event::TaskManagement {
+                                function,
+                                lun,
+                                referenced,
+                                response,
+                                waiting,
+                            } => tracing::warn!(
+                                peer = %self.peer,
+                                function = ?function,
+                                lun = ?lun.index(),
+                                task = format_args!("{:#x}", referenced.0),
+                                response,
+                                waiting,
+                                "task management request"
+                            ),
                         }
                     }
                     if closing.is_some() {

@@ -236,6 +236,26 @@ impl TargetRt {
     }
 }
 
+/// Test builds: `backend` slowed by the milliseconds in `file`, re-read
+/// every 100 ms by a thread that ends with the backend.
+#[cfg(feature = "test-delay")]
+fn slowed(backend: Arc<dyn BlockBackend>, file: std::path::PathBuf) -> Arc<dyn BlockBackend> {
+    let f = Arc::new(storage::FaultBackend::slowable(backend));
+    let weak = Arc::downgrade(&f);
+    std::thread::spawn(move || {
+        while let Some(f) = weak.upgrade() {
+            let ms = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0);
+            f.set_delay_ms(ms);
+            drop(f);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    });
+    f
+}
+
 /// Opens the backend of LUN `n` of `target` as `l` describes and builds its
 /// logical unit in the target port groups `pg`; without `reservations`
 /// the unit refuses reservation commands (a gateway's units).
@@ -275,6 +295,11 @@ pub fn build_lu(
             })?)
         }
         BackendKind::Rbd => open_rbd(l, policy).map_err(|e| format!("{at}: {e}"))?,
+    };
+    #[cfg(feature = "test-delay")]
+    let backend = match &l.test_delay_file {
+        Some(f) => slowed(backend, f.clone()),
+        None => backend,
     };
     let serial = l.serial.clone().unwrap_or_else(|| serial_for(target, n));
     let lu_cfg = LuConfig {

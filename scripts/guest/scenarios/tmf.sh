@@ -1,0 +1,53 @@
+# Task management from the kernel's SCSI error handler: with a 4 s command
+# timeout, a LU made slow (16 s per I/O, the test build's delay) makes a
+# write time out (libiscsi gives it two more periods: one for the data it
+# moved, one to ping the connection); the kernel sends ABORT TASK (and escalates to LOGICAL
+# UNIT RESET if an abort is not answered in time); ironsan answers once
+# nothing of the aborted writes can reach the medium; the LU is fast again
+# and the kernel's retries complete. Then sg_reset -d (LOGICAL UNIT RESET)
+# in the middle of fio with --verify. No I/O error, every block checked.
+step login
+check login "$P0" node.session.timeo.replacement_timeout 60 \
+  node.session.err_timeo.abort_timeout 20 node.session.err_timeo.lu_reset_timeout 30
+d=$(wait_lun "$P0" 0 20) || fail "no disk"
+n=${d#/dev/}
+echo 4 > /sys/block/$n/device/timeout
+head -c 4194304 /dev/urandom > /tmp/pat
+sum=$(md5sum < /tmp/pat)
+step abort-on-timeout
+host slow 0 16000 >/dev/null
+t0=$(now_ms)
+dd if=/tmp/pat of="$d" bs=1M count=4 oflag=direct 2>/tmp/dd.err &
+w=$!
+sleep 8
+host slow 0 0 >/dev/null
+wait $w
+rc=$?
+t1=$(now_ms)
+aborts=$(host log "function=AbortTask" | cut -d' ' -f2)
+resets=$(host log "function=LogicalUnitReset" | cut -d' ' -f2)
+info "slow writes took $((t1 - t0)) ms; target saw $aborts ABORT TASK, $resets LUN RESET; kernel: $(dmesg | grep -iE 'abort|reset|timing out|timed out' | tail -5 | tr '\n' '|')"
+back=$(dd if="$d" bs=1M count=4 iflag=direct 2>/dev/null | md5sum)
+if [ $rc -ne 0 ]; then fail "the write failed: $(cat /tmp/dd.err | tr '\n' '|')"
+elif [ "${aborts:-0}" -eq 0 ] && [ "${resets:-0}" -eq 0 ]; then fail "no task management reached the target"
+elif [ "$back" != "$sum" ]; then fail "data read back differs"
+else pass; fi
+step lun-reset-during-fio
+fio --eta=never --name=r --filename="$d" --rw=randwrite --bs=16k --size=64M --offset=64M \
+  --ioengine=libaio --iodepth=16 --direct=1 --runtime=12 --time_based --verify=crc32c \
+  --do_verify=1 --verify_fatal=1 --output=/tmp/fio.out 2>/tmp/fio.err &
+f=$!
+sleep 3
+r1=$(sg_reset -d "$d" 2>&1; echo "rc=$?")
+sleep 2
+r2=$(sg_reset -d "$d" 2>&1; echo "rc=$?")
+wait $f
+rc=$?
+resets=$(host log "function=LogicalUnitReset" | cut -d' ' -f2)
+info "sg_reset -d: $r1 / $r2; target saw $resets LUN RESET in all; kernel: $(dmesg | grep -iE 'reset' | tail -3 | tr '\n' '|')"
+if [ $rc -ne 0 ]; then fail "fio: $(tail -5 /tmp/fio.err | tr '\n' '|')"
+elif ! echo "$r1$r2" | grep -q "rc=0"; then fail "sg_reset: $r1 $r2"
+else pass; fi
+step kernel-clean
+check kernel_clean
+logout "$P0" >/dev/null
