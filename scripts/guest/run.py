@@ -110,11 +110,102 @@ class Ironsan:
         return r.returncode == 0, (r.stdout + r.stderr).strip()
 
 
+class Tgt:
+    """Debian's tgt (tgtd + tgtadm) serving the scenario's LUNs from files,
+    for comparison: LUN numbers start at 1 (tgt's LUN 0 is its controller),
+    RAM LUNs become files, and what tgt cannot do is answered ERR."""
+
+    name = "tgt"
+
+    def __init__(self, binary, work, scenario):
+        self.bin = binary  # ironsan, for `tune linux` in the multipath scenario
+        self.work = work
+        self.sc = scenario
+        self.ports = [free_port() for _ in range(scenario.portals)]
+        self.control = 100 + free_port() % 9000
+        self.luns = []
+        for i, spec in enumerate(scenario.luns(work)):
+            spec = dict(spec)
+            spec["path"] = os.path.join(work, f"lun{i}.img")
+            size = spec.get("size", "64M")
+            subprocess.run(["truncate", "-s", size, spec["path"]], check=True)
+            self.luns.append(spec)
+        self.log = open(os.path.join(work, "target.log"), "ab")
+        self.proc = None
+
+    def adm(self, *args, check=True):
+        r = subprocess.run(["tgtadm", "-C", str(self.control), "--lld", "iscsi"] + list(args),
+                           capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"tgtadm {' '.join(args)}: {r.stderr.strip()}")
+        return r
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["tgtd", "-f", "-C", str(self.control), "--iscsi", f"portal=127.0.0.1:{self.ports[0]}"],
+            stdout=self.log, stderr=self.log)
+        for _ in range(100):
+            if self.adm("--op", "show", "--mode", "target", check=False).returncode == 0:
+                break
+            time.sleep(0.05)
+        self.adm("--op", "new", "--mode", "target", "--tid", "1", "-T", IQN)
+        for i, spec in enumerate(self.luns):
+            self.adm("--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(i + 1),
+                     "-b", spec["path"])
+            if spec.get("thin", True):
+                self.adm("--op", "update", "--mode", "logicalunit", "--tid", "1", "--lun",
+                         str(i + 1), "--params", "thin_provisioning=1")
+        self.adm("--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL")
+        for p in self.ports[1:]:
+            self.adm("--op", "new", "--mode", "portal", "--param", f"portal=127.0.0.1:{p}")
+        for k, v in self.sc.tgt_params:
+            self.adm("--op", "update", "--mode", "target", "--tid", "1", "-n", k, "-v", v)
+        chap = self.sc.env.get("CHAP_USER")
+        if chap:
+            self.adm("--op", "new", "--mode", "account", "--user", chap,
+                     "--password", self.sc.env["CHAP_SECRET"])
+            self.adm("--op", "bind", "--mode", "account", "--tid", "1", "--user", chap)
+            mu = self.sc.env["MUTUAL_USER"]
+            self.adm("--op", "new", "--mode", "account", "--user", mu,
+                     "--password", self.sc.env["MUTUAL_SECRET"])
+            self.adm("--op", "bind", "--mode", "account", "--tid", "1", "--user", mu,
+                     "--outgoing")
+        for p in self.ports:
+            if not wait_port(p):
+                raise RuntimeError(f"tgtd did not listen on {p}")
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.adm("--op", "delete", "--mode", "system", check=False)
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def admin(self, args):
+        if args[:1] == ["remove-portal"]:
+            r = self.adm("--op", "delete", "--mode", "portal", "--param", f"portal={args[1]}",
+                         check=False)
+        elif args[:1] == ["add-portal"]:
+            r = self.adm("--op", "new", "--mode", "portal", "--param", f"portal={args[1]}",
+                         check=False)
+        else:
+            return False, f"tgt has no online equivalent of `ironsan admin {' '.join(args)}`"
+        return r.returncode == 0, (r.stdout + r.stderr).strip() or "done"
+
+
 class Scenario:
     """What the target serves and what the guest runs."""
 
     def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
-                 facts=None, limits="", extra="", rules=None, target_extra="", files=None):
+                 facts=None, limits="", extra="", rules=None, target_extra="", files=None,
+                 tgt=True, tgt_params=(), tgt_reason=""):
         self.name = name
         self.doc = doc
         self._luns = luns
@@ -128,6 +219,11 @@ class Scenario:
         self.target_extra = target_extra
         # (target) -> {guest path: content}, made once the target runs.
         self.files = files
+        # Runs against tgt too (False: it needs what only ironsan has).
+        self.tgt = tgt
+        # tgtadm target parameters (name, value) for the tgt run.
+        self.tgt_params = list(tgt_params)
+        self.tgt_reason = tgt_reason
 
     def luns(self, work):
         out = []
@@ -164,8 +260,9 @@ def multipath_conf(target):
     """/etc/multipath.conf for a guest without udev, and the device section
     `ironsan tune linux` prints for this target, taken from its heredoc as a
     user would paste it."""
+    lun = 1 if target.name == "tgt" else 0
     r = subprocess.run([target.bin, "tune", "linux",
-                        f"iscsi://127.0.0.1:{target.ports[0]}/{IQN}"],
+                        f"iscsi://127.0.0.1:{target.ports[0]}/{IQN}/{lun}"],
                        capture_output=True, text=True, check=True,
                        env=dict(os.environ, RUST_BACKTRACE="0"))
     m = re.search(r"cat > (/etc/multipath/conf\.d/\S+) <<'EOF'\n(.*?)\nEOF\n", r.stdout, re.S)
@@ -188,20 +285,27 @@ def block_limit_rules(facts):
         try:
             lbs = int(f["logical_block_size"])
             pbs = int(f["physical_block_size"])
+            otlg = int(f["vpd_otlg"]) * lbs
+            otl = int(f["vpd_otl"]) * lbs
+            mx = int(f["vpd_max_xfer"]) * lbs
+            # sd_validate_min_xfer_size / sd_validate_opt_xfer_size.
+            otlg_ok = otlg > 0 and otlg % pbs == 0
+            otl_ok = otl > 0 and otl % 4096 == 0 and otl >= pbs and (mx == 0 or otl <= mx)
+            # Without a valid OPTIMAL TRANSFER LENGTH requests are cut at the
+            # MAXIMUM TRANSFER LENGTH or BLK_DEF_MAX_SECTORS (1280 KiB).
+            rw_max = otl if otl_ok else min(mx, 1280 << 10) if mx else 1280 << 10
             want = {
                 # OPTIMAL TRANSFER LENGTH GRANULARITY, at least a physical block.
-                "minimum_io_size": max(int(f["vpd_otlg"]) * lbs, pbs),
+                "minimum_io_size": max(otlg if otlg_ok else 0, pbs),
                 # OPTIMAL TRANSFER LENGTH.
-                "optimal_io_size": int(f["vpd_otl"]) * lbs,
-                # MAXIMUM UNMAP LBA COUNT.
-                "discard_max_hw_bytes": int(f["vpd_max_unmap"]) * lbs,
+                "optimal_io_size": otl if otl_ok else 0,
+                # MAXIMUM UNMAP LBA COUNT (all ones, shown as -1: no limit),
+                # at most SD_MAX_WS16_BLOCKS.
+                "discard_max_hw_bytes": min(int(f["vpd_max_unmap"]) % (1 << 32), 0x7fffff) * lbs,
                 # OPTIMAL UNMAP GRANULARITY, at least a physical block.
                 "discard_granularity": max(int(f["vpd_unmap_gran"]) * lbs, pbs),
-                # Requests are cut at the OPTIMAL TRANSFER LENGTH (within the
-                # MAXIMUM TRANSFER LENGTH and the host's limit).
-                "max_sectors_kb": min(int(f["vpd_otl"]) * lbs // 1024,
-                                      int(f["vpd_max_xfer"]) * lbs // 1024,
-                                      int(f["max_hw_sectors_kb"])),
+                # The host's limit caps it all.
+                "max_sectors_kb": min(rw_max >> 10, int(f["max_hw_sectors_kb"])),
             }
         except (KeyError, ValueError) as e:
             fails.append(f"{lun}: missing or bad fact {e}")
@@ -252,6 +356,9 @@ def scenario_list():
             limits='header_digest = "allowed"\ndata_digest = "allowed"\n'
                    'max_recv_data_segment = 16777215\nmax_burst = 16776192\n'
                    'first_burst = 16776192\n',
+            tgt_params=[("HeaderDigest", "None,CRC32C"), ("DataDigest", "None,CRC32C"),
+                        ("MaxRecvDataSegmentLength", "16777215"),
+                        ("MaxBurstLength", "16776192"), ("FirstBurstLength", "16776192")],
             timeout=300),
         Scenario(
             "resize",
@@ -281,7 +388,9 @@ def scenario_list():
             "sg_reset -d during fio, no data lost",
             [{"backend": "file", "size": "256M", "slowable": True}],
             portals=1,
-            timeout=300),
+            timeout=300,
+            tgt=False,
+            tgt_reason="it needs a LU made slow on demand (ironsan's test-delay build)"),
         Scenario(
             "chap",
             "CHAP and mutual CHAP logins from the kernel; no credentials, a wrong secret and a "
@@ -376,12 +485,13 @@ def run_scenario(sc, args, image, binary, keep):
         serial.write(msg + "\n")
         serial.flush()
 
-    target = Ironsan(binary, work, sc)
+    target = (Tgt if args.target == "tgt" else Ironsan)(binary, work, sc)
     target.start()
     ctl = Control(target, log)
     ctl.start()
 
-    env = {"IQN": IQN, "NPORTALS": str(sc.portals)}
+    env = {"IQN": IQN, "NPORTALS": str(sc.portals),
+           "LUNBASE": "1" if args.target == "tgt" else "0"}
     for i in range(sc.portals):
         env[f"P{i}"] = f"{GUEST_PORTALS[i]}:3260"
     env.update(sc.env)
@@ -486,7 +596,9 @@ def run_scenario(sc, args, image, binary, keep):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenarios", nargs="*", help="scenarios to run (default: all)")
-    ap.add_argument("--target", default="ironsan", choices=["ironsan"])
+    ap.add_argument("--target", default="ironsan", choices=["ironsan", "tgt"],
+                    help="tgt: the same scenarios against Debian's tgt, for comparison "
+                         "(reports where it fails; exits 0)")
     ap.add_argument("--cache", default=None, help="guest image cache (scripts/guest/build.sh)")
     ap.add_argument("--keep", action="store_true", help="keep every run's logs, not only failures'")
     ap.add_argument("--list", action="store_true", help="list the scenarios")
@@ -522,7 +634,13 @@ def main():
     print(f"guest: Linux {kver} under qemu TCG (functional figures, not performance); "
           f"target {args.target}")
     results = []
+    if args.target == "tgt" and not shutil.which("tgtd"):
+        print("guest: SKIPPED: tgtd not found (Debian package tgt)")
+        return 0
     for sc in chosen:
+        if args.target == "tgt" and not sc.tgt:
+            print(f"guest: {sc.name}: not run against tgt: {sc.tgt_reason}", flush=True)
+            continue
         print(f"guest: {sc.name}: {sc.doc}", flush=True)
         r = run_scenario(sc, args, image, binary, args.keep)
         results.append(r)
@@ -538,6 +656,8 @@ def main():
     failed = [r["name"] for r in results if not r["ok"]]
     print(f"guest: {len(results) - len(failed)}/{len(results)} scenarios passed"
           + (f"; failed: {' '.join(failed)}" if failed else ""))
+    if args.target == "tgt":
+        return 0
     return 1 if failed else 0
 
 

@@ -34,7 +34,7 @@ for l in 0 1 2; do
   fact lun$l hisup "$(echo "$inq" | sed -n 's/.*HiSUP=\([01]\).*/\1/p' | head -1)"
   fact lun$l tpgs "$(echo "$inq" | sed -n 's/.*TPGS=\([0-3]\).*/\1/p' | head -1)"
   bl=$(sg_vpd -p bl "$d" 2>&1)
-  num() { echo "$bl" | grep -i "$1" | head -1 | sed 's/.*: *\([0-9][0-9]*\).*/\1/'; }
+  num() { echo "$bl" | grep -i "$1" | head -1 | sed -n 's/.*: *\(-\{0,1\}[0-9][0-9]*\).*/\1/p'; }
   fact lun$l vpd_otlg "$(num 'Optimal transfer length granularity')"
   fact lun$l vpd_otl "$(num '^ *Optimal transfer length:')"
   fact lun$l vpd_max_unmap "$(num 'Maximum unmap LBA count')"

@@ -17,15 +17,22 @@ udev_db
 multipathd -d -s >/tmp/multipathd.log 2>&1 &
 sleep 2
 multipath -r >/dev/null 2>&1
-# No udev: the /dev/mapper names come from dmsetup.
-i=0; while [ ! -e /dev/mapper/ironsan_lun0 ] && [ $i -lt 50 ]; do sleep 0.2; dmsetup mknodes; i=$((i + 1)); done
+# No udev: the /dev/mapper names come from dmsetup. The map's name is the
+# recipe's alias.
+i=0; map=""
+while [ -z "$map" ] && [ $i -lt 50 ]; do
+  sleep 0.2; dmsetup mknodes
+  map=$(dmsetup ls --target multipath 2>/dev/null | awk '{print $1; exit}')
+  i=$((i + 1))
+done
+mp=/dev/mapper/$map
 ll=$(multipath -ll 2>&1)
 info "multipath -ll: $(echo "$ll" | tr '\n' '|')"
-if [ -e /dev/mapper/ironsan_lun0 ] && [ "$(echo "$ll" | grep -c 'active ready running')" = 2 ]; then pass
+if [ -n "$map" ] && [ -e "$mp" ] && [ "$(echo "$ll" | grep -c 'active ready running')" = 2 ]; then pass
 else fail "no map with two running paths: $(echo "$ll" | tr '\n' '|')"; fi
 step mkfs
 mkdir -p /mnt/m
-mkfs.ext4 -q -F /dev/mapper/ironsan_lun0 && mount /dev/mapper/ironsan_lun0 /mnt/m && pass || fail mkfs
+mkfs.ext4 -q -F "$mp" && mount "$mp" /mnt/m && pass || fail mkfs
 step portal-removed-under-load
 stats() { for d in $d0 $d1; do awk '{print $1 + $5}' /sys/block/${d#/dev/}/stat; done | tr '\n' ' '; }
 fio --eta=never --name=mp --directory=/mnt/m --size=96M --rw=randrw --bs=16k --ioengine=libaio \
@@ -87,7 +94,7 @@ else fail "kernel shows $d0 $st0 (group prio $p0), $d1 $st1 (group prio $p1)"; f
 step umount
 check umount /mnt/m
 step fsck
-check e2fsck -fn /dev/mapper/ironsan_lun0
+check e2fsck -fn "$mp"
 step kernel-clean
 check kernel_clean_above_paths
 info "path errors (expected while a portal is gone): $(dmesg | grep -cE 'rejecting I/O|I/O error, dev sd')"
