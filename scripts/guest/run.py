@@ -75,7 +75,7 @@ class Ironsan:
         self.log = open(os.path.join(work, "target.log"), "ab")
         self.proc = None
 
-    def start(self):
+    def start(self, *_):
         self.proc = subprocess.Popen(
             [self.bin, "--log", "info", "serve", "--config", self.config,
              "--admin", f"127.0.0.1:{self.admin_port}", "--state-dir", self.state],
@@ -89,7 +89,7 @@ class Ironsan:
                 break
             time.sleep(0.05)
 
-    def kill(self):
+    def kill(self, *_):
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -108,6 +108,56 @@ class Ironsan:
             capture_output=True, text=True, timeout=30,
             env=dict(os.environ, RUST_BACKTRACE="0"))
         return r.returncode == 0, (r.stdout + r.stderr).strip()
+
+
+class Gateways:
+    """Two ironsan gateways serving one RBD image as one LU
+    (docs/GATEWAYS.md) on the Ceph cluster of $CEPH_CONF: gateway 0 is ALUA
+    group 1 (portal tag 1), gateway 1 group 2 (tag 2); the first up owns the
+    image. Each can be killed (-9) and started again on its own."""
+
+    name = "gateways"
+
+    def __init__(self, binary, work, scenario):
+        self.bin = binary
+        self.work = work
+        self.ports = [free_port(), free_port()]
+        self.image = f"rbd/guest-{os.getpid()}-{scenario.name}"
+        subprocess.run(["rbd", "create", "--size", "512M", self.image], check=True)
+        self.luns = [{"backend": "rbd"}]
+        self.procs = [None, None]
+        self.log = open(os.path.join(work, "target.log"), "ab")
+
+    def start(self, *which):
+        for i in which or (0, 1):
+            me, peer = i + 1, 2 - i
+            self.procs[i] = subprocess.Popen(
+                [self.bin, "--log", "info", "serve", "--listen", f"127.0.0.1:{self.ports[i]}",
+                 "--target", IQN, "--lun", f"rbd:{self.image}", "--gateway", f"{me}:{me}",
+                 "--gateway-peer", f"{peer}={peer}"],
+                stdout=self.log, stderr=self.log, env=dict(os.environ, RUST_BACKTRACE="0"))
+            if not wait_port(self.ports[i], 60):
+                raise RuntimeError(f"gateway {i} did not listen")
+
+    def kill(self, *which):
+        for i in which or (0, 1):
+            p = self.procs[i]
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def stop(self):
+        for p in self.procs:
+            if p and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        subprocess.run(["rbd", "rm", self.image], capture_output=True)
+
+    def admin(self, args):
+        return False, "the gateways run without an admin endpoint here"
 
 
 class Tgt:
@@ -140,7 +190,7 @@ class Tgt:
             raise RuntimeError(f"tgtadm {' '.join(args)}: {r.stderr.strip()}")
         return r
 
-    def start(self):
+    def start(self, *_):
         self.proc = subprocess.Popen(
             ["tgtd", "-f", "-C", str(self.control), "--iscsi", f"portal=127.0.0.1:{self.ports[0]}"],
             stdout=self.log, stderr=self.log)
@@ -174,7 +224,7 @@ class Tgt:
             if not wait_port(p):
                 raise RuntimeError(f"tgtd did not listen on {p}")
 
-    def kill(self):
+    def kill(self, *_):
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -205,7 +255,7 @@ class Scenario:
 
     def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
                  facts=None, limits="", extra="", rules=None, target_extra="", files=None,
-                 tgt=True, tgt_params=(), tgt_reason=""):
+                 tgt=True, tgt_params=(), tgt_reason="", gateways=False):
         self.name = name
         self.doc = doc
         self._luns = luns
@@ -224,6 +274,8 @@ class Scenario:
         # tgtadm target parameters (name, value) for the tgt run.
         self.tgt_params = list(tgt_params)
         self.tgt_reason = tgt_reason
+        # Served by two RBD gateways (needs $CEPH_CONF: scripts/rbd.sh).
+        self.gateways = gateways
 
     def luns(self, work):
         out = []
@@ -382,6 +434,14 @@ def scenario_list():
             files=multipath_conf,
             timeout=300),
         Scenario(
+            "gateways",
+            "dm-multipath over two RBD gateways of one image (ALUA: the owner active/optimized, "
+            "the other standby): fio --verify on ext4 while the owner is killed -9; the standby "
+            "takes the image over, no error reaches the file system; the killed gateway returns "
+            "as standby and its path is back",
+            [], files=multipath_conf, gateways=True, timeout=300, tgt=False,
+            tgt_reason="it is about ironsan's RBD gateways"),
+        Scenario(
             "tmf",
             "task management for real: a LU made slow past the kernel's command timeout; the "
             "SCSI error handler's ABORT TASK and LUN RESET are answered, the kernel recovers, "
@@ -448,10 +508,11 @@ class Control(threading.Thread):
         if op == "ping":
             return "OK"
         if op == "kill":
-            t.kill()
+            # kill [N]: kill -9 the target (gateway N of several).
+            t.kill(*[int(a) for a in args])
             return "OK"
         if op == "start":
-            t.start()
+            t.start(*[int(a) for a in args])
             return "OK"
         if op == "port":
             return f"OK 127.0.0.1:{t.ports[int(args[0])]}"
@@ -485,7 +546,8 @@ def run_scenario(sc, args, image, binary, keep):
         serial.write(msg + "\n")
         serial.flush()
 
-    target = (Tgt if args.target == "tgt" else Ironsan)(binary, work, sc)
+    kind = Tgt if args.target == "tgt" else Gateways if sc.gateways else Ironsan
+    target = kind(binary, work, sc)
     target.start()
     ctl = Control(target, log)
     ctl.start()
@@ -638,6 +700,10 @@ def main():
         print("guest: SKIPPED: tgtd not found (Debian package tgt)")
         return 0
     for sc in chosen:
+        if sc.gateways and not os.environ.get("CEPH_CONF"):
+            print(f"guest: {sc.name}: SKIPPED: needs a Ceph cluster ($CEPH_CONF): "
+                  "scripts/rbd.sh runs it on one", flush=True)
+            continue
         if args.target == "tgt" and not sc.tgt:
             print(f"guest: {sc.name}: not run against tgt: {sc.tgt_reason}", flush=True)
             continue

@@ -1,10 +1,12 @@
 # Task management from the kernel's SCSI error handler: with a 4 s command
 # timeout, a LU made slow (16 s per I/O, the test build's delay) makes a
 # write time out (libiscsi gives it two more periods: one for the data it
-# moved, one to ping the connection); the kernel sends ABORT TASK (and escalates to LOGICAL
-# UNIT RESET if an abort is not answered in time); ironsan answers once
+# moved, one to ping the connection); the kernel sends ABORT TASK; ironsan
+# answers once
 # nothing of the aborted writes can reach the medium; the LU is fast again
-# and the kernel's retries complete. Then sg_reset -d (LOGICAL UNIT RESET)
+# and the kernel's retries complete; again with an abort timeout shorter than
+# the write, where the kernel drops the connection and logs in again with
+# the aborted write still in the backend. Then sg_reset -d
 # in the middle of fio with --verify. No I/O error, every block checked.
 step login
 check login "$P0" node.session.timeo.replacement_timeout 60 \
@@ -30,6 +32,38 @@ info "slow writes took $((t1 - t0)) ms; target saw $aborts ABORT TASK, $resets L
 back=$(dd if="$d" bs=1M count=4 iflag=direct 2>/dev/null | md5sum)
 if [ $rc -ne 0 ]; then fail "the write failed: $(cat /tmp/dd.err | tr '\n' '|')"
 elif [ "${aborts:-0}" -eq 0 ] && [ "${resets:-0}" -eq 0 ]; then fail "no task management reached the target"
+elif [ "$back" != "$sum" ]; then fail "data read back differs"
+else pass; fi
+step abort-timeout-recovery
+# An abort not answered within the abort timeout (3 s here, the write takes
+# 24 s): Linux's iSCSI layer fails the connection and logs in again
+# (session reinstatement) while the aborted write is still in ironsan's
+# backend; the kernel sends the write again on the new connection, and the
+# data holds.
+logout "$P0" >/dev/null
+iscsiadm -m node -T "$IQN" -p "$P0" -o update -n node.session.err_timeo.abort_timeout -v 3
+iscsiadm -m node -T "$IQN" -p "$P0" -l >/dev/null
+d=$(wait_lun "$P0" 0 20) || fail "no disk after login"
+n=${d#/dev/}
+echo 4 > /sys/block/$n/device/timeout
+before=$(host log "function=AbortTask" | cut -d' ' -f2)
+logins=$(host log "target::conn: login" | cut -d' ' -f2)
+host slow 0 24000 >/dev/null
+t0=$(now_ms)
+dd if=/tmp/pat of="$d" bs=1M count=4 seek=8 oflag=direct 2>/tmp/dd.err &
+w=$!
+sleep 8
+host slow 0 0 >/dev/null
+wait $w
+rc=$?
+t1=$(now_ms)
+aborts=$(host log "function=AbortTask" | cut -d' ' -f2)
+logins2=$(host log "target::conn: login" | cut -d' ' -f2)
+info "abort timeout: the writes took $((t1 - t0)) ms; ABORT TASKs at the target $before -> $aborts, logins $logins -> $logins2; kernel: $(dmesg | grep -iE 'abort|reset|conn error|recover' | tail -4 | tr '\n' '|')"
+back=$(dd if="$d" bs=1M count=4 skip=8 iflag=direct 2>/dev/null | md5sum)
+if [ $rc -ne 0 ]; then fail "the write failed: $(cat /tmp/dd.err | tr '\n' '|')"
+elif [ "${aborts:-0}" -le "${before:-0}" ]; then fail "no ABORT TASK reached the target"
+elif [ "${logins2:-0}" -le "${logins:-0}" ]; then fail "the kernel did not log in again"
 elif [ "$back" != "$sum" ]; then fail "data read back differs"
 else pass; fi
 step lun-reset-during-fio

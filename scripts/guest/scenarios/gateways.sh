@@ -1,0 +1,71 @@
+# dm-multipath over two ironsan gateways of one RBD image (ALUA: the
+# image's owner active/optimized, the other standby), configured with the
+# device section `ironsan tune linux` prints: fio --verify on ext4 while the
+# owner is killed -9; the standby gateway takes the image over and carries
+# the I/O, no error reaches the file system; the killed gateway comes back
+# as standby and its path returns.
+step config
+out=$(multipath -t 2>&1 >/dev/null)
+if [ -z "$out" ]; then pass; else fail "multipath -t: $(echo "$out" | tr '\n' '|')"; fi
+step login
+a="node.session.timeo.replacement_timeout 5 node.conn[0].timeo.noop_out_interval 1 node.conn[0].timeo.noop_out_timeout 2"
+login "$P0" $a >/dev/null && login "$P1" $a >/dev/null && pass || fail "login"
+d0=$(wait_lun "$P0" 0 20); d1=$(wait_lun "$P1" 0 20)
+info "paths: $d0 (gateway 0) $d1 (gateway 1); $(cat /sys/block/${d0#/dev/}/device/access_state) / $(cat /sys/block/${d1#/dev/}/device/access_state)"
+step map
+udev_db
+multipathd -d -s >/tmp/multipathd.log 2>&1 &
+sleep 2
+multipath -r >/dev/null 2>&1
+i=0; map=""
+while [ -z "$map" ] && [ $i -lt 50 ]; do
+  sleep 0.2; dmsetup mknodes
+  map=$(dmsetup ls --target multipath 2>/dev/null | awk '{print $1; exit}')
+  i=$((i + 1))
+done
+mp=/dev/mapper/$map
+ll=$(multipath -ll 2>&1)
+info "multipath -ll: $(echo "$ll" | tr '\n' '|')"
+if [ -n "$map" ] && [ "$(echo "$ll" | grep -cE 'active (ready|ghost) running')" = 2 ]; then pass
+else fail "no map with both paths: $(echo "$ll" | tr '\n' '|')"; fi
+step mkfs
+mkdir -p /mnt/g
+mkfs.ext4 -q -F "$mp" && mount "$mp" /mnt/g && pass || fail mkfs
+step owner-killed-under-load
+stats() { for d in $d0 $d1; do awk '{print $1 + $5}' /sys/block/${d#/dev/}/stat; done | tr '\n' ' '; }
+fio --eta=never --name=gw --directory=/mnt/g --size=64M --rw=randrw --bs=16k --ioengine=libaio \
+  --iodepth=8 --direct=1 --runtime=60 --time_based --verify=crc32c --do_verify=1 \
+  --verify_fatal=1 --output=/tmp/fio.out 2>/tmp/fio.err &
+fio_pid=$!
+sleep 5
+s0=$(stats)
+t_kill=$(now_ms)
+host kill 0 >/dev/null
+i=0; while ! multipath -ll 2>/dev/null | grep -q 'failed' && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+info "gateway 0 killed; its path failed after $((i / 5)) s: $(multipath -ll 2>&1 | tr '\n' '|')"
+# The survivor takes over: its path carries I/O again.
+t=0; s1=$(stats)
+while [ $t -lt 60 ]; do
+  sleep 1; t=$((t + 1))
+  set -- $s1; b1=$2; set -- $(stats); b=$2
+  [ $((b - b1)) -gt 200 ] && break
+done
+t_moved=$(now_ms)
+info "I/O moved to gateway 1 $((t_moved - t_kill)) ms after the kill; states: $(cat /sys/block/${d1#/dev/}/device/access_state); $(dmesg | grep -iE 'alua|port group' | tail -3 | tr '\n' '|')"
+host start 0 >/dev/null
+i=0; while multipath -ll 2>/dev/null | grep -q 'failed' && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+info "gateway 0 back after $((i / 5)) s: $(multipath -ll 2>&1 | tr '\n' '|')"
+wait $fio_pid
+rc=$?
+s2=$(stats)
+info "I/Os per path (gateway 0, gateway 1) before the kill, after: [$s0] [$s2]"
+if [ $rc -ne 0 ]; then fail "fio: $(tail -5 /tmp/fio.err /tmp/fio.out | tr '\n' '|')"
+elif [ $t -ge 60 ]; then fail "the surviving gateway never carried the I/O"
+elif multipath -ll 2>/dev/null | grep -q failed; then fail "gateway 0's path did not return"
+else pass; fi
+step umount
+check umount /mnt/g
+step fsck
+check e2fsck -fn "$mp"
+step kernel-clean
+check kernel_clean_above_paths
