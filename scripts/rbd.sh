@@ -10,6 +10,8 @@
 #      ironsan bench through the target, on the same image, same run,
 #   5. runs two gateways on one image and kills the owner under a multipath
 #      --verify bench, then under a plain client (scripts/gateways.sh),
+#   6. does it again under a Linux kernel in qemu: dm-multipath over both
+#      gateways, ext4 and fio --verify (scripts/guest/run.py gateways),
 # then stops everything by PID. Prints pass/skip/fail per step; exits
 # non-zero when a step failed.
 #
@@ -163,6 +165,23 @@ if scripts/gateways.sh "$bin" 2>&1 | tee "$work/gateways.out" | grep '^gateways:
   step "gateway failover" "pass ($(grep -o '[0-9]* passed, [0-9]* failed' "$work/gateways.out"))"
 else
   step "gateway failover" fail
+fi
+
+# 6. The Linux kernel over both gateways (scripts/guest/run.py gateways):
+#    dm-multipath, the owner killed -9 under fio --verify on ext4.
+if [ "${IRONSAN_SKIP_GUEST:-0}" != 1 ]; then
+  say "6. a Linux kernel over two gateways: dm-multipath failover"
+  python3 scripts/guest/run.py gateways >"$work/guest.out" 2>&1
+  rc=$?
+  grep -E '^guest: ' "$work/guest.out" | tail -4 >&2
+  if grep -q '^guest: gateways: SKIPPED' "$work/guest.out"; then
+    step "kernel over gateways" skip
+  elif [ $rc = 0 ] && grep -q '^guest: gateways: PASS' "$work/guest.out"; then
+    step "kernel over gateways" pass
+  else
+    cat "$work/guest.out" >&2
+    step "kernel over gateways" fail
+  fi
 fi
 
 echo

@@ -432,7 +432,12 @@ impl PortGroups {
 /// Standby (SPC-4 §5.15.2.4.4) allows INQUIRY, LOG SELECT/SENSE, MODE
 /// SELECT/SENSE, RECEIVE DIAGNOSTIC RESULTS, SEND DIAGNOSTIC, REPORT (and
 /// SET) TARGET PORT GROUPS, REQUEST SENSE, PERSISTENT RESERVE IN/OUT and the
-/// echo buffer modes of READ/WRITE BUFFER; the rest is NOT READY 04/0B.
+/// echo buffer modes of READ/WRITE BUFFER, and here READ CAPACITY(10/16)
+/// too; the rest is NOT READY 04/0B. READ CAPACITY is beyond SPC-4's list,
+/// as in Linux's own target: a host sizes each path when it finds it, and
+/// Linux, refused there, sizes a standby path at 0 blocks, so after a
+/// takeover every I/O through it fails "beyond end of device" until a
+/// rescan (seen in the Real hosts gateways scenario).
 /// Unavailable (SPC-4 §5.15.2.4.5) allows INQUIRY, REPORT (and SET) TARGET
 /// PORT GROUPS, REQUEST SENSE and the echo buffer; the rest is NOT READY
 /// 04/0C. REPORT LUNS, allowed in both, is answered by the target.
@@ -469,7 +474,9 @@ pub(crate) fn refusal(state: AccessState, cdb: &[u8]) -> Option<Sense> {
             | RECEIVE_DIAGNOSTIC_RESULTS
             | SEND_DIAGNOSTIC
             | PERSISTENT_RESERVE_IN
-            | PERSISTENT_RESERVE_OUT => None,
+            | PERSISTENT_RESERVE_OUT
+            | op::READ_CAPACITY_10 => None,
+            op::SERVICE_ACTION_IN_16 if sa == crate::cdb::SA_READ_CAPACITY_16 => None,
             _ => Some(not_ready(state)),
         },
         AccessState::Unavailable => Some(not_ready(state)),
@@ -737,15 +744,12 @@ mod tests {
             assert_eq!(refusal(st, &cdb(op::WRITE_10, 0)), None);
         }
         // Data commands and TEST UNIT READY are refused in both.
-        for o in [
-            op::READ_10,
-            op::WRITE_16,
-            op::TEST_UNIT_READY,
-            op::READ_CAPACITY_10,
-        ] {
+        for o in [op::READ_10, op::WRITE_16, op::TEST_UNIT_READY] {
             assert_eq!(refused(standby, &cdb(o, 0)), nr_s, "{o:#x}");
             assert_eq!(refused(unavailable, &cdb(o, 0)), nr_u, "{o:#x}");
         }
+        // GET LBA STATUS shares READ CAPACITY(16)'s opcode and is refused.
+        assert_eq!(refused(standby, &cdb(op::SERVICE_ACTION_IN_16, 0x12)), nr_s);
         // Allowed in both.
         for c in [
             cdb(op::INQUIRY, 0),
@@ -758,8 +762,10 @@ mod tests {
             assert_eq!(refusal(standby, &c), None);
             assert_eq!(refusal(unavailable, &c), None);
         }
-        // Standby only.
+        // Standby only (READ CAPACITY: hosts size a standby path too).
         for c in [
+            cdb(op::READ_CAPACITY_10, 0),
+            cdb(op::SERVICE_ACTION_IN_16, 0x10),
             cdb(op::MODE_SENSE_6, 0),
             cdb(op::MODE_SELECT_10, 0),
             cdb(0x4D, 0),

@@ -12,6 +12,12 @@ a="node.session.timeo.replacement_timeout 5 node.conn[0].timeo.noop_out_interval
 login "$P0" $a >/dev/null && login "$P1" $a >/dev/null && pass || fail "login"
 d0=$(wait_lun "$P0" 0 20); d1=$(wait_lun "$P1" 0 20)
 info "paths: $d0 (gateway 0) $d1 (gateway 1); $(cat /sys/block/${d0#/dev/}/device/access_state) / $(cat /sys/block/${d1#/dev/}/device/access_state)"
+step sizes
+# A standby path is sized like the active one (READ CAPACITY is served in
+# standby), or the map could never use it after a takeover.
+z0=$(cat /sys/block/${d0#/dev/}/size); z1=$(cat /sys/block/${d1#/dev/}/size)
+info "sizes in 512-byte sectors: $z0 / $z1"
+if [ "$z0" = "$z1" ] && [ "$z0" -gt 0 ]; then pass; else fail "active path $z0 sectors, standby path $z1"; fi
 step map
 udev_db
 multipathd -d -s >/tmp/multipathd.log 2>&1 &
@@ -34,7 +40,7 @@ mkfs.ext4 -q -F "$mp" && mount "$mp" /mnt/g && pass || fail mkfs
 step owner-killed-under-load
 stats() { for d in $d0 $d1; do awk '{print $1 + $5}' /sys/block/${d#/dev/}/stat; done | tr '\n' ' '; }
 fio --eta=never --name=gw --directory=/mnt/g --size=64M --rw=randrw --bs=16k --ioengine=libaio \
-  --iodepth=8 --direct=1 --runtime=45 --time_based --verify=crc32c --do_verify=1 \
+  --iodepth=8 --direct=1 --runtime=75 --time_based --verify=crc32c --do_verify=1 \
   --verify_fatal=1 --output=/tmp/fio.out 2>/tmp/fio.err &
 fio_pid=$!
 sleep 5
@@ -54,8 +60,9 @@ t_moved=$(now_ms)
 info "I/O moved to gateway 1 $((t_moved - t_kill)) ms after the kill; states: $(cat /sys/block/${d1#/dev/}/device/access_state); $(dmesg | grep -iE 'alua|port group' | tail -3 | tr '\n' '|')"
 info "multipathd: $(multipathd show paths format '%d %t %T %p %s' 2>&1 | tr '\n' '|')"
 host start 0 >/dev/null
-i=0; while multipath -ll 2>/dev/null | grep -q 'failed' && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+i=0; while multipath -ll 2>/dev/null | grep -q 'failed' && [ $i -lt 300 ]; do sleep 0.2; i=$((i + 1)); done
 info "gateway 0 back after $((i / 5)) s: $(multipath -ll 2>&1 | tr '\n' '|')"
+info "iscsid: $(tail -12 /tmp/iscsid.log | tr '\n' '|')"
 # fio ends by itself (45 s); one stuck on a map without paths is reported.
 i=0; while kill -0 $fio_pid 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 if kill -0 $fio_pid 2>/dev/null; then rc=124; else wait $fio_pid; rc=$?; fi
