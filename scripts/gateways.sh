@@ -173,7 +173,9 @@ fi
 
 say "4. a resize made elsewhere reaches every gateway"
 gateway b "$port_b" 2 17 1 1 || exit 1
-# capacity URL: the bytes READ CAPACITY reports (nothing while standby).
+# capacity URL: the bytes READ CAPACITY reports (a standby gateway answers
+# it too, as hosts size every path; `ironsan inq`'s TEST UNIT READYs, refused
+# there, start B's take-over once A is gone).
 capacity() { "$bin" inq "$1" 2>/dev/null | awk '/^Capacity:/ { print $2 }'; }
 want=$((512 * 1024 * 1024))
 if rbd resize --size 512M "$image" >"$work/resize.txt" 2>&1; then
@@ -189,7 +191,7 @@ if rbd resize --size 512M "$image" >"$work/resize.txt" 2>&1; then
   seen_b=
   for _ in $(seq 80); do
     seen_b=$(capacity "$url_b")
-    [ -n "$seen_b" ] && break
+    [ "$seen_b" = "$want" ] && break
     sleep 0.25
   done
   if [ "$seen_a" = "$want" ] && [ "$seen_b" = "$want" ]; then
