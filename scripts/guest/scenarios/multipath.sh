@@ -13,23 +13,8 @@ login "$P0" $a >/dev/null && login "$P1" $a >/dev/null && pass || fail "login"
 d0=$(wait_lun "$P0" 0 20); d1=$(wait_lun "$P1" 0 20)
 info "paths: $d0 $d1"
 step map
-udev_db
-multipathd -d -s >/tmp/multipathd.log 2>&1 &
-sleep 2
-multipath -r >/dev/null 2>&1
-# No udev: the /dev/mapper names come from dmsetup. The map's name is the
-# recipe's alias.
-i=0; map=""
-while [ -z "$map" ] && [ $i -lt 50 ]; do
-  sleep 0.2; dmsetup mknodes
-  map=$(dmsetup ls --target multipath 2>/dev/null | awk '{print $1; exit}')
-  i=$((i + 1))
-done
-mp=/dev/mapper/$map
-ll=$(multipath -ll 2>&1)
-info "multipath -ll: $(echo "$ll" | tr '\n' '|')"
-if [ -n "$map" ] && [ -e "$mp" ] && [ "$(echo "$ll" | grep -c 'active ready running')" = 2 ]; then pass
-else fail "no map with two running paths: $(echo "$ll" | tr '\n' '|')"; fi
+# The map's name is the recipe's alias.
+multipath_up 'active ready running'
 step mkfs
 mkdir -p /mnt/m
 mkfs.ext4 -q -F "$mp" && mount "$mp" /mnt/m && pass || fail mkfs

@@ -16,20 +16,26 @@ n=${d#/dev/}
 echo 4 > /sys/block/$n/device/timeout
 head -c 4194304 /dev/urandom > /tmp/pat
 sum=$(md5sum < /tmp/pat)
+# `slow_write MS MIB`: 4 MiB of /tmp/pat written at MIB MiB while the LU
+# takes MS per I/O (fast again after 8 s); sets rc, took (ms) and back (the
+# md5 read back).
+slow_write() {
+  host slow 0 "$1" >/dev/null
+  t0=$(now_ms)
+  dd if=/tmp/pat of="$d" bs=1M count=4 seek="$2" oflag=direct 2>/tmp/dd.err &
+  w=$!
+  sleep 8
+  host slow 0 0 >/dev/null
+  wait $w
+  rc=$?
+  took=$(( $(now_ms) - t0 ))
+  back=$(dd if="$d" bs=1M count=4 skip="$2" iflag=direct 2>/dev/null | md5sum)
+}
 step abort-on-timeout
-host slow 0 16000 >/dev/null
-t0=$(now_ms)
-dd if=/tmp/pat of="$d" bs=1M count=4 oflag=direct 2>/tmp/dd.err &
-w=$!
-sleep 8
-host slow 0 0 >/dev/null
-wait $w
-rc=$?
-t1=$(now_ms)
+slow_write 16000 0
 aborts=$(host log "function=AbortTask" | cut -d' ' -f2)
 resets=$(host log "function=LogicalUnitReset" | cut -d' ' -f2)
-info "slow writes took $((t1 - t0)) ms; target saw $aborts ABORT TASK, $resets LUN RESET; kernel: $(dmesg | grep -iE 'abort|reset|timing out|timed out' | tail -5 | tr '\n' '|')"
-back=$(dd if="$d" bs=1M count=4 iflag=direct 2>/dev/null | md5sum)
+info "slow writes took $took ms; target saw $aborts ABORT TASK, $resets LUN RESET; kernel: $(dmesg | grep -iE 'abort|reset|timing out|timed out' | tail -5 | tr '\n' '|')"
 if [ $rc -ne 0 ]; then fail "the write failed: $(cat /tmp/dd.err | tr '\n' '|')"
 elif [ "${aborts:-0}" -eq 0 ] && [ "${resets:-0}" -eq 0 ]; then fail "no task management reached the target"
 elif [ "$back" != "$sum" ]; then fail "data read back differs"
@@ -48,19 +54,10 @@ n=${d#/dev/}
 echo 4 > /sys/block/$n/device/timeout
 before=$(host log "function=AbortTask" | cut -d' ' -f2)
 logins=$(host log "target::conn: login" | cut -d' ' -f2)
-host slow 0 24000 >/dev/null
-t0=$(now_ms)
-dd if=/tmp/pat of="$d" bs=1M count=4 seek=8 oflag=direct 2>/tmp/dd.err &
-w=$!
-sleep 8
-host slow 0 0 >/dev/null
-wait $w
-rc=$?
-t1=$(now_ms)
+slow_write 24000 8
 aborts=$(host log "function=AbortTask" | cut -d' ' -f2)
 logins2=$(host log "target::conn: login" | cut -d' ' -f2)
-info "abort timeout: the writes took $((t1 - t0)) ms; ABORT TASKs at the target $before -> $aborts, logins $logins -> $logins2; kernel: $(dmesg | grep -iE 'abort|reset|conn error|recover' | tail -4 | tr '\n' '|')"
-back=$(dd if="$d" bs=1M count=4 skip=8 iflag=direct 2>/dev/null | md5sum)
+info "abort timeout: the writes took $took ms; ABORT TASKs at the target $before -> $aborts, logins $logins -> $logins2; kernel: $(dmesg | grep -iE 'abort|reset|conn error|recover' | tail -4 | tr '\n' '|')"
 if [ $rc -ne 0 ]; then fail "the write failed: $(cat /tmp/dd.err | tr '\n' '|')"
 elif [ "${aborts:-0}" -le "${before:-0}" ]; then fail "no ABORT TASK reached the target"
 elif [ "${logins2:-0}" -le "${logins:-0}" ]; then fail "the kernel did not log in again"
