@@ -299,8 +299,6 @@ enum Task {
 /// A command aborted while the driver executes it.
 #[derive(Debug)]
 struct Aborting {
-    /// Aborted by the task management request being handled now.
-    fresh: bool,
     /// It holds a slot of the command window until it ends.
     counted: bool,
     /// Task management requests (by tag) whose response waits for it.
@@ -1143,25 +1141,20 @@ impl Session {
         const REASSIGN_UNSUPPORTED: u8 = 4;
         const UNSUPPORTED: u8 = 5;
         const REJECTED: u8 = 255;
+        // Commands this request aborted that the driver is still executing:
+        // the response waits for them (see `aborting`).
+        let mut running = Vec::new();
         let response = match t.function {
             TmfFunction::AbortTask => {
                 let found = matches!(self.tasks.get(&t.ref_task_tag.0), Some(task) if task_lun(task) == t.lun);
                 if found {
-                    self.abort(|itt, _| itt == t.ref_task_tag.0);
+                    running = self.abort(|itt, _| itt == t.ref_task_tag.0);
                     COMPLETE
-                } else if let Some(a) = self.aborting.get_mut(&t.ref_task_tag.0) {
+                } else if self.aborting.contains_key(&t.ref_task_tag.0) {
                     // Aborted already and still running: this request too
                     // is answered when it ends.
-                    a.waiters.push(t.itt.0);
-                    self.pending_tmf.push((t.itt, COMPLETE, 1));
-                    ev.push(Event::TaskManagement {
-                        function: t.function,
-                        lun: t.lun,
-                        referenced: t.ref_task_tag,
-                        response: COMPLETE,
-                        waiting: 1,
-                    });
-                    return;
+                    running.push(t.ref_task_tag.0);
+                    COMPLETE
                 } else {
                     // Completed already, or never received (RFC 3720
                     // §10.6.1 c): "task does not exist".
@@ -1172,7 +1165,7 @@ impl Session {
                 if !host.lun_exists(t.lun) {
                     NO_LUN
                 } else {
-                    self.abort(|_, task| task_lun(task) == t.lun);
+                    running = self.abort(|_, task| task_lun(task) == t.lun);
                     COMPLETE
                 }
             }
@@ -1180,14 +1173,14 @@ impl Session {
                 if !host.lun_exists(t.lun) {
                     NO_LUN
                 } else {
-                    self.abort(|_, task| task_lun(task) == t.lun);
+                    running = self.abort(|_, task| task_lun(task) == t.lun);
                     host.reset(TmfAction::LunReset(t.lun));
                     COMPLETE
                 }
             }
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
                 let cold = t.function == TmfFunction::TargetColdReset;
-                self.abort(|_, _| true);
+                running = self.abort(|_, _| true);
                 host.reset(TmfAction::TargetReset { cold });
                 if cold {
                     self.closing = true;
@@ -1199,14 +1192,12 @@ impl Session {
             TmfFunction::TaskReassign => REASSIGN_UNSUPPORTED,
             TmfFunction::Unknown(_) => REJECTED,
         };
-        // Commands this request aborted that the driver is still executing:
-        // the response waits for them (see `aborting`).
-        let mut waiting = 0;
-        for a in self.aborting.values_mut().filter(|a| a.fresh) {
-            a.fresh = false;
-            a.waiters.push(t.itt.0);
-            waiting += 1;
+        for itt in &running {
+            if let Some(a) = self.aborting.get_mut(itt) {
+                a.waiters.push(t.itt.0);
+            }
         }
+        let waiting = running.len();
         ev.push(Event::TaskManagement {
             function: t.function,
             lun: t.lun,
@@ -1265,23 +1256,22 @@ impl Session {
     pub fn abort_lun_tasks(&mut self, lun: Lun) -> usize {
         let before = self.tasks.len();
         self.abort(|_, task| task_lun(task) == lun);
-        // No task management response waits for these.
-        self.aborting.values_mut().for_each(|a| a.fresh = false);
         before - self.tasks.len()
     }
 
     /// Aborts every task `f` selects: no response will be sent for them.
     /// A command still waiting for its data is gone at once; one the
-    /// driver is executing moves to `aborting` (marked fresh, for the task
-    /// management request at hand to wait for) and keeps its slot in the
-    /// command window until the driver finishes it.
-    fn abort(&mut self, f: impl Fn(u32, &Task) -> bool) {
+    /// driver is executing moves to `aborting` and keeps its slot in the
+    /// command window until the driver finishes it. Returns the tags of
+    /// those, for a task management response to wait for.
+    fn abort(&mut self, f: impl Fn(u32, &Task) -> bool) -> Vec<u32> {
         let victims: Vec<u32> = self
             .tasks
             .iter()
             .filter(|(k, t)| f(**k, t))
             .map(|(k, _)| *k)
             .collect();
+        let mut running = Vec::new();
         for k in victims {
             match self.tasks.remove(&k) {
                 Some(Task::Receiving(w)) if w.counted => self.in_flight -= 1,
@@ -1289,15 +1279,16 @@ impl Session {
                     self.aborting.insert(
                         k,
                         Aborting {
-                            fresh: true,
                             counted,
                             waiters: Vec::new(),
                         },
                     );
+                    running.push(k);
                 }
                 Some(Task::Receiving(_)) | None => {}
             }
         }
+        running
     }
 
     fn logout(&mut self, l: LogoutReq, out: &mut Outbox, ev: &mut Vec<Event>) {
