@@ -1,4 +1,4 @@
-//! Per-thread pools of I/O buffers (DESIGN.md: "no allocation or copy per
+//! Per-thread pools of I/O buffers (docs/ARCHITECTURE.md: "no allocation or copy per
 //! I/O that can be avoided").
 //!
 //! A read fills a buffer from [`take`]; the buffer travels as [`Bytes`]

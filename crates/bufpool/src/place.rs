@@ -2,7 +2,7 @@
 //! ([`LandBuf::Pooled`]), or its place on the medium itself
 //! ([`LandBuf::Placed`]): a range of a writable [`FileMap`] of a LUN's file
 //! in memory, so that a write's data-out is copied once, by `recv(2)`,
-//! straight into the file's pages (DESIGN.md: data lands where it is
+//! straight into the file's pages (docs/ARCHITECTURE.md: data lands where it is
 //! going), instead of into a buffer and then by `pwrite(2)` into the file.
 //!
 //! A [`Placed`] range is written by the kernel only. Its [`BufMut`] chunk

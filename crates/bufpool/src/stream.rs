@@ -1,5 +1,5 @@
 //! Copying a large buffer into memory that is not going to be read soon,
-//! by non-temporal stores (DESIGN.md: count the trips to memory).
+//! by non-temporal stores (docs/ARCHITECTURE.md: count the trips to memory).
 //!
 //! An ordinary copy into a destination that is not in the cache first
 //! reads every line of it (read-for-ownership), only to overwrite it all:

@@ -169,7 +169,7 @@ struct R2tState {
 /// buffers.
 const HOLD_MIN: usize = 64 * 1024;
 
-/// Write states a session keeps for reuse (DESIGN.md: no allocation per
+/// Write states a session keeps for reuse (docs/ARCHITECTURE.md: no allocation per
 /// I/O): a write that waits for Data-Out takes one, with its R2T queue,
 /// instead of allocating them; as many as were ever waiting at once, up
 /// to this many.

@@ -1,5 +1,5 @@
 //! Receiving a large data segment straight into the buffer it is meant for
-//! (DESIGN.md: data lands where it is going): a target's Data-Out and
+//! (docs/ARCHITECTURE.md: data lands where it is going): a target's Data-Out and
 //! immediate data into its command's buffer, an initiator's Data-In into
 //! its read's buffer.
 //!

@@ -1,5 +1,5 @@
 //! The send queue of one connection: PDUs laid out for a single vectored
-//! write (DESIGN.md "batch everything").
+//! write (docs/ARCHITECTURE.md "Batch everything").
 //!
 //! Headers, digests, padding and small data segments are copied into one
 //! growing arena; large data segments are queued as reference-counted

@@ -1,6 +1,6 @@
 //! Who may log in: CHAP credentials, initiator allow-lists (by name and by
 //! source network), the limits on connections and sessions, and the log of
-//! failed logins (DESIGN.md "Security").
+//! failed logins (docs/ARCHITECTURE.md "Security").
 //!
 //! The configuration types live here ([`AuthConfig`], [`CredConfig`]);
 //! [`AccessControl`] is what the server keeps at run time. Secrets are

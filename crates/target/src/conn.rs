@@ -1,5 +1,5 @@
 //! One connection's driver: the login phase, then the full feature phase
-//! loop (DESIGN.md "the data path").
+//! loop (docs/ARCHITECTURE.md "The data path").
 //!
 //! The loop reads whatever the socket has into one buffer, frames and
 //! handles every complete PDU in it, runs commands whose backend cannot
@@ -457,7 +457,7 @@ impl Conn {
     /// The next complete PDU received, `Ok(None)` when more bytes are
     /// needed, `Err(why)` when the stream cannot be framed. A large data
     /// segment the session has a place for is received straight into it
-    /// (DESIGN.md: data-out lands where it is going): the header is cut off
+    /// (docs/ARCHITECTURE.md: data-out lands where it is going): the header is cut off
     /// the receive buffer, whatever part of the segment is already there
     /// is copied over, and [`Self::read_into_place`] reads the rest of it from the
     /// socket; padding and digest come through the receive buffer.

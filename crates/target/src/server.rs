@@ -355,7 +355,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let (tx, rx) = watch::channel(false);
         let handle = ServerHandle { tx };
-        // One event loop per core (DESIGN.md "Cores"): each worker thread
+        // One event loop per core (docs/ARCHITECTURE.md "Cores"): each worker thread
         // runs a single-threaded runtime; accepted connections are dealt to
         // them in turn and stay there, so nothing on the data path is shared
         // between threads or stolen across them.
