@@ -24,12 +24,14 @@ mod place;
 mod store;
 mod stream;
 mod sums;
+mod write;
 pub use chain::{Chain, FileRange, SegmentSums};
 pub use filemap::FileMap;
 pub use gate::{Pin, WriteGate, WriteToken};
 pub use place::{Held, LandBuf, Placed, Release};
 pub use stream::copy_streaming;
 pub use sums::{BlockSums, FileSums, MAX_SUM_BLOCKS, SUM_BLOCK, SUM_CHUNK};
+pub use write::WriteData;
 
 use std::cell::RefCell;
 

@@ -14,6 +14,7 @@
 //! `src/main.rs` drives them on the stable toolchain from the seed corpora
 //! in `fuzz/corpus/<target>/`.
 
+use bufpool::WriteData;
 use std::sync::Arc;
 
 pub mod seeds;
@@ -107,20 +108,12 @@ fn new_lu() -> scsi::LogicalUnit {
     scsi::LogicalUnit::new(b, lu_config()).expect("valid LU config")
 }
 
-fn run_cdb(
-    lu: &scsi::LogicalUnit,
-    cdb: &[u8],
-    data_out: &[u8],
-    more: &[Bytes],
-    nexus: u64,
-) -> Completion {
+fn run_cdb(lu: &scsi::LogicalUnit, cdb: &[u8], data_out: &WriteData, nexus: u64) -> Completion {
     let plan = lu.plan(cdb);
-    let total = data_out.len() + more.iter().map(Bytes::len).sum::<usize>();
+    let total = data_out.len();
     let o = lu.execute(&scsi::Command {
         cdb,
         data_out,
-        data_out_more: more,
-        data_out_buf: None,
         nexus: scsi::NexusId(nexus),
         relative_port: 1,
         tpg: 1,
@@ -152,12 +145,14 @@ pub fn cdb(data: &[u8]) {
     // The second run gets the data-out in segments, as large Data-Out PDUs
     // arrive, so the segmented paths see the same hostile input.
     let cut = dout.len() / 3;
-    let more = [
-        Bytes::copy_from_slice(&dout[cut..2 * cut]),
-        Bytes::copy_from_slice(&dout[2 * cut..]),
-    ];
-    for (nexus, first, more) in [(1, dout, &[][..]), (2, &dout[..cut], &more[..])] {
-        let r = run_cdb(&lu, c, first, more, nexus);
+    let whole = WriteData::Owned(Bytes::copy_from_slice(dout));
+    let mut parts = bufpool::Chain::new();
+    for (from, to) in [(0, cut), (cut, 2 * cut), (2 * cut, dout.len())] {
+        parts.push(Bytes::copy_from_slice(&dout[from..to]));
+    }
+    let parts = WriteData::from(parts);
+    for (nexus, data) in [(1, &whole), (2, &parts)] {
+        let r = run_cdb(&lu, c, data, nexus);
         if r.status == 0 {
             assert!(r.sense.is_none());
         }
@@ -286,10 +281,7 @@ pub fn drive_session(data: &[u8]) -> Option<u32> {
         if round % 2 == 1 {
             while let Some(req) = pending.pop() {
                 let c = if req.lun.index() == Some(0) {
-                    {
-                        let (first, more) = req.data_out.parts();
-                        run_cdb(&fx.lu, req.cdb.as_slice(), first, more, 1)
-                    }
+                    run_cdb(&fx.lu, req.cdb.as_slice(), &req.data_out, 1)
                 } else {
                     Completion::default()
                 };

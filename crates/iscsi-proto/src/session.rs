@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use bufpool::{Chain, LandBuf, Placed};
+use bufpool::{Chain, LandBuf, Placed, WriteData};
 use bytes::{BufMut, Bytes, BytesMut};
 use iscsi_wire::outbox::Digests;
 use iscsi_wire::pdu::*;
@@ -64,9 +64,12 @@ pub struct ExecRequest {
     pub itt: Itt,
     pub lun: Lun,
     pub cdb: Cdb,
-    /// The data-out received (empty for commands without one): large
-    /// Data-Out segments as received, small ones gathered.
-    pub data_out: Chain,
+    /// The data-out received ([`WriteData::None`] for commands without
+    /// one): large Data-Out segments as received, small ones gathered, one
+    /// buffer of the command's own when its segments were received into it
+    /// ([`Session::landing`]), or placed on the medium already
+    /// ([`Host::place_write`]).
+    pub data_out: WriteData,
     /// Expected data transfer length from the command PDU.
     pub edtl: u32,
     pub read: bool,
@@ -74,13 +77,6 @@ pub struct ExecRequest {
     /// The data-out length the CDB itself calls for ([`Host::data_out_len`],
     /// asked once when the command arrived): the basis of write residuals.
     pub cdb_data_out: u32,
-    /// `data_out` is one buffer made for this command (its data segments
-    /// were received into it, [`Session::landing`]), not slices of the
-    /// receive buffer: a backend may keep it.
-    pub data_out_owned: bool,
-    /// The data-out was received straight into its place on the medium
-    /// ([`Host::place_write`]); `data_out` is then empty.
-    pub placed: Option<bufpool::Placed>,
 }
 
 /// The result of a command, handed back to [`Session::complete`].
@@ -690,13 +686,11 @@ impl Session {
             itt: c.itt,
             lun: c.lun,
             cdb,
-            data_out: Chain::new(),
+            data_out: WriteData::None,
             edtl: c.edtl,
             read: c.read,
             write: c.write,
             cdb_data_out,
-            data_out_owned: false,
-            placed: None,
         };
         // Data the command takes: what the CDB calls for, within EDTL.
         // Immediate or unsolicited data beyond it is accepted and dropped.
@@ -718,15 +712,12 @@ impl Session {
                 },
             );
             let mut req = req;
-            match landed {
-                Some(LandBuf::Pooled(b)) => {
-                    req.data_out = b.freeze().slice(..wanted as usize).into();
-                    req.data_out_owned = true;
-                }
+            req.data_out = match landed {
+                Some(LandBuf::Pooled(b)) => WriteData::Owned(b.freeze().slice(..wanted as usize)),
                 // Placed only when the CDB wants all of EDTL (`place`).
-                Some(LandBuf::Placed(p)) => req.placed = Some(p),
-                None => req.data_out = raw.data.slice(..wanted as usize).into(),
-            }
+                Some(LandBuf::Placed(p)) => WriteData::Placed(p),
+                None => Chain::from(raw.data.slice(..wanted as usize)).into(),
+            };
             ev.push(Event::Execute(req));
             // Unsolicited Data-Out still on its way for this task finds no
             // task and is dropped.
@@ -910,18 +901,22 @@ impl Session {
             if self.spare_writes.len() < SPARE_WRITES_MAX {
                 self.spare_writes.push(w);
             }
-            match buf.finish() {
+            req.data_out = match buf.finish() {
                 Ok(all) => {
-                    req.data_out = if all.len() == wanted as usize {
+                    let all = if all.len() == wanted as usize {
                         all
                     } else {
                         all.slice(0, wanted as usize)
                     };
-                    req.data_out_owned = owned;
+                    match all.into_single() {
+                        Ok(one) if owned => WriteData::Owned(one),
+                        Ok(one) => Chain::from(one).into(),
+                        Err(all) => all.into(),
+                    }
                 }
                 // Placed only when all that arrives is what the CDB wants.
-                Err(placed) => req.placed = Some(placed),
-            }
+                Err(placed) => WriteData::Placed(placed),
+            };
             self.tasks.insert(
                 req.itt.0,
                 Task::Running {

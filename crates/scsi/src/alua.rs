@@ -584,10 +584,10 @@ pub(crate) fn set(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
             Asc::PARAMETER_LIST_LENGTH_ERROR,
         ))
     };
-    if len < 4 || !(len - 4).is_multiple_of(4) || cmd.data_out.len() < len {
+    if len < 4 || !(len - 4).is_multiple_of(4) || cmd.data().len() < len {
         return length_error();
     }
-    let list = &cmd.data_out[4..len];
+    let list = &cmd.data()[4..len];
     let mut changes: Vec<(usize, AccessState)> = Vec::with_capacity(list.len() / 4);
     for (k, d) in list.chunks_exact(4).enumerate() {
         let at = (4 + 4 * k) as u16;

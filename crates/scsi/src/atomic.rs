@@ -96,7 +96,7 @@ pub fn compare_and_write(
     lu.check_range(lba, u32::from(blocks))?;
     let half = usize::from(blocks) << lu.block_shift;
     let data = lu
-        .exact_data(cmd.expected_data_out, 2 * half, cmd.data_out)
+        .exact_data(cmd.expected_data_out, 2 * half, cmd.data())
         .map_err(|_| Sense::invalid_cdb(13, None))?;
     if blocks == 0 {
         return Ok(Outcome::good());

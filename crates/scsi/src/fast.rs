@@ -100,13 +100,13 @@
 use std::io;
 
 use bytes::Bytes;
-use storage::{AsyncIo, WriteCache};
+use storage::{AsyncIo, WriteCache, WriteData};
 
 use crate::cdb::op;
 use crate::cdb::Lba;
 use crate::locks::OwnedShared;
 use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
-use crate::rw::{fields, no_protection};
+use crate::rw::fields;
 use crate::sense::Asc;
 
 /// Reads of at least this many bytes are served zero-copy when they can
@@ -170,29 +170,25 @@ impl LogicalUnit {
             return None;
         }
         let cdb = self.admit(opcode, cmd).ok()?;
-        let f = fields(cdb).ok()?;
-        no_protection(&f).ok()?;
-        self.check_length(&f).ok()?;
-        self.check_range(f.lba, f.len).ok()?;
-        if write {
-            self.check_writable().ok()?;
-        }
+        let f = self.checked_rw(cdb, write).ok()?;
         (f.len > 0).then_some((write, f))
     }
 
     /// Admits `cmd` for the completion-driven path (module docs); `None`:
-    /// run it with [`LogicalUnit::execute`]. `data_out` is the command's
-    /// data-out as shared bytes (`cmd.data_out` is the same bytes).
-    pub fn admit_fast(&self, cmd: &Command<'_>, data_out: &Bytes) -> Option<FastIo> {
+    /// run it with [`LogicalUnit::execute`]. A write is admitted when its
+    /// data-out is in one segment (a large one kept in several takes the
+    /// ordinary path, which writes it segment by segment).
+    pub fn admit_fast(&self, cmd: &Command<'_>) -> Option<FastIo> {
         let (write, f) = self.checked_read_or_write(cmd)?;
         let fua = f.flags & 0x08 != 0;
         let bytes = (f.len as usize) << self.block_shift;
         let kind = if write {
-            if data_out.len() < bytes {
+            let d = cmd.data_out;
+            if d.segment_count() != 1 || d.len() < bytes {
                 return None;
             }
             FastKind::Write {
-                data: data_out.slice(..bytes),
+                data: d.first_bytes().slice(..bytes),
                 fua,
             }
         } else {
@@ -217,11 +213,7 @@ impl LogicalUnit {
     /// digests the sender must make the digest cover the bytes it sends
     /// (module docs). Costs nothing measurable for small
     /// reads and for backends that cannot splice.
-    pub fn zero_copy_read(
-        &self,
-        cmd: &Command<'_>,
-        data_out: &Bytes,
-    ) -> Option<bufpool::FileRange> {
+    pub fn zero_copy_read(&self, cmd: &Command<'_>) -> Option<bufpool::FileRange> {
         if !self.backend.can_splice() || self.locks.exclusive_seen() {
             return None;
         }
@@ -232,7 +224,7 @@ impl LogicalUnit {
         if (u64::from(f.len) << self.block_shift) < ZERO_COPY_MIN as u64 {
             return None;
         }
-        let io = self.admit_fast(cmd, data_out)?;
+        let io = self.admit_fast(cmd)?;
         if io.kind != FastKind::Read {
             return None;
         }
@@ -289,17 +281,18 @@ impl LogicalUnit {
                     crate::sense::Sense::new(crate::sense::SenseKey::MediumError, Asc::WRITE_ERROR)
                 })
             });
-        drop(placed);
         if let Some(s) = failed {
             return Outcome::check(s);
         }
-        let fua = fields(cdb).is_ok_and(|f| f.flags & 0x08 != 0);
-        if fua || self.backend.write_cache() == WriteCache::WriteThrough {
-            if let Err(e) = self.backend.flush() {
-                return Outcome::check(backend_error(&e, Asc::WRITE_ERROR));
-            }
+        // The data is on the medium: the backend makes it as stable as FUA
+        // and the cache policy ask, and the range lock goes with `placed`.
+        let (offset, fua) = fields(cdb).map_or((0, false), |f| {
+            (f.lba << self.block_shift, f.flags & 0x08 != 0)
+        });
+        match self.backend.write(&WriteData::Placed(placed), offset, fua) {
+            Ok(()) => Outcome::good(),
+            Err(e) => Outcome::check(backend_error(&e, Asc::WRITE_ERROR)),
         }
-        Outcome::good()
     }
 
     /// The outcome of an admitted command whose backend call returned `r`

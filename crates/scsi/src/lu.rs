@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bufpool::WriteData;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use storage::{BlockBackend, WriteCache};
@@ -140,20 +141,12 @@ pub struct Command<'a> {
     /// The CDB (16 bytes from the BHS, or more with an extended-CDB AHS);
     /// bytes past the opcode's CDB length are ignored.
     pub cdb: &'a [u8],
-    /// The data-out received for this command, or its first segment when
-    /// [`Self::data_out_more`] is not empty.
-    pub data_out: &'a [u8],
-    /// Further data-out segments after [`Self::data_out`], in order (large
-    /// Data-Out PDUs kept as received). WRITE writes them as they are;
-    /// every other command sees them joined to `data_out`.
-    pub data_out_more: &'a [Bytes],
-    /// The data-out as one buffer of its own when the transport received
-    /// it so (the same bytes as [`Self::data_out`], with
-    /// [`Self::data_out_more`] empty; never a slice of a larger buffer such
-    /// as a receive buffer): a WRITE hands it to
-    /// [`storage::BlockBackend::write_bytes`], and the backend may keep it
-    /// instead of copying it.
-    pub data_out_buf: Option<&'a Bytes>,
+    /// The data-out received for this command (`bufpool::WriteData`):
+    /// WRITE hands it to the backend as it is (segments written in order,
+    /// an owned buffer that the backend may keep, or data placed on the
+    /// medium already); every other command sees it joined into one
+    /// segment ([`Self::data`]).
+    pub data_out: &'a WriteData,
     /// The I_T nexus the command came from.
     pub nexus: NexusId,
     /// Relative target port identifier of the path (VPD 83h, REPORT
@@ -178,6 +171,14 @@ pub struct Command<'a> {
     /// sources and destinations of EXTENDED COPY, and the units that see a
     /// SET TARGET PORT GROUPS change. `None`: only this unit.
     pub lus: Option<&'a dyn TargetLus>,
+}
+
+impl Command<'_> {
+    /// The data-out in memory as one slice (its first segment: `execute`
+    /// joins a segmented data-out for every command but WRITE).
+    pub fn data(&self) -> &[u8] {
+        self.data_out.first()
+    }
 }
 
 /// The result of a command: status, sense data, data-in.
@@ -663,19 +664,11 @@ impl LogicalUnit {
 
     /// Executes one command. Never panics, whatever the CDB and data.
     pub fn execute(&self, cmd: &Command<'_>) -> Outcome {
-        if !cmd.data_out_more.is_empty() && !cdb::is_plain_write(cmd.cdb) {
+        if cmd.data_out.segment_count() > 1 && !cdb::is_plain_write(cmd.cdb) {
             // Only WRITE takes data-out in segments: join them for the rest.
-            let mut joined = Vec::with_capacity(
-                cmd.data_out.len() + cmd.data_out_more.iter().map(Bytes::len).sum::<usize>(),
-            );
-            joined.extend_from_slice(cmd.data_out);
-            cmd.data_out_more
-                .iter()
-                .for_each(|s| joined.extend_from_slice(s));
+            let joined = WriteData::Owned(Bytes::from(cmd.data_out.to_vec()));
             return self.execute(&Command {
                 data_out: &joined,
-                data_out_more: &[],
-                data_out_buf: None,
                 ..*cmd
             });
         }
@@ -706,17 +699,17 @@ impl LogicalUnit {
         let block = match opcode {
             op::READ_10 | op::READ_16 | op::READ_12 | op::READ_6 => rw::read(self, cdb),
             op::WRITE_10 | op::WRITE_16 | op::WRITE_12 | op::WRITE_6 => rw::write(self, cdb, cmd),
-            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => rw::verify(self, cdb, cmd.data_out),
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => rw::verify(self, cdb, cmd.data()),
             op::WRITE_AND_VERIFY_10 | op::WRITE_AND_VERIFY_12 | op::WRITE_AND_VERIFY_16 => {
-                rw::write_and_verify(self, cdb, cmd.data_out)
+                rw::write_and_verify(self, cdb, cmd.data())
             }
             op::PRE_FETCH_10 | op::PRE_FETCH_16 => rw::pre_fetch(self, cdb),
             op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => rw::synchronize_cache(self, cdb),
             op::COMPARE_AND_WRITE => atomic::compare_and_write(self, cdb, cmd),
-            op::ORWRITE_16 => atomic::orwrite(self, cdb, cmd.data_out),
-            op::WRITE_ATOMIC_16 => atomic::write_atomic(self, cdb, cmd.data_out),
+            op::ORWRITE_16 => atomic::orwrite(self, cdb, cmd.data()),
+            op::WRITE_ATOMIC_16 => atomic::write_atomic(self, cdb, cmd.data()),
             op::WRITE_SAME_10 | op::WRITE_SAME_16 => provisioning::write_same(self, cdb, cmd),
-            op::UNMAP => provisioning::unmap(self, cdb, cmd.data_out),
+            op::UNMAP => provisioning::unmap(self, cdb, cmd.data()),
             op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => defects::read_defect_data(cdb),
             _ => return self.execute_other(opcode, cdb, cmd),
         };

@@ -207,7 +207,7 @@ fn select_inner(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outco
     if cdb[1] & 0x10 == 0 {
         return Err(Sense::invalid_cdb(1, Some(4))); // PF = 0: vendor format
     }
-    let data = &cmd.data_out[..list_len.min(cmd.data_out.len())];
+    let data = &cmd.data()[..list_len.min(cmd.data().len())];
 
     let _serial = lu.mode_lock.lock();
     let hdr = if ten { 8 } else { 4 };

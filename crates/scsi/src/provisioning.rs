@@ -188,7 +188,7 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
     let block = if ndob {
         None
     } else {
-        Some(lu.exact_data(cmd.expected_data_out, bs, cmd.data_out)?)
+        Some(lu.exact_data(cmd.expected_data_out, bs, cmd.data())?)
     };
     let zeros = block.is_none_or(|b| b.iter().all(|&x| x == 0));
     let offset = lba << lu.block_shift;

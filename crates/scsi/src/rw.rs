@@ -105,6 +105,24 @@ impl LogicalUnit {
         Ok(())
     }
 
+    /// The checks of a READ or WRITE CDB before the medium is touched, in
+    /// the order their sense data takes precedence: the fields, no
+    /// protection information, the transfer length, write protection (for
+    /// a write), the LBA range. One place for `read`, `write` and the
+    /// completion-driven path (`scsi::fast`), so that they cannot drift
+    /// apart.
+    #[inline]
+    pub(crate) fn checked_rw(&self, cdb: &[u8], write: bool) -> Result<Lba, Sense> {
+        let f = fields(cdb)?;
+        no_protection(&f)?;
+        self.check_length(&f)?;
+        if write {
+            self.check_writable()?;
+        }
+        self.check_range(f.lba, f.len)?;
+        Ok(f)
+    }
+
     /// The data-out to use for `blocks` blocks; see the module docs.
     #[inline]
     pub(crate) fn received<'d>(&self, blocks: u32, data: &'d [u8]) -> Result<&'d [u8], Sense> {
@@ -182,10 +200,7 @@ pub(crate) fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
 
 /// READ(6/10/12/16) (SBC-3 §5.13–5.16).
 pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
-    let f = fields(cdb)?;
-    no_protection(&f)?;
-    lu.check_length(&f)?;
-    lu.check_range(f.lba, f.len)?;
+    let f = lu.checked_rw(cdb, false)?;
     if f.len == 0 {
         return Ok(Outcome::good());
     }
@@ -221,58 +236,33 @@ fn write_blocks<'l>(
     Ok(range)
 }
 
-/// WRITE(6/10/12/16) (SBC-3 §5.39–5.42). The data-out may come in
-/// segments (`data_out` then `more`), written with one vectored write, or
-/// as one buffer of its own (`data_out_buf`), handed to the backend whole
-/// ([`storage::BlockBackend::write_bytes`]).
+/// WRITE(6/10/12/16) (SBC-3 §5.39–5.42): the command's data-out goes to
+/// the backend as the transport received it ([`storage::BlockBackend::write`]:
+/// segments, an owned buffer the backend may keep, or data placed on the
+/// medium already), cut to the blocks the CDB asks for.
 pub fn write(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outcome, Sense> {
-    let (data_out, more) = (cmd.data_out, cmd.data_out_more);
-    let f = fields(cdb)?;
-    no_protection(&f)?;
-    lu.check_length(&f)?;
-    lu.check_writable()?;
-    lu.check_range(f.lba, f.len)?;
-    let fua = f.flags & 0x08 != 0;
-    let offset = f.lba << lu.block_shift;
-    if more.is_empty() {
-        let data = lu.received(f.len, data_out)?;
-        match cmd.data_out_buf {
-            Some(buf) if !data.is_empty() && buf.len() >= data.len() => {
-                let _range = lu
-                    .locks
-                    .shared(f.lba, (data.len() >> lu.block_shift) as u64);
-                // The buffer itself when it is all data (the steady state:
-                // nothing allocated), else a share of its front.
-                let r = if buf.len() == data.len() {
-                    lu.backend.write_bytes(buf, offset, fua)
-                } else {
-                    lu.backend
-                        .write_bytes(&buf.slice(..data.len()), offset, fua)
-                };
-                r.map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
-            }
-            _ => drop(write_blocks(lu, f.lba, data, fua)?),
-        }
-        return Ok(Outcome::good());
-    }
-    let total = data_out.len() + more.iter().map(bytes::Bytes::len).sum::<usize>();
-    let want = lu.received_len(f.len, total)?;
+    let f = lu.checked_rw(cdb, true)?;
+    let data = cmd.data_out;
+    let want = lu.received_len(f.len, data.len())?;
     if want == 0 {
         return Ok(Outcome::good());
     }
-    let mut bufs: Vec<&[u8]> = Vec::with_capacity(1 + more.len());
-    let mut left = want;
-    for seg in std::iter::once(data_out).chain(more.iter().map(|b| &b[..])) {
-        if left == 0 {
-            break;
-        }
-        let n = seg.len().min(left);
-        bufs.push(&seg[..n]);
-        left -= n;
-    }
+    let fua = f.flags & 0x08 != 0;
     let _range = lu.locks.shared(f.lba, (want >> lu.block_shift) as u64);
+    let cut;
+    let data = if want == data.len() {
+        data
+    } else {
+        cut = data.prefix(want).ok_or_else(|| {
+            Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::INVALID_FIELD_IN_INFORMATION_UNIT,
+            )
+        })?;
+        &cut
+    };
     lu.backend
-        .write_vectored(&bufs, offset, fua)
+        .write(data, f.lba << lu.block_shift, fua)
         .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     Ok(Outcome::good())
 }

@@ -308,10 +308,10 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         return Err(length_error());
     }
     let len = len as usize;
-    if len < HEADER_LEN || cmd.data_out.len() < len {
+    if len < HEADER_LEN || cmd.data().len() < len {
         return Err(length_error());
     }
-    let p = &cmd.data_out[..len];
+    let p = &cmd.data()[..len];
     let list_id = p[0];
     let usage = (p[1] >> 3) & 0x03;
     let tdl = usize::from(be16(p, 2));

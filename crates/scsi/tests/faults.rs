@@ -2,6 +2,7 @@
 //! read and write, ENOSPC, failing flushes, through storage's
 //! FaultBackend.
 
+use bufpool::WriteData;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -32,11 +33,10 @@ fn lu() -> (LogicalUnit, Arc<FaultBackend>) {
 }
 
 fn run(lu: &LogicalUnit, cdb: &[u8], data: &[u8]) -> Outcome {
+    let data_out = WriteData::from(bufpool::Chain::from(bytes::Bytes::copy_from_slice(data)));
     lu.execute(&Command {
         cdb,
-        data_out: data,
-        data_out_more: &[],
-        data_out_buf: None,
+        data_out: &data_out,
         nexus: NexusId(1),
         relative_port: 1,
         tpg: 1,

@@ -9,6 +9,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use bufpool::WriteData;
 use bytes::BufMut;
 use scsi::{status, Command, LogicalUnit, LuConfig, NexusId, Outcome};
 use storage::{BlockBackend, FileBackend, MemBackend, WriteCache};
@@ -47,12 +48,10 @@ fn file_lu(read_only: bool) -> Option<(tempfile::TempDir, std::path::PathBuf, Lo
     Some((dir, path, lu))
 }
 
-fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], nexus: u64) -> Command<'a> {
+fn cmd<'a>(cdb: &'a [u8], data: &'a WriteData, nexus: u64) -> Command<'a> {
     Command {
         cdb,
         data_out: data,
-        data_out_more: &[],
-        data_out_buf: None,
         nexus: NexusId(nexus),
         relative_port: 1,
         tpg: 1,
@@ -68,7 +67,8 @@ fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], nexus: u64) -> Command<'a> {
 }
 
 fn run(lu: &LogicalUnit, cdb: &[u8], data: &[u8], nexus: u64) -> Outcome {
-    lu.execute(&cmd(cdb, data, nexus))
+    let data = WriteData::from(bufpool::Chain::from(bytes::Bytes::copy_from_slice(data)));
+    lu.execute(&cmd(cdb, &data, nexus))
 }
 
 fn rw10(op: u8, flags: u8, lba: u32, n: u16) -> [u8; 10] {
@@ -110,7 +110,7 @@ fn bytes_received_in_place_are_what_reads_return() {
     // what came with the header, the rest read from a socket by the kernel.
     let cdb = write16(100, 512);
     let mut p = lu
-        .place_write(&cmd(&cdb, &[], 1), data.len())
+        .place_write(&cmd(&cdb, &WriteData::None, 1), data.len())
         .expect("placed");
     p.put_slice(&data[..1000]);
     let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -139,7 +139,9 @@ fn bytes_received_in_place_are_what_reads_return() {
     // WRITE(10) with FUA on the write-through unit: GOOD, and the range
     // lock is free again (a COMPARE AND WRITE over it runs).
     let cdb = rw10(0x2a, 0x08, 0, 128);
-    let mut p = lu.place_write(&cmd(&cdb, &[], 1), 65536).expect("placed");
+    let mut p = lu
+        .place_write(&cmd(&cdb, &WriteData::None, 1), 65536)
+        .expect("placed");
     p.put_slice(&[0x22; 65536]);
     assert_eq!(lu.finish_placed(&cdb, p).status, status::GOOD);
     assert!(read_back(&lu, 0, 128).iter().all(|&b| b == 0x22));
@@ -150,7 +152,9 @@ fn no_place_where_execute_would_refuse_or_placing_is_unsafe() {
     let Some((_dir, _path, lu)) = file_lu(false) else {
         return;
     };
-    let place = |cdb: &[u8], len: usize, nexus: u64| lu.place_write(&cmd(cdb, &[], nexus), len);
+    let place = |cdb: &[u8], len: usize, nexus: u64| {
+        lu.place_write(&cmd(cdb, &WriteData::None, nexus), len)
+    };
     // A unit attention pending (power on): execute reports it first.
     assert!(place(&rw10(0x2a, 0, 0, 128), 65536, 1).is_none());
     quiet(&lu);
@@ -243,7 +247,7 @@ fn read_only_units_and_memory_units_give_no_place() {
     if let Some((_dir, _path, lu)) = file_lu(true) {
         quiet(&lu);
         assert!(lu
-            .place_write(&cmd(&rw10(0x2a, 0, 0, 128), &[], 1), 65536)
+            .place_write(&cmd(&rw10(0x2a, 0, 0, 128), &WriteData::None, 1), 65536)
             .is_none());
     }
     let mem: Arc<dyn BlockBackend> = Arc::new(MemBackend::new(SIZE as u64));
@@ -254,6 +258,6 @@ fn read_only_units_and_memory_units_give_no_place() {
         status::GOOD
     );
     assert!(lu
-        .place_write(&cmd(&rw10(0x2a, 0, 0, 128), &[], 1), 65536)
+        .place_write(&cmd(&rw10(0x2a, 0, 0, 128), &WriteData::None, 1), 65536)
         .is_none());
 }

@@ -52,6 +52,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::{
     check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Extent, WriteCache,
+    WriteData,
 };
 
 /// Writes larger than this to a file in memory run on an I/O thread
@@ -303,6 +304,63 @@ impl FileBackend {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Writes `bufs` one after another from `offset` (the body of every
+    /// write: stores into the mapping of a file in memory, else
+    /// `pwritev`).
+    fn write_slices(&self, bufs: &[&[u8]], offset: u64, fua: bool) -> io::Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        check_range(self.size.load(Ordering::Relaxed), offset, total)?;
+        let _one = self.one_large_write(total);
+        let _w = self.gate.writing(offset, total as u64);
+        let first = offset;
+        // A file in memory takes the pieces by stores into its mapping
+        // (`FileMap::store`), half the cost of `pwrite`'s page cache walk;
+        // memory is its medium, so they are as stable there as `pwrite`
+        // with `O_DSYNC` makes them. What a store could not take (a page
+        // that cannot be had) goes by `pwritev` with the pieces after it,
+        // which says why.
+        let (mut offset, mut done, mut cut) = (offset, 0, 0);
+        if let (true, Ok(mut off)) = (self.in_memory, usize::try_from(offset)) {
+            if let Some(m) = self.map.read().as_ref() {
+                for b in bufs {
+                    let n = m.store(off, b);
+                    offset += n as u64;
+                    off += n;
+                    if n < b.len() {
+                        cut = n;
+                        break;
+                    }
+                    done += 1;
+                }
+            }
+        }
+        if done == bufs.len() {
+            return Ok(());
+        }
+        let f = if fua || !self.write_back.load(Ordering::Relaxed) {
+            &self.dsync
+        } else {
+            &self.plain
+        };
+        let left = total - (offset - first) as usize;
+        if cut == 0 {
+            pwritev_all(f, &bufs[done..], offset)?;
+        } else {
+            let mut rest = Vec::with_capacity(bufs.len() - done);
+            rest.push(&bufs[done][cut..]);
+            rest.extend_from_slice(&bufs[done + 1..]);
+            pwritev_all(f, &rest, offset)?;
+        }
+        // The pages written are in the page cache now (stores record
+        // theirs themselves).
+        if let (true, Ok(off)) = (self.in_memory, usize::try_from(offset)) {
+            if let Some(m) = self.map.read().as_ref() {
+                m.mark_present(off, left);
+            }
+        }
+        Ok(())
+    }
 }
 
 fn block_device_size(f: &File) -> io::Result<u64> {
@@ -449,60 +507,22 @@ impl BlockBackend for FileBackend {
         map.place(usize::try_from(offset).ok()?, len)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
-        self.write_vectored(&[buf], offset, fua)
+        self.write_slices(&[buf], offset, fua)
     }
-    fn write_vectored(&self, bufs: &[&[u8]], offset: u64, fua: bool) -> io::Result<()> {
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        check_range(self.size.load(Ordering::Relaxed), offset, total)?;
-        let _one = self.one_large_write(total);
-        let _w = self.gate.writing(offset, total as u64);
-        let first = offset;
-        // A file in memory takes the pieces by stores into its mapping
-        // (`FileMap::store`), half the cost of `pwrite`'s page cache walk;
-        // memory is its medium, so they are as stable there as `pwrite`
-        // with `O_DSYNC` makes them. What a store could not take (a page
-        // that cannot be had) goes by `pwritev` with the pieces after it,
-        // which says why.
-        let (mut offset, mut done, mut cut) = (offset, 0, 0);
-        if let (true, Ok(mut off)) = (self.in_memory, usize::try_from(offset)) {
-            if let Some(m) = self.map.read().as_ref() {
-                for b in bufs {
-                    let n = m.store(off, b);
-                    offset += n as u64;
-                    off += n;
-                    if n < b.len() {
-                        cut = n;
-                        break;
-                    }
-                    done += 1;
-                }
+    fn write(&self, data: &WriteData, offset: u64, fua: bool) -> io::Result<()> {
+        match data {
+            WriteData::Owned(b) => self.write_slices(&[b], offset, fua),
+            WriteData::Segments(c) if c.segment_count() == 1 => {
+                self.write_slices(&[c.parts().0], offset, fua)
+            }
+            WriteData::Segments(_) => {
+                let bufs: Vec<&[u8]> = data.segments().collect();
+                self.write_slices(&bufs, offset, fua)
+            }
+            WriteData::None | WriteData::Placed(_) => {
+                crate::write_by_segments(self, data, offset, fua)
             }
         }
-        if done == bufs.len() {
-            return Ok(());
-        }
-        let f = if fua || !self.write_back.load(Ordering::Relaxed) {
-            &self.dsync
-        } else {
-            &self.plain
-        };
-        let left = total - (offset - first) as usize;
-        if cut == 0 {
-            pwritev_all(f, &bufs[done..], offset)?;
-        } else {
-            let mut rest = Vec::with_capacity(bufs.len() - done);
-            rest.push(&bufs[done][cut..]);
-            rest.extend_from_slice(&bufs[done + 1..]);
-            pwritev_all(f, &rest, offset)?;
-        }
-        // The pages written are in the page cache now (stores record
-        // theirs themselves).
-        if let (true, Ok(off)) = (self.in_memory, usize::try_from(offset)) {
-            if let Some(m) = self.map.read().as_ref() {
-                m.mark_present(off, left);
-            }
-        }
-        Ok(())
     }
     fn flush(&self) -> io::Result<()> {
         self.plain.sync_data()
@@ -958,7 +978,7 @@ mod tests {
         };
         know_all();
         f.write_at(&[2u8; 100], 8192 + 7, false).unwrap();
-        f.write_vectored(&[&[3u8; 4096], &[3u8; 4096]], 1 << 20, true)
+        f.write_slices(&[&[3u8; 4096], &[3u8; 4096]], 1 << 20, true)
             .unwrap();
         f.write_zeroes(2 << 20, 4096).unwrap();
         f.discard(3 << 20, 65536).unwrap();
@@ -1022,18 +1042,18 @@ mod tests {
             let a = vec![1u8; 3000];
             let b = vec![2u8; 5000];
             let c = vec![3u8; 192];
-            f.write_vectored(&[&a, &[], &b, &c], 4096, false).unwrap();
+            f.write_slices(&[&a, &[], &b, &c], 4096, false).unwrap();
             let mut back = vec![0u8; 8192];
             f.read_at(&mut back, 4096).unwrap();
             assert!(back[..3000].iter().all(|&x| x == 1));
             assert!(back[3000..8000].iter().all(|&x| x == 2));
             assert!(back[8000..].iter().all(|&x| x == 3));
-            assert!(f.write_vectored(&[&a], (1 << 20) - 512, true).is_err());
+            assert!(f.write_slices(&[&a], (1 << 20) - 512, true).is_err());
             // The file cut short behind our back: a store stops at its end
             // (in a piece), and the rest goes by pwritev, which extends it.
             f.plain.set_len(65536 + 4000).unwrap();
             let d = vec![4u8; 6000];
-            f.write_vectored(&[&a, &d, &c], 65536, false).unwrap();
+            f.write_slices(&[&a, &d, &c], 65536, false).unwrap();
             let mut back = vec![0u8; 9192];
             f.read_at(&mut back, 65536).unwrap();
             assert!(back[..3000].iter().all(|&x| x == 1));

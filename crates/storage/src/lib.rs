@@ -56,6 +56,8 @@ pub use rbd::{RbdBackend, RbdOptions};
 
 use std::io;
 
+pub use bufpool::WriteData;
+
 /// The write cache policy a backend is running with (the Caching mode
 /// page's WCE bit, SBC-3 §6.4.6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +122,7 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// The place of a `len`-byte write at `offset` on the medium itself,
     /// for its data to be received straight into (`None`: the backend has
     /// no such place, or not for this range now; write with
-    /// [`Self::write_at`] or [`Self::write_bytes`]). Only a backend whose
+    /// [`Self::write`]). Only a backend whose
     /// medium is memory the kernel can receive into without waiting (a
     /// file on tmpfs, its pages all there) gives one. The bytes are on the
     /// medium as they arrive: the caller decides when that is acceptable
@@ -135,32 +137,19 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// whatever the cache policy.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
 
-    /// Writes `bufs` one after another from `offset`, as one write for the
-    /// ordering and durability rules (`fua` applies to all of them). The
-    /// default writes them one by one with [`Self::write_at`].
-    fn write_vectored(&self, bufs: &[&[u8]], offset: u64, fua: bool) -> io::Result<()> {
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        check_range(self.size(), offset, total)?;
-        let mut at = offset;
-        for b in bufs {
-            self.write_at(b, at, fua)?;
-            at += b.len() as u64;
-        }
-        Ok(())
-    }
-
-    /// Writes `data` at `offset` like [`Self::write_at`], from a buffer
-    /// the backend may take a share of: one that keeps its data in memory
-    /// may keep the buffer itself (a clone of the handle) instead of
-    /// copying it. `data` must be a buffer of its own, not a slice of a
-    /// larger one others use (a receive buffer), which keeping would pin
-    /// whole; other handles to it may still exist for a while (it is
-    /// immutable, as every [`bytes::Bytes`]). Borrowed, so that a backend
-    /// that copies costs the caller no new handle (cloning a buffer that
-    /// has one owner allocates its shared reference count). The default
-    /// copies with [`Self::write_at`].
-    fn write_bytes(&self, data: &bytes::Bytes, offset: u64, fua: bool) -> io::Result<()> {
-        self.write_at(data, offset, fua)
+    /// Writes a command's data-out at `offset` ([`WriteData`], one type
+    /// from the session to here), as one write for the ordering and
+    /// durability rules; with `fua` it is stable on return whatever the
+    /// cache policy. Segments are written one after another and copied;
+    /// an owned buffer may be kept instead of copied by a backend that
+    /// keeps its data in memory (it is immutable, as every
+    /// [`bytes::Bytes`], and other handles to it may still exist for a
+    /// while); data placed on the medium already ([`Self::place_write`])
+    /// is only made as stable as `fua` and the cache policy ask. The
+    /// default writes the segments one by one with [`Self::write_at`] and
+    /// makes placed data stable with [`Self::flush`].
+    fn write(&self, data: &WriteData, offset: u64, fua: bool) -> io::Result<()> {
+        write_by_segments(self, data, offset, fua)
     }
 
     /// Makes every completed write stable.
@@ -368,6 +357,31 @@ pub trait Ownership: Send + Sync {
 
 /// Largest buffer [`write_zeroes_by_writing`] allocates.
 const ZERO_CHUNK: u64 = 1 << 20;
+
+/// [`BlockBackend::write`] by [`BlockBackend::write_at`] for each segment
+/// in turn, and placed data made stable by [`BlockBackend::flush`] when
+/// `fua` or write-through asks for it: the default, and what a backend
+/// that keeps only some kinds of data itself falls back to.
+pub fn write_by_segments<B: BlockBackend + ?Sized>(
+    b: &B,
+    data: &WriteData,
+    offset: u64,
+    fua: bool,
+) -> io::Result<()> {
+    if data.is_placed() {
+        if fua || b.write_cache() == WriteCache::WriteThrough {
+            return b.flush();
+        }
+        return Ok(());
+    }
+    check_range(b.size(), offset, data.len())?;
+    let mut at = offset;
+    for seg in data.segments() {
+        b.write_at(seg, at, fua)?;
+        at += seg.len() as u64;
+    }
+    Ok(())
+}
 
 /// Writes zeros over `len` bytes at `offset` with `write_at`, from a buffer
 /// of at most 1 MiB: the fallback of [`BlockBackend::write_zeroes`].

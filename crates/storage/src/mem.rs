@@ -44,7 +44,7 @@ use bufpool::{BlockSums, Chain};
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Mutex, RwLock};
 
-use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
+use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache, WriteData};
 
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
@@ -308,7 +308,10 @@ impl BlockBackend for MemBackend {
     /// memory before overwriting it. Storing into the held chunk leaves
     /// one pooled buffer receiving every write, hot, and writes the chunk
     /// without reading it first.
-    fn write_bytes(&self, data: &Bytes, offset: u64, fua: bool) -> io::Result<()> {
+    fn write(&self, data: &WriteData, offset: u64, fua: bool) -> io::Result<()> {
+        let WriteData::Owned(data) = data else {
+            return crate::write_by_segments(self, data, offset, fua);
+        };
         check_range(self.len(), offset, data.len())?;
         if data.len() != CHUNK as usize || offset & (CHUNK - 1) != 0 {
             return self.write_at(data, offset, fua);
@@ -547,7 +550,8 @@ mod tests {
         let mut b = BytesMut::with_capacity(CHUNK as usize);
         b.resize(CHUNK as usize, 5);
         let ptr = b.as_ptr();
-        m.write_bytes(&b.freeze(), CHUNK, false).unwrap();
+        m.write(&WriteData::Owned(b.freeze()), CHUNK, false)
+            .unwrap();
         let held = m.chunk(1).unwrap().read().as_ref().unwrap().data.clone();
         assert_eq!(held.as_ptr(), ptr, "a chunk never written adopts");
         drop(held);
@@ -564,7 +568,8 @@ mod tests {
         }
         let next = next.freeze();
         let next_ptr = next.as_ptr();
-        m.write_bytes(&next, CHUNK, false).unwrap();
+        m.write(&WriteData::Owned(next.clone()), CHUNK, false)
+            .unwrap();
         let now = m.chunk(1).unwrap().read().as_ref().unwrap().data.clone();
         assert_eq!(now.as_ptr(), ptr, "stored into, not replaced");
         assert_eq!(now, next);
@@ -582,10 +587,18 @@ mod tests {
             ptr
         );
         assert!(m
-            .write_bytes(&Bytes::from(vec![1u8; CHUNK as usize]), 3 * CHUNK, false)
+            .write(
+                &WriteData::Owned(Bytes::from(vec![1u8; CHUNK as usize])),
+                3 * CHUNK,
+                false
+            )
             .is_err());
         assert!(m
-            .write_bytes(&Bytes::from(vec![1u8; 512]), 3 * CHUNK, false)
+            .write(
+                &WriteData::Owned(Bytes::from(vec![1u8; 512])),
+                3 * CHUNK,
+                false
+            )
             .is_err());
     }
 
@@ -594,7 +607,8 @@ mod tests {
         let m = MemBackend::new(4 * CHUNK);
         // Unaligned: copied across two chunks.
         let data = Bytes::from((0..CHUNK as u32).map(|i| i as u8).collect::<Vec<u8>>());
-        m.write_bytes(&data, 4096, false).unwrap();
+        m.write(&WriteData::Owned(data.clone()), 4096, false)
+            .unwrap();
         let mut back = vec![0u8; CHUNK as usize];
         m.read_at(&mut back, 4096).unwrap();
         assert_eq!(back, data[..]);
@@ -605,7 +619,8 @@ mod tests {
         // Aligned and still held by the caller: adopted, and a later write
         // to the chunk copies it first, so the caller's bytes never change.
         let held = data.clone();
-        m.write_bytes(&data, 2 * CHUNK, false).unwrap();
+        m.write(&WriteData::Owned(data.clone()), 2 * CHUNK, false)
+            .unwrap();
         assert_eq!(
             m.chunk(2).unwrap().read().as_ref().unwrap().data.as_ptr(),
             held.as_ptr()
@@ -626,16 +641,24 @@ mod tests {
         let m = MemBackend::new(2 * CHUNK);
         m.write_at(&vec![1u8; CHUNK as usize], 0, false).unwrap();
         let held = m.read_chain(0, CHUNK as usize).unwrap();
-        m.write_bytes(&Bytes::from(vec![2u8; CHUNK as usize]), 0, false)
-            .unwrap();
+        m.write(
+            &WriteData::Owned(Bytes::from(vec![2u8; CHUNK as usize])),
+            0,
+            false,
+        )
+        .unwrap();
         assert!(held.to_vec().iter().all(|&b| b == 1));
         let mut now = vec![0u8; 4096];
         m.read_at(&mut now, 0).unwrap();
         assert!(now.iter().all(|&b| b == 2));
         // Shrinking frees an adopted chunk like any other; growing reads
         // zeros there.
-        m.write_bytes(&Bytes::from(vec![4u8; CHUNK as usize]), CHUNK, false)
-            .unwrap();
+        m.write(
+            &WriteData::Owned(Bytes::from(vec![4u8; CHUNK as usize])),
+            CHUNK,
+            false,
+        )
+        .unwrap();
         m.resize(CHUNK).unwrap();
         assert_eq!(m.resident_bytes(), CHUNK);
         m.resize(2 * CHUNK).unwrap();
@@ -824,7 +847,7 @@ mod tests {
                             m.write_at(&vec![v; n], a, false).unwrap()
                         }
                         Op::WholeChunk(a, v) => m
-                            .write_bytes(&Bytes::from(vec![v; CHUNK as usize]), a, false)
+                            .write(&WriteData::Owned(Bytes::from(vec![v; CHUNK as usize])), a, false)
                             .unwrap(),
                         Op::Zeroes(a, n) if fits(a, n) => m.write_zeroes(a, n).unwrap(),
                         Op::Discard(a, n) if fits(a, n) => m.discard(a, n).unwrap(),

@@ -228,10 +228,7 @@ fn run(label: &str, backend: Arc<dyn storage::BlockBackend>, cases: &[Case]) -> 
                         if let Event::Execute(r) = e {
                             let cmd = scsi::Command {
                                 cdb: r.cdb.as_slice(),
-                                data_out: r.data_out.parts().0,
-                                data_out_more: r.data_out.parts().1,
-                                data_out_buf: (r.data_out_owned && r.data_out.segment_count() == 1)
-                                    .then_some(r.data_out.parts().0),
+                                data_out: &r.data_out,
                                 nexus: NexusId(1),
                                 relative_port: 1,
                                 tpg: 1,
@@ -248,9 +245,11 @@ fn run(label: &str, backend: Arc<dyn storage::BlockBackend>, cases: &[Case]) -> 
                                 data_out_wanted: r.cdb_data_out,
                             };
                             tgt.complete(r.itt, c, &mut tout);
-                            let (first, rest) = r.data_out.into_parts();
-                            bufpool::give(first);
-                            rest.into_iter().for_each(bufpool::give);
+                            if let Some(c) = r.data_out.into_chain() {
+                                let (first, rest) = c.into_parts();
+                                bufpool::give(first);
+                                rest.into_iter().for_each(bufpool::give);
+                            }
                         }
                     }
                 });

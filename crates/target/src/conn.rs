@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bufpool::Chain;
+use bufpool::WriteData;
 use bytes::{BufMut, BytesMut};
 use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
 use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
@@ -1202,7 +1202,7 @@ struct Done {
     bytes: u32,
     start: Instant,
     /// The write's data, back to this thread's buffer pool.
-    data_out: Option<Chain>,
+    data_out: Option<WriteData>,
 }
 
 impl Done {
@@ -1217,10 +1217,12 @@ impl Done {
 
 /// Returns a write's buffers to this thread's pool (those the backend kept,
 /// and slices of the receive buffer, are simply dropped).
-fn give_back(data_out: Chain) {
-    let (first, rest) = data_out.into_parts();
-    bufpool::give(first);
-    rest.into_iter().for_each(bufpool::give);
+fn give_back(data_out: WriteData) {
+    if let Some(c) = data_out.into_chain() {
+        let (first, rest) = c.into_parts();
+        bufpool::give(first);
+        rest.into_iter().for_each(bufpool::give);
+    }
 }
 
 /// What [`execute`] needs from the connection.
@@ -1251,7 +1253,7 @@ fn execute(
         return session.complete(req.itt, c, out);
     }
     let lu = t.get(req.lun).expect("checked by answer_above_lu").clone();
-    if let Some(placed) = req.placed {
+    if let WriteData::Placed(placed) = req.data_out {
         // The data is on the medium already: only its durability is left.
         let c = crate::lunmap::finish_placed(&lu, req.cdb.as_slice(), placed, req.cdb_data_out);
         stats.completed(lun, op, req.edtl, c.status, env.start);

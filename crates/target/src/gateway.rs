@@ -578,11 +578,10 @@ mod tests {
     }
 
     fn run(g: &Gw, cdb: &[u8], data_out: &[u8]) -> scsi::Outcome {
+        let data = bufpool::WriteData::Owned(bytes::Bytes::copy_from_slice(data_out));
         let cmd = Command {
             cdb,
-            data_out,
-            data_out_more: &[],
-            data_out_buf: None,
+            data_out: &data,
             nexus: NexusId(7),
             relative_port: g.port,
             tpg: g.group,

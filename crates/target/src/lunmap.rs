@@ -11,7 +11,7 @@ use bytes::Bytes;
 use iscsi_proto::session::{Completion, ExecRequest};
 use iscsi_wire::pdu::Lun;
 use scsi::{GroupSpec, LogicalUnit, LuConfig, NexusId, Outcome, PortGroups, TargetLus};
-use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache};
+use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache, WriteData};
 
 use parking_lot::RwLock;
 
@@ -400,9 +400,7 @@ fn check(key: u8, asc: u8, ascq: u8) -> Completion {
 fn bare_command<'a>(cdb: &'a [u8], expected_data_out: u32, o: &'a Origin) -> scsi::Command<'a> {
     scsi::Command {
         cdb,
-        data_out: &[],
-        data_out_more: &[],
-        data_out_buf: None,
+        data_out: &WriteData::None,
         nexus: o.nexus,
         relative_port: o.relative_port,
         tpg: o.tpg,
@@ -415,11 +413,8 @@ fn bare_command<'a>(cdb: &'a [u8], expected_data_out: u32, o: &'a Origin) -> scs
 
 /// `req` as the SCSI layer sees it, from the nexus and port of `o`.
 fn command<'a>(req: &'a ExecRequest, o: &'a Origin) -> scsi::Command<'a> {
-    let (data_out, data_out_more) = req.data_out.parts();
     scsi::Command {
-        data_out,
-        data_out_more,
-        data_out_buf: (req.data_out_owned && data_out_more.is_empty()).then_some(data_out),
+        data_out: &req.data_out,
         ..bare_command(req.cdb.as_slice(), if req.write { req.edtl } else { 0 }, o)
     }
 }
@@ -439,7 +434,7 @@ fn completion(out: Outcome, data_out_wanted: u32) -> Completion {
 pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion {
     let cmd = command(req, o);
     if o.zero_copy_reads && req.read {
-        if let Some(r) = lu.zero_copy_read(&cmd, req.data_out.parts().0) {
+        if let Some(r) = lu.zero_copy_read(&cmd) {
             return Completion {
                 data_in: bufpool::Chain::from_file(r),
                 data_out_wanted: req.cdb_data_out,
@@ -486,14 +481,8 @@ where
     let Some(aio) = lu.async_io() else {
         return Err(done);
     };
-    // A data-out kept in several segments (a large write) takes the
-    // ordinary path, which writes it segment by segment.
-    let (data_out, more) = req.data_out.parts();
-    if !more.is_empty() {
-        return Err(done);
-    }
     let cmd = command(req, o);
-    let Some(io) = lu.admit_fast(&cmd, data_out) else {
+    let Some(io) = lu.admit_fast(&cmd) else {
         return Err(done);
     };
     let wanted = req.cdb_data_out;

@@ -636,7 +636,7 @@ fn large_segments_land_in_the_commands_buffer() {
     let [Event::Execute(req)] = &last[..] else {
         panic!("{last:?}")
     };
-    assert!(req.data_out_owned);
+    assert!(matches!(req.data_out, bufpool::WriteData::Owned(_)));
     assert_eq!(req.data_out.segment_count(), 1);
     let v = req.data_out.to_vec();
     assert_eq!((v[0], v[SEG], v[2 * SEG], v[(1 << 20) - 1]), (1, 2, 3, 4));

@@ -179,7 +179,7 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<Effects, Outco
     } else {
         None
     };
-    let data = param_list(cdb, cmd.data_out).map_err(check)?;
+    let data = param_list(cdb, cmd.data()).map_err(check)?;
     let can_persist = lu.pr.can_persist();
     let it = it_of(cmd);
     let pr = &lu.pr;

@@ -38,7 +38,7 @@ fn alua_lu(pg: &Arc<PortGroups>) -> LogicalUnit {
 }
 
 /// A command through relative port `port` of group `tpg`.
-fn via<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId, port: u16, tpg: u16) -> Command<'a> {
+fn via<'a>(cdb: &'a [u8], data: &'a WriteData, n: NexusId, port: u16, tpg: u16) -> Command<'a> {
     Command {
         relative_port: port,
         tpg,
@@ -109,7 +109,7 @@ fn standard_inquiry_multip_follows_the_ports_and_hisup() {
 fn report_target_port_groups_length_format() {
     let pg = groups(false);
     let lu = alua_lu(&pg);
-    let o = lu.execute(&via(&rtpg(0, 1024), &[], N1, 2, 2));
+    let o = lu.execute(&via(&rtpg(0, 1024), &WriteData::None, N1, 2, 2));
     good(&o);
     #[rustfmt::skip]
     let want = [
@@ -121,7 +121,7 @@ fn report_target_port_groups_length_format() {
     ];
     assert_eq!(&o.data[..], &want);
     // Allocation length cuts the data, RETURN DATA LENGTH does not change.
-    let o = lu.execute(&via(&rtpg(0, 6), &[], N1, 2, 2));
+    let o = lu.execute(&via(&rtpg(0, 6), &WriteData::None, N1, 2, 2));
     assert_eq!(&o.data[..], &want[..6]);
 }
 
@@ -178,39 +178,39 @@ fn set_target_port_groups_changes_states_and_raises_unit_attentions() {
     let pg = groups(true);
     let lu = alua_lu(&pg);
     // Both nexuses known to the unit.
-    good(&lu.execute(&via(&[0; 6], &[], N1, 1, 1)));
-    good(&lu.execute(&via(&[0; 6], &[], N2, 2, 2)));
+    good(&lu.execute(&via(&[0; 6], &WriteData::None, N1, 1, 1)));
+    good(&lu.execute(&via(&[0; 6], &WriteData::None, N2, 2, 2)));
     let list = stpg_list(&[(2, 2), (0, 1)]);
-    good(&lu.execute(&via(&stpg(list.len() as u32), &list, N1, 1, 1)));
+    good(&lu.execute(&via(&stpg(list.len() as u32), &wd(&list), N1, 1, 1)));
     assert_eq!(
         pg.states(),
         vec![(1, AccessState::ActiveOptimized), (2, AccessState::Standby)]
     );
     // The sender has no unit attention; the other nexus does.
-    good(&lu.execute(&via(&[0; 6], &[], N1, 1, 1)));
+    good(&lu.execute(&via(&[0; 6], &WriteData::None, N1, 1, 1)));
     sense(
-        &lu.execute(&via(&[0; 6], &[], N2, 2, 2)),
+        &lu.execute(&via(&[0; 6], &WriteData::None, N2, 2, 2)),
         SenseKey::UnitAttention,
         Asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
     );
     // Group 2 is now standby: TEST UNIT READY and READ are refused.
     sense(
-        &lu.execute(&via(&[0; 6], &[], N2, 2, 2)),
+        &lu.execute(&via(&[0; 6], &WriteData::None, N2, 2, 2)),
         SenseKey::NotReady,
         Asc::NOT_ACCESSIBLE_STANDBY,
     );
     sense(
-        &lu.execute(&via(&read10(0, 1), &[], N2, 2, 2)),
+        &lu.execute(&via(&read10(0, 1), &WriteData::None, N2, 2, 2)),
         SenseKey::NotReady,
         Asc::NOT_ACCESSIBLE_STANDBY,
     );
     // RTPG reports the change and who made it (status 01h) for both groups.
-    let o = lu.execute(&via(&rtpg(0, 1024), &[], N2, 2, 2));
+    let o = lu.execute(&via(&rtpg(0, 1024), &WriteData::None, N2, 2, 2));
     good(&o);
     assert_eq!((o.data[4] & 0x0F, o.data[9]), (0, 0x01));
     assert_eq!((o.data[20] & 0x0F, o.data[25]), (2, 0x01));
     // Setting the same states again changes nothing: no new attention.
-    good(&lu.execute(&via(&stpg(list.len() as u32), &list, N1, 1, 1)));
+    good(&lu.execute(&via(&stpg(list.len() as u32), &wd(&list), N1, 1, 1)));
     assert_eq!(lu.pending_unit_attentions(N2), 0);
 }
 
@@ -231,10 +231,11 @@ fn state_change_reaches_the_other_units_of_the_target() {
     let b = Arc::new(alua_lu(&pg));
     let lus = Lus(vec![a.clone(), b.clone()]);
     for lu in [&a, &b] {
-        good(&lu.execute(&via(&[0; 6], &[], N1, 1, 1)));
+        good(&lu.execute(&via(&[0; 6], &WriteData::None, N1, 1, 1)));
     }
     let list = stpg_list(&[(3, 2)]);
     let cdb = stpg(list.len() as u32);
+    let list = wd(&list);
     let c = Command {
         lus: Some(&lus),
         ..via(&cdb, &list, N1, 1, 1)
@@ -303,7 +304,7 @@ fn standby_and_unavailable_command_filtering() {
     let lu = alua_lu(&pg);
     let list = stpg_list(&[(3, 2)]);
     good(&run(&lu, &stpg(list.len() as u32), &list));
-    let through2 = |c: &[u8]| lu.execute(&via(c, &[], N1, 2, 2));
+    let through2 = |c: &[u8]| lu.execute(&via(c, &WriteData::None, N1, 2, 2));
     let nr = Asc::NOT_ACCESSIBLE_UNAVAILABLE;
     sense(&through2(&[0; 6]), SenseKey::NotReady, nr);
     sense(
@@ -318,7 +319,7 @@ fn standby_and_unavailable_command_filtering() {
     good(&o);
     assert_eq!((o.data[2], o.data[12], o.data[13]), (0x02, 0x04, 0x0C));
     // Port 1 is still fine.
-    good(&lu.execute(&via(&read10(0, 1), &[], N1, 1, 1)));
+    good(&lu.execute(&via(&read10(0, 1), &WriteData::None, N1, 1, 1)));
     // Standby allows MODE SENSE.
     let list = stpg_list(&[(2, 2)]);
     good(&run(&lu, &stpg(list.len() as u32), &list));
@@ -330,14 +331,20 @@ fn standby_and_unavailable_command_filtering() {
     );
     // A standby port can bring itself back.
     let list = stpg_list(&[(0, 2)]);
-    good(&lu.execute(&via(&stpg(list.len() as u32), &list, N1, 2, 2)));
+    good(&lu.execute(&via(&stpg(list.len() as u32), &wd(&list), N1, 2, 2)));
     good(&through2(&[0; 6]));
 }
 
 #[test]
 fn device_identification_names_port_and_group() {
     let lu = alua_lu(&groups(false));
-    let o = lu.execute(&via(&[op::INQUIRY, 1, 0x83, 1, 0, 0], &[], N1, 3, 1));
+    let o = lu.execute(&via(
+        &[op::INQUIRY, 1, 0x83, 1, 0, 0],
+        &WriteData::None,
+        N1,
+        3,
+        1,
+    ));
     good(&o);
     let d = &o.data[4..];
     let mut i = 0;
@@ -360,9 +367,9 @@ fn session_reinstatement_reports_nexus_loss() {
     let lu = LogicalUnit::new(Arc::new(MemBackend::new(1 << 20)), cfg()).unwrap();
     lu.nexus_reinstated(N2);
     sense(
-        &lu.execute(&cmd(&[0; 6], &[], N2)),
+        &lu.execute(&cmd(&[0; 6], &WriteData::None, N2)),
         SenseKey::UnitAttention,
         Asc::I_T_NEXUS_LOSS,
     );
-    good(&lu.execute(&cmd(&[0; 6], &[], N2)));
+    good(&lu.execute(&cmd(&[0; 6], &WriteData::None, N2)));
 }

@@ -12,7 +12,7 @@ fn caw(lba: u64, blocks: u8, flags: u8) -> [u8; 16] {
     c
 }
 
-fn with_edtl<'a>(c: &'a [u8], d: &'a [u8], edtl: u32) -> Command<'a> {
+fn with_edtl<'a>(c: &'a [u8], d: &'a WriteData, edtl: u32) -> Command<'a> {
     Command {
         expected_data_out: Some(edtl),
         ..cmd(c, d, N1)
@@ -34,7 +34,7 @@ fn compare_and_write_matches_then_writes() {
     let new = pattern(2 * bs, 2);
     let data = [old.clone(), new.clone()].concat();
     assert_eq!(lu.plan(&caw(7, 2, 0)).data_out, 4 * BS);
-    good(&lu.execute(&with_edtl(&caw(7, 2, 0), &data, 4 * BS)));
+    good(&lu.execute(&with_edtl(&caw(7, 2, 0), &wd(&data), 4 * BS)));
     assert_eq!(&run(&lu, &read10(7, 2), &[]).data[..], &new[..]);
     // FUA: the write is FUA; a write-back cache is flushed before the read.
     TestBackend::set(&b.write_back, true);
@@ -82,24 +82,28 @@ fn compare_and_write_field_checks() {
         invalid_cdb(&run(&lu, &caw(0, 1, p << 5), &big), 1, Some(7));
     }
     // Zero blocks: nothing happens, but still range checked.
-    good(&lu.execute(&with_edtl(&caw(5, 0, 0), &[], 0)));
+    good(&lu.execute(&with_edtl(&caw(5, 0, 0), &WriteData::None, 0)));
     lba_oob(&run(&lu, &caw(BLOCKS, 0, 0), &[]));
     lba_oob(&run(&lu, &caw(BLOCKS - 1, 2, 0), &big));
     lba_oob(&run(&lu, &caw(u64::MAX, 1, 0), &big));
     // Data-out that does not match 2 × blocks × block size.
     let two = vec![0u8; 2 * BS as usize];
     invalid_cdb(
-        &lu.execute(&with_edtl(&caw(0, 1, 0), &two, 4 * BS)),
+        &lu.execute(&with_edtl(&caw(0, 1, 0), &wd(&two), 4 * BS)),
         13,
         None,
     );
     invalid_cdb(
-        &lu.execute(&with_edtl(&caw(0, 3, 0), &big[..4 * BS as usize], 4 * BS)),
+        &lu.execute(&with_edtl(
+            &caw(0, 3, 0),
+            &wd(&big[..4 * BS as usize]),
+            4 * BS,
+        )),
         13,
         None,
     );
     invalid_cdb(
-        &lu.execute(&with_edtl(&caw(0, 0, 0), &big, 2 * BS)),
+        &lu.execute(&with_edtl(&caw(0, 0, 0), &wd(&big), 2 * BS)),
         13,
         None,
     );
@@ -160,7 +164,7 @@ fn compare_and_write_is_atomic_across_threads() {
                 let n = if t == 0 { NexusId(1) } else { NexusId(2) };
                 let mut ok = 0usize;
                 for _ in 0..rounds {
-                    let o = lu.execute(&cmd(&c, &data, n));
+                    let o = lu.execute(&cmd(&c, &wd(&data), n));
                     if o.is_good() {
                         ok += 1;
                     } else {
@@ -168,7 +172,7 @@ fn compare_and_write_is_atomic_across_threads() {
                     }
                     // Writes to a neighbouring block share the stripe.
                     let w = write10(1, 1);
-                    good(&lu.execute(&cmd(&w, &data[..bs], n)));
+                    good(&lu.execute(&cmd(&w, &wd(&data[..bs]), n)));
                 }
                 ok
             })

@@ -8,7 +8,11 @@ use super::*;
 use crate::FastKind;
 
 fn admit(lu: &LogicalUnit, cdb: &[u8], data: &Bytes) -> Option<crate::FastIo> {
-    lu.admit_fast(&cmd(cdb, data, N1), data)
+    lu.admit_fast(&cmd(
+        cdb,
+        &WriteData::from(bufpool::Chain::from(data.clone())),
+        N1,
+    ))
 }
 
 /// A unit whose nexus N1 has seen its power-on unit attention.
@@ -126,11 +130,11 @@ fn shm_lu() -> Option<LogicalUnit> {
 fn large_reads_of_a_file_in_memory_are_zero_copy_until_an_exclusive_command() {
     let Some(lu) = shm_lu() else { return };
     quiet(&lu);
-    let none = Bytes::new();
+    let none = WriteData::None;
     let blocks = (crate::ZERO_COPY_MIN / BS as usize) as u16;
     let data = pattern(crate::ZERO_COPY_MIN, 3);
     good(&run(&lu, &write10(16, blocks), &data));
-    let zc = |cdb: &[u8]| lu.zero_copy_read(&cmd(cdb, &none, N1), &none);
+    let zc = |cdb: &[u8]| lu.zero_copy_read(&cmd(cdb, &none, N1));
     let r = zc(&read10(16, blocks)).expect("a large READ(10)");
     assert_eq!((r.offset(), r.len()), (16 * 512, crate::ZERO_COPY_MIN));
     assert_eq!(&r.read().unwrap()[..], &data[..]);
@@ -145,7 +149,7 @@ fn large_reads_of_a_file_in_memory_are_zero_copy_until_an_exclusive_command() {
     let mem = mem_lu();
     quiet(&mem);
     assert!(mem
-        .zero_copy_read(&cmd(&read10(16, blocks), &none, N1), &none)
+        .zero_copy_read(&cmd(&read10(16, blocks), &none, N1))
         .is_none());
     // The first COMPARE AND WRITE switches zero-copy off for good.
     let bs = BS as usize;

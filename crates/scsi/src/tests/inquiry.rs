@@ -153,7 +153,7 @@ fn device_identification() {
     assert!(name.len() > PORT_NAME.len());
 
     // Another path: same LU designators, its own port designators.
-    let mut c = cmd(&[op::INQUIRY, 1, 0x83, 1, 0, 0], &[], N2);
+    let mut c = cmd(&[op::INQUIRY, 1, 0x83, 1, 0, 0], &WriteData::None, N2);
     c.relative_port = 9;
     c.tpg = 7;
     c.target_port_name = "iqn.x:y,t,0x0002";

@@ -193,19 +193,19 @@ fn reset_reaches_every_nexus_once() {
     let lu = mem_lu();
     let n3 = NexusId(3);
     for n in [N1, N2, n3] {
-        good(&lu.execute(&cmd(&TUR, &[], n)));
+        good(&lu.execute(&cmd(&TUR, &WriteData::None, n)));
     }
     lu.reset();
     // Every nexus, the one that asked for the reset included, sees it once.
     for n in [N1, N2, n3] {
-        let o = lu.execute(&cmd(&read10(0, 1), &[], n));
+        let o = lu.execute(&cmd(&read10(0, 1), &WriteData::None, n));
         sense(&o, SenseKey::UnitAttention, Asc::BUS_DEVICE_RESET);
-        let o = lu.execute(&cmd(&read10(0, 1), &[], n));
+        let o = lu.execute(&cmd(&read10(0, 1), &WriteData::None, n));
         good(&o);
         assert_eq!(o.data.len(), BS as usize);
     }
     // A nexus first seen after the reset has nothing to report.
-    good(&lu.execute(&cmd(&TUR, &[], NexusId(99))));
+    good(&lu.execute(&cmd(&TUR, &WriteData::None, NexusId(99))));
     // Two resets before the next command: reported once (identical conditions).
     lu.reset();
     lu.reset();
@@ -232,12 +232,12 @@ fn reset_reaches_every_nexus_once() {
 #[test]
 fn nexus_lost_drops_its_conditions() {
     let lu = mem_lu();
-    good(&lu.execute(&cmd(&TUR, &[], N2)));
+    good(&lu.execute(&cmd(&TUR, &WriteData::None, N2)));
     lu.reset();
     assert_eq!(lu.pending_unit_attentions(N2), 1);
     lu.nexus_lost(N2);
     assert_eq!(lu.pending_unit_attentions(N2), 0);
-    good(&lu.execute(&cmd(&TUR, &[], N2)));
+    good(&lu.execute(&cmd(&TUR, &WriteData::None, N2)));
 }
 
 #[test]
@@ -252,7 +252,7 @@ fn power_on_unit_attention_when_enabled() {
     );
     good(&run(&lu, &TUR, &[]));
     sense(
-        &lu.execute(&cmd(&read10(0, 1), &[], N2)),
+        &lu.execute(&cmd(&read10(0, 1), &WriteData::None, N2)),
         SenseKey::UnitAttention,
         Asc::POWER_ON_RESET,
     );
@@ -271,8 +271,8 @@ fn shared_between_threads() {
                 let data = vec![t; BS as usize];
                 for i in 0..200u32 {
                     let lba = u32::from(t) * 1000 + i;
-                    good(&lu.execute(&cmd(&write10(lba, 1), &data, n)));
-                    let o = lu.execute(&cmd(&read10(lba, 1), &[], n));
+                    good(&lu.execute(&cmd(&write10(lba, 1), &wd(&data), n)));
+                    let o = lu.execute(&cmd(&read10(lba, 1), &WriteData::None, n));
                     assert!(o.data.iter().all(|&b| b == t));
                 }
             })
@@ -307,7 +307,7 @@ fn capacity_follows_a_medium_resized_elsewhere() {
     let lu = Arc::new(LogicalUnit::new(medium.clone(), cfg()).unwrap());
     lu.follow_backend_size();
     for n in [N1, N2] {
-        good(&lu.execute(&cmd(&TUR, &[], n)));
+        good(&lu.execute(&cmd(&TUR, &WriteData::None, n)));
     }
     let past_end = u32::try_from(BLOCKS).unwrap();
     lba_oob(&run(&lu, &read10(past_end, 1), &[]));
@@ -317,11 +317,11 @@ fn capacity_follows_a_medium_resized_elsewhere() {
     assert_eq!(lu.num_blocks(), 2 * BLOCKS);
     for n in [N1, N2] {
         sense(
-            &lu.execute(&cmd(&TUR, &[], n)),
+            &lu.execute(&cmd(&TUR, &WriteData::None, n)),
             SenseKey::UnitAttention,
             Asc::CAPACITY_DATA_CHANGED,
         );
-        good(&lu.execute(&cmd(&read10(past_end, 1), &[], n)));
+        good(&lu.execute(&cmd(&read10(past_end, 1), &WriteData::None, n)));
     }
     // A notification that changes nothing raises nothing.
     medium.resize_elsewhere(2 * BLOCKS * u64::from(BS));

@@ -18,6 +18,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use bufpool::WriteData;
 use storage::{BlockBackend, MemBackend, WriteCache};
 
 use crate::cdb::op;
@@ -59,12 +60,16 @@ pub fn test_lu(cfg: LuConfig) -> (LogicalUnit, Arc<TestBackend>) {
     (lu, b)
 }
 
-pub fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId) -> Command<'a> {
+/// `data` as a transport hands it over when it received it into a larger
+/// buffer (shared segments the backend copies).
+pub fn wd(data: &[u8]) -> WriteData {
+    WriteData::from(bufpool::Chain::from(bytes::Bytes::copy_from_slice(data)))
+}
+
+pub fn cmd<'a>(cdb: &'a [u8], data: &'a WriteData, n: NexusId) -> Command<'a> {
     Command {
         cdb,
         data_out: data,
-        data_out_more: &[],
-        data_out_buf: None,
         nexus: n,
         relative_port: 3,
         tpg: 2,
@@ -77,7 +82,7 @@ pub fn cmd<'a>(cdb: &'a [u8], data: &'a [u8], n: NexusId) -> Command<'a> {
 
 /// Runs `cdb` with `data` from nexus [`N1`].
 pub fn run(lu: &LogicalUnit, cdb: &[u8], data: &[u8]) -> Outcome {
-    lu.execute(&cmd(cdb, data, N1))
+    lu.execute(&cmd(cdb, &wd(data), N1))
 }
 
 #[track_caller]

@@ -216,15 +216,27 @@ fn caching_list(lu: &LogicalUnit, wce: bool) -> Vec<u8> {
 #[test]
 fn mode_select_changes_wce_and_tells_other_nexuses() {
     let (lu, b) = test_lu(cfg());
-    good(&lu.execute(&cmd(&[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], &[], N2)));
+    good(&lu.execute(&cmd(
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        &WriteData::None,
+        N2,
+    )));
     let list = caching_list(&lu, true);
     good(&run(&lu, &select6(true, false, &list), &list));
     assert!(b.write_back.load(std::sync::atomic::Ordering::SeqCst));
     // N2 is told, N1 (which made the change) is not.
     assert_eq!(lu.pending_unit_attentions(N1), 0);
-    let o = lu.execute(&cmd(&[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], &[], N2));
+    let o = lu.execute(&cmd(
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        &WriteData::None,
+        N2,
+    ));
     sense(&o, SenseKey::UnitAttention, Asc::MODE_PARAMETERS_CHANGED);
-    good(&lu.execute(&cmd(&[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], &[], N2)));
+    good(&lu.execute(&cmd(
+        &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0],
+        &WriteData::None,
+        N2,
+    )));
     // Setting the same value again changes nothing and tells nobody.
     good(&run(&lu, &select6(true, false, &list), &list));
     assert_eq!(lu.pending_unit_attentions(N2), 0);

@@ -70,9 +70,7 @@ const A2: S = S {
 fn exec(lu: &LogicalUnit, s: S, cdb: &[u8], data: &[u8]) -> Outcome {
     lu.execute(&Command {
         cdb,
-        data_out: data,
-        data_out_more: &[],
-        data_out_buf: None,
+        data_out: &wd(data),
         nexus: s.n,
         relative_port: s.rel,
         tpg: s.rel,
@@ -793,12 +791,10 @@ fn registration_resources_are_bounded() {
         .collect();
     let cdb = prout_cdb(REGISTER_AND_IGNORE, 0, 24);
     for (i, name) in names.iter().enumerate() {
-        let data = params(0, 1 + i as u64, 0);
+        let data = wd(&params(0, 1 + i as u64, 0));
         let s = Command {
             cdb: &cdb,
             data_out: &data,
-            data_out_more: &[],
-            data_out_buf: None,
             nexus: NexusId(1000 + i as u64),
             relative_port: 1,
             tpg: 1,

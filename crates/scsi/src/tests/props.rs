@@ -52,7 +52,7 @@ proptest! {
             lu.reset();
         }
         let plan = lu.plan(&cdb);
-        let o = lu.execute(&cmd(&cdb, &data, NexusId(nexus)));
+        let o = lu.execute(&cmd(&cdb, &wd(&data), NexusId(nexus)));
         prop_assert!(matches!(o.status, status::GOOD | status::CHECK_CONDITION));
         prop_assert_eq!(o.sense.is_some(), o.status == status::CHECK_CONDITION);
         if o.status == status::GOOD {

@@ -255,7 +255,7 @@ fn write_same_checks() {
         )
     };
     bad(&run(&lu, &ws10(0, 1, 0), &z[..bs / 2]));
-    let two = vec![0u8; 2 * bs];
+    let two = wd(&vec![0u8; 2 * bs]);
     let c = ws16(0, 1, 0x08);
     bad(&lu.execute(&Command {
         expected_data_out: Some(2 * BS),

@@ -406,31 +406,27 @@ fn segmented_data_out_writes_like_one_buffer() {
     let data = pattern(6 * bs, 3);
     // Cut inside blocks: 1.5 blocks, 3 blocks, 1.5 blocks.
     let (a, rest) = data.split_at(bs + bs / 2);
-    let more = [
-        bytes::Bytes::copy_from_slice(&rest[..3 * bs]),
-        bytes::Bytes::copy_from_slice(&rest[3 * bs..]),
-    ];
+    let segs = |n: usize| {
+        let mut c = bufpool::Chain::new();
+        c.push(bytes::Bytes::copy_from_slice(a));
+        c.push(bytes::Bytes::copy_from_slice(&rest[..3 * bs]));
+        if n == 3 {
+            c.push(bytes::Bytes::copy_from_slice(&rest[3 * bs..]));
+        }
+        WriteData::from(c)
+    };
     let c = write10(20, 6);
-    good(&lu.execute(&Command {
-        data_out_more: &more,
-        ..cmd(&c, a, N1)
-    }));
+    good(&lu.execute(&cmd(&c, &segs(3), N1)));
     let o = run(&lu, &read10(20, 6), &[]);
     assert_eq!(&o.data[..], &data[..]);
 
     // Fewer whole blocks than the CDB asks: those are written.
     let c = write10(40, 8);
-    good(&lu.execute(&Command {
-        data_out_more: &more,
-        ..cmd(&c, a, N1)
-    }));
+    good(&lu.execute(&cmd(&c, &segs(3), N1)));
     assert_eq!(&run(&lu, &read10(40, 6), &[]).data[..], &data[..]);
     // A partial block is refused and nothing is written.
     let c = write10(60, 8);
-    let o = lu.execute(&Command {
-        data_out_more: &more[..1],
-        ..cmd(&c, a, N1)
-    });
+    let o = lu.execute(&cmd(&c, &segs(2), N1));
     sense(
         &o,
         SenseKey::IllegalRequest,
@@ -460,11 +456,10 @@ fn segmented_data_out_writes_like_one_buffer() {
     ];
     let mut both = data[..bs].to_vec();
     both.extend_from_slice(&pattern(bs, 77));
-    let tail = [bytes::Bytes::copy_from_slice(&both[100..])];
-    good(&lu.execute(&Command {
-        data_out_more: &tail,
-        ..cmd(&caw, &both[..100], N1)
-    }));
+    let mut parts = bufpool::Chain::new();
+    parts.push(bytes::Bytes::copy_from_slice(&both[..100]));
+    parts.push(bytes::Bytes::copy_from_slice(&both[100..]));
+    good(&lu.execute(&cmd(&caw, &WriteData::from(parts), N1)));
     assert_eq!(
         &run(&lu, &read10(20, 1), &[]).data[..],
         &pattern(bs, 77)[..]

@@ -147,6 +147,7 @@ fn copies_between_units_of_the_target() {
         &[seg(0, 1, 4, 10, 20)],
     );
     let cdb = xcopy_cdb(p.len() as u32);
+    let p = wd(&p);
     let c = Command {
         lus: Some(&lus),
         ..cmd(&cdb, &p, N1)
@@ -414,7 +415,11 @@ fn copy_status_is_held_per_nexus_and_list_id() {
         &params(1, 0, &[cscd(&me, 512)], &[seg(0, 0, 16, 0, 100)]),
     ));
     // Another nexus sees nothing.
-    invalid_cdb(&lu.execute(&cmd(&rcr(0, 1, 1024), &[], N2)), 2, None);
+    invalid_cdb(
+        &lu.execute(&cmd(&rcr(0, 1, 1024), &WriteData::None, N2)),
+        2,
+        None,
+    );
     let o = run(&lu, &rcr(0, 1, 1024), &[]);
     good(&o);
     assert_eq!(
