@@ -1,5 +1,6 @@
 //! `ironsan tune`: on the target host, checks what the reference setups
-//! tuned (REFERENCE.md) and says what to change and why; with
+//! tuned (their knobs are listed in docs/TUNING.md) and says what to change
+//! and why; with
 //! `esxi|linux|windows iscsi://HOST/IQN`, logs in to the target and prints
 //! the initiator-side recipe for its LUNs, named by their NAA ids.
 //! Sources for every command: docs/TUNING.md.
