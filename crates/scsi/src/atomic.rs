@@ -29,8 +29,8 @@
 //! §5.48); no granularity requirement; ATOMIC BOUNDARY must be 0,
 //! boundaries are not supported. All of the data-out must be there (a
 //! short transfer writes nothing). How large a write survives a crash
-//! whole is the backend's [`storage::BlockBackend::max_atomic_write`] and
-//! [`storage::BlockBackend::atomic_alignment`]: volatile backends allow
+//! whole is the backend's [`storage::Caps::max_atomic_write`] and
+//! [`storage::Caps::atomic_alignment`]: volatile backends allow
 //! the maximum transfer length, RBD one object on an object boundary,
 //! others one block.
 
@@ -72,7 +72,7 @@ fn write(lu: &LogicalUnit, data: &[u8], lba: u64, fua: bool) -> Result<(), Sense
 
 /// With FUA under a write-back cache: make what the read will see stable.
 fn flush_for_fua(lu: &LogicalUnit, fua: bool) -> Result<(), Sense> {
-    if fua && lu.backend.write_cache() == WriteCache::WriteBack {
+    if fua && lu.backend.caps().write_cache == WriteCache::WriteBack {
         lu.backend
             .flush()
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;

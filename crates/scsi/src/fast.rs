@@ -30,7 +30,7 @@
 //!
 //! [`LogicalUnit::zero_copy_read`] uses the same admission for a large
 //! READ on a backend that can hand out a file range
-//! ([`storage::BlockBackend::splice_source`], a file LUN on tmpfs): the
+//! ([`storage::FastPaths::splice_source`], a file LUN on tmpfs): the
 //! command completes with the range, not the bytes, and the connection
 //! sends it: when every page of it is in the page cache, from the backend's
 //! mapping of the file in the same `writev` as its header (the kernel
@@ -74,7 +74,7 @@
 //!
 //! [`LogicalUnit::place_write`] uses the same admission, when a WRITE's
 //! header arrives, for a backend that can give the write's place on the
-//! medium ([`storage::BlockBackend::place_write`], a file LUN on tmpfs
+//! medium ([`storage::FastPaths::place_write`], a file LUN on tmpfs
 //! whose pages are all there): the connection receives the data-out
 //! straight into the file's pages, one copy by the kernel instead of two
 //! (into a buffer, then `pwrite` into the file), and
@@ -149,7 +149,7 @@ impl std::fmt::Debug for FastIo {
 impl LogicalUnit {
     /// The backend's completion-driven interface, if it has one.
     pub fn async_io(&self) -> Option<&dyn AsyncIo> {
-        self.backend.async_io()
+        self.backend.fast()?.async_io()
     }
 
     /// Every check `execute` makes of a READ(10/16) or WRITE(10/16)
@@ -192,7 +192,7 @@ impl LogicalUnit {
                 fua,
             }
         } else {
-            if fua && self.backend.write_cache() == WriteCache::WriteBack {
+            if fua && self.backend.caps().write_cache == WriteCache::WriteBack {
                 return None;
             }
             FastKind::Read
@@ -214,7 +214,8 @@ impl LogicalUnit {
     /// (module docs). Costs nothing measurable for small
     /// reads and for backends that cannot splice.
     pub fn zero_copy_read(&self, cmd: &Command<'_>) -> Option<bufpool::FileRange> {
-        if !self.backend.can_splice() || self.locks.exclusive_seen() {
+        let fast = self.backend.fast()?;
+        if !fast.can_splice() || self.locks.exclusive_seen() {
             return None;
         }
         let f = match *cmd.cdb.first()? {
@@ -228,7 +229,7 @@ impl LogicalUnit {
         if io.kind != FastKind::Read {
             return None;
         }
-        let r = self.backend.splice_source(io.offset, io.len)?;
+        let r = fast.splice_source(io.offset, io.len)?;
         // Checked again now the range lock is held (module docs).
         if self.locks.exclusive_seen() {
             return None;
@@ -260,7 +261,10 @@ impl LogicalUnit {
             return None;
         }
         let range = self.locks.try_shared_owned(f.lba, u64::from(f.len))?;
-        let placed = self.backend.place_write(f.lba << self.block_shift, len)?;
+        let placed = self
+            .backend
+            .fast()?
+            .place_write(f.lba << self.block_shift, len)?;
         // Checked again now the range lock is held.
         if self.locks.exclusive_seen() {
             return None;

@@ -64,7 +64,7 @@ pub struct LuConfig {
     /// Thin provisioning (SBC-3 §4.7): present the unit as thin provisioned
     /// (READ CAPACITY(16) LBPME and LBPRZ, VPD B2h, UNMAP, WRITE SAME with
     /// UNMAP) when the backend can free space
-    /// ([`storage::BlockBackend::can_deallocate`]). With `false`, or a
+    /// ([`storage::Caps::can_deallocate`]). With `false`, or a
     /// backend that cannot, the unit is fully provisioned.
     pub thin: bool,
     /// Where persistent reservation state is kept across restarts when an
@@ -194,7 +194,7 @@ pub struct Outcome {
     pub data: Bytes,
     /// Further segments of data-in after [`Self::data`], in order: a large
     /// read served from the backend's memory without copying
-    /// ([`storage::BlockBackend::read_chain`]). Empty otherwise.
+    /// ([`storage::FastPaths::read_chain`]). Empty otherwise.
     pub more: Vec<Bytes>,
     /// The block CRCs of the buffers [`Self::data`] and [`Self::more`]
     /// are slices of, where the backend keeps them (data digests use them).
@@ -349,7 +349,7 @@ pub struct LogicalUnit {
 impl std::fmt::Debug for LogicalUnit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogicalUnit")
-            .field("backend", &self.backend.kind())
+            .field("backend", &self.backend.caps().kind)
             .field("block_size", &self.cfg.block_size)
             .field("num_blocks", &self.num_blocks())
             .field("serial", &self.cfg.serial)
@@ -415,14 +415,15 @@ impl LogicalUnit {
             });
         }
         let std_inquiry = vpd::standard_inquiry(&cfg);
-        let default_wce = backend.write_cache() == WriteCache::WriteBack;
+        let caps = backend.caps();
+        let default_wce = caps.write_cache == WriteCache::WriteBack;
         let max_transfer_blocks = MAX_TRANSFER_BYTES / bs;
         // A single block is as atomic as any WRITE; more only when the
         // backend lands it whole across a crash.
-        let atomic = backend.max_atomic_write() / u64::from(bs);
+        let atomic = caps.max_atomic_write / u64::from(bs);
         let max_atomic_blocks = atomic.clamp(1, u64::from(max_transfer_blocks)) as u32;
         // An alignment of one block or less is no requirement (0).
-        let align = backend.atomic_alignment() / u64::from(bs);
+        let align = caps.atomic_alignment / u64::from(bs);
         let atomic_align_blocks = if align <= 1 {
             0
         } else {
@@ -436,7 +437,7 @@ impl LogicalUnit {
             lbppb_shift: ratio.trailing_zeros(),
             num_blocks: AtomicU64::new(size / u64::from(bs)),
             max_transfer_blocks,
-            thin: cfg.thin && backend.can_deallocate(),
+            thin: cfg.thin && caps.can_deallocate,
             max_atomic_blocks,
             atomic_align_blocks,
             locks: Arc::new(LbaLocks::new(bs.trailing_zeros())),
@@ -539,12 +540,16 @@ impl LogicalUnit {
 
     /// Makes the capacity follow the backend's medium when something else
     /// resizes it (another gateway, or `rbd resize`, on a shared RBD
-    /// image: [`BlockBackend::on_resized_elsewhere`]), as [`Self::resize`]
-    /// does for a resize made here. The backend holds only a weak
-    /// reference to the unit.
+    /// image: [`storage::Ownership::on_resized_elsewhere`]), as
+    /// [`Self::resize`] does for a resize made here. The backend holds
+    /// only a weak reference to the unit. Nothing for storage only this
+    /// process uses.
     pub fn follow_backend_size(self: &Arc<Self>) {
+        let Some(shared) = self.backend.ownership() else {
+            return;
+        };
         let lu = Arc::downgrade(self);
-        self.backend.on_resized_elsewhere(Box::new(move |bytes| {
+        shared.on_resized_elsewhere(Box::new(move |bytes| {
             if let Some(lu) = lu.upgrade() {
                 lu.medium_resized(bytes);
             }
@@ -567,9 +572,9 @@ impl LogicalUnit {
         &self.backend
     }
 
-    /// The backend's kind (`mem`, `null`, `file`).
+    /// The backend's kind (`mem`, `null`, `file`, `rbd`, `fault`).
     pub fn backend_kind(&self) -> &'static str {
-        self.backend.kind()
+        self.backend.caps().kind
     }
 
     /// Establishes the unit attention `code` for every I_T nexus that
@@ -578,9 +583,9 @@ impl LogicalUnit {
         self.ua.broadcast(code, None);
     }
 
-    /// Whether a command may wait on a device ([`BlockBackend::may_block`]).
+    /// Whether a command may wait on a device ([`storage::Caps::may_block`]).
     pub fn may_block(&self) -> bool {
-        self.backend.may_block()
+        self.backend.caps().may_block
     }
 
     /// Whether `cdb` may take long even on a backend that never blocks
@@ -593,11 +598,10 @@ impl LogicalUnit {
     /// Whether the driver should run `cdb`, carrying `data_out` bytes, on
     /// an I/O thread rather than on its event loop: the backend may block,
     /// the command is long running, or the write is larger than the
-    /// backend copies cheaply ([`BlockBackend::inline_write_max`]).
+    /// backend copies cheaply ([`storage::Caps::inline_write_max`]).
     pub fn runs_off_loop(&self, cdb: &[u8], data_out: usize) -> bool {
-        self.backend.may_block()
-            || self.is_long_running(cdb)
-            || data_out > self.backend.inline_write_max()
+        let caps = self.backend.caps();
+        caps.may_block || self.is_long_running(cdb) || data_out > caps.inline_write_max
     }
 
     /// The configuration the unit was created with.

@@ -7,7 +7,7 @@
 //! | 0Ah  | Control  | nothing (D_SENSE = 0: fixed-format sense)    |
 //!
 //! WCE always reports the backend's actual policy
-//! ([`storage::BlockBackend::write_cache`]); the default page shows the
+//! ([`storage::Caps::write_cache`]); the default page shows the
 //! policy the unit was created with. A volatile backend (RAM, null) has no
 //! stable storage behind its "cache", so WCE = 1 there and cannot change.
 //! Saved pages are not implemented: PC = 11b answers SAVING PARAMETERS NOT
@@ -59,11 +59,11 @@ enum Pc {
 
 impl LogicalUnit {
     fn wce_changeable(&self) -> bool {
-        !self.backend.volatile()
+        !self.backend.caps().volatile
     }
 
     fn wce_current(&self) -> bool {
-        self.backend.write_cache() == WriteCache::WriteBack
+        self.backend.caps().write_cache == WriteCache::WriteBack
     }
 
     /// The bytes of page `code` as `pc` asks; `None` for pages not served.

@@ -87,7 +87,8 @@ impl LogicalUnit {
     /// OPTIMAL UNMAP GRANULARITY (VPD B0h) in blocks: the backend's
     /// allocation unit or the physical block, whichever is larger.
     pub(crate) fn unmap_granularity_blocks(&self) -> u32 {
-        let g = (self.backend.discard_granularity() >> self.block_shift).max(1 << self.lbppb_shift);
+        let g = (self.backend.caps().discard_granularity >> self.block_shift)
+            .max(1 << self.lbppb_shift);
         g.min(u64::from(u32::MAX)) as u32
     }
 

@@ -204,16 +204,15 @@ pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     if f.len == 0 {
         return Ok(Outcome::good());
     }
-    if f.flags & 0x08 != 0 && lu.backend.write_cache() == WriteCache::WriteBack {
+    if f.flags & 0x08 != 0 && lu.backend.caps().write_cache == WriteCache::WriteBack {
         // FUA: what we return must be what stable storage holds.
         lu.backend
             .flush()
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
     let _range = lu.locks.shared(f.lba, u64::from(f.len));
-    let data = lu
-        .backend
-        .read_chain(f.lba << lu.block_shift, (f.len as usize) << lu.block_shift)
+    let (offset, len) = (f.lba << lu.block_shift, (f.len as usize) << lu.block_shift);
+    let data = storage::read_chain(&*lu.backend, offset, len)
         .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
     Ok(Outcome::with_chain(data))
 }

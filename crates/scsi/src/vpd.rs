@@ -217,7 +217,7 @@ fn logical_block_provisioning() -> Vec<u8> {
 fn extended_inquiry(lu: &LogicalUnit) -> Vec<u8> {
     let mut b = [0u8; 0x3C];
     b[1] = 0x01; // SIMPSUP
-    if lu.backend.write_cache() == storage::WriteCache::WriteBack {
+    if lu.backend.caps().write_cache == storage::WriteCache::WriteBack {
         b[2] = 0x01; // V_SUP
     }
     page_with(0x86, &b)

@@ -107,7 +107,7 @@ fn failing_flush_is_never_acknowledged() {
     // A FUA write, and (the LU is write-through) any write, needs the sync.
     let o = run(&lu, &rw10(0x2a, 0x08, 16, 1), &[2; 512]);
     assert_eq!(o.status, status::CHECK_CONDITION, "FUA write acknowledged");
-    if b.write_cache() == storage::WriteCache::WriteThrough {
+    if b.caps().write_cache == storage::WriteCache::WriteThrough {
         let o = run(&lu, &rw10(0x2a, 0, 16, 1), &[2; 512]);
         assert_eq!(
             o.status,

@@ -7,7 +7,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::{BlockBackend, Extent, WriteCache};
+use crate::{BlockBackend, Caps, Extent, WriteCache};
 
 /// Which calls fail, as OS error numbers (0: pass through).
 pub struct FaultBackend {
@@ -27,7 +27,7 @@ pub struct FaultBackend {
 impl std::fmt::Debug for FaultBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultBackend")
-            .field("inner", &self.inner.kind())
+            .field("inner", &self.inner.caps().kind)
             .field("read", &self.read)
             .field("write", &self.write)
             .field("flush", &self.flush)
@@ -93,8 +93,18 @@ impl FaultBackend {
 }
 
 impl BlockBackend for FaultBackend {
-    fn kind(&self) -> &'static str {
-        "fault"
+    fn caps(&self) -> Caps {
+        let inner = self.inner.caps();
+        let delaying = self.delaying.load(Ordering::Relaxed);
+        Caps {
+            kind: "fault",
+            may_block: delaying || inner.may_block,
+            inline_write_max: if delaying { 0 } else { inner.inline_write_max },
+            ..inner
+        }
+    }
+    fn ownership(&self) -> Option<&dyn crate::Ownership> {
+        self.inner.ownership()
     }
     fn size(&self) -> u64 {
         self.inner.size()
@@ -108,7 +118,7 @@ impl BlockBackend for FaultBackend {
         self.wait();
         Self::check(&self.write)?;
         // A write that must be stable on return fails like its sync would.
-        if fua || self.write_cache() == WriteCache::WriteThrough {
+        if fua || self.inner.caps().write_cache == WriteCache::WriteThrough {
             Self::check(&self.flush)?;
         }
         self.writes.fetch_add(1, Ordering::SeqCst);
@@ -118,24 +128,8 @@ impl BlockBackend for FaultBackend {
         Self::check(&self.flush)?;
         self.inner.flush()
     }
-    fn write_cache(&self) -> WriteCache {
-        self.inner.write_cache()
-    }
     fn set_write_cache(&self, policy: WriteCache) -> io::Result<()> {
         self.inner.set_write_cache(policy)
-    }
-    fn volatile(&self) -> bool {
-        self.inner.volatile()
-    }
-    fn may_block(&self) -> bool {
-        self.delaying.load(Ordering::Relaxed) || self.inner.may_block()
-    }
-    fn inline_write_max(&self) -> usize {
-        if self.delaying.load(Ordering::Relaxed) {
-            0
-        } else {
-            self.inner.inline_write_max()
-        }
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         Self::check(&self.write)?;
@@ -145,23 +139,8 @@ impl BlockBackend for FaultBackend {
         Self::check(&self.write)?;
         self.inner.discard(offset, len)
     }
-    fn can_deallocate(&self) -> bool {
-        self.inner.can_deallocate()
-    }
-    fn discard_granularity(&self) -> u64 {
-        self.inner.discard_granularity()
-    }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         Self::check(&self.read)?;
         self.inner.allocation(offset, len)
-    }
-    fn max_atomic_write(&self) -> u64 {
-        self.inner.max_atomic_write()
-    }
-    fn on_resized_elsewhere(&self, changed: crate::SizeChanged) {
-        self.inner.on_resized_elsewhere(changed);
-    }
-    fn atomic_alignment(&self) -> u64 {
-        self.inner.atomic_alignment()
     }
 }

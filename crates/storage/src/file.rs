@@ -36,7 +36,7 @@
 //! fall back when the device cannot), so discarded blocks always read as
 //! zeros. BLKDISCARD is never used: whether discarded blocks read back as
 //! zeros is not guaranteed. As a block device's allocation cannot be
-//! queried, it does not claim [`BlockBackend::can_deallocate`] and is
+//! queried, it does not claim [`Caps::can_deallocate`] and is
 //! presented fully provisioned. When a filesystem or device refuses a
 //! `fallocate` mode (`EOPNOTSUPP`), zeros are written instead. Under
 //! write-through the change is made stable with `fdatasync` before return.
@@ -51,12 +51,12 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::{
-    check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Extent, WriteCache,
-    WriteData,
+    check_range, check_range_u64, write_zeroes_by_writing, BlockBackend, Caps, Extent, FastPaths,
+    WriteCache, WriteData,
 };
 
 /// Writes larger than this to a file in memory run on an I/O thread
-/// ([`BlockBackend::inline_write_max`]), so that a copy of several MiB into
+/// ([`Caps::inline_write_max`]), so that a copy of several MiB into
 /// tmpfs does not hold up the event loop's other connections. Up to 1 MiB
 /// the copy runs on the event loop, from the buffer the data just landed
 /// in (still in that core's cache): 1 MiB writes Q8 to a file on a huge-page
@@ -71,7 +71,7 @@ const INLINE_WRITE_MAX: usize = 1 << 20;
 #[derive(Debug)]
 pub struct FileBackend {
     path: PathBuf,
-    /// Shared with the large reads in flight ([`BlockBackend::splice_source`]).
+    /// Shared with the large reads in flight ([`FastPaths::splice_source`]).
     plain: Arc<File>,
     dsync: File,
     size: AtomicU64,
@@ -88,7 +88,7 @@ pub struct FileBackend {
     /// threads queued here sleep, where on the inode lock they spin.
     large_writes: Mutex<()>,
     /// A file in memory mapped whole, from which large reads of written
-    /// pages are sent ([`BlockBackend::splice_source`], [`bufpool::FileMap`]);
+    /// pages are sent ([`FastPaths::splice_source`], [`bufpool::FileMap`]);
     /// replaced when the LUN is resized.
     map: RwLock<Option<Arc<bufpool::FileMap>>>,
     /// Every write to the file announces itself here, so that a read under
@@ -100,7 +100,7 @@ pub struct FileBackend {
 /// A mapping of the first `size` bytes of `f`, if it can be made (if not,
 /// large reads go by sendfile).
 /// A shared mapping of the whole file, writable (writes are received
-/// into it, [`BlockBackend::place_write`]) or, where that is refused,
+/// into it, [`FastPaths::place_write`]) or, where that is refused,
 /// read-only.
 fn map_file(
     f: &Arc<File>,
@@ -118,7 +118,7 @@ fn map_file(
 /// Records the file's data (`SEEK_DATA` to `SEEK_HOLE`; on tmpfs, the
 /// pages it holds) as present in `m`, so that small reads of what was
 /// written before the mapping was made are copied from it too
-/// ([`BlockBackend::read_bytes`]). Called before anything else can write
+/// ([`FileBackend::read_bytes`]). Called before anything else can write
 /// the file through this backend (at open, and on resize under the gate).
 fn mark_data(f: &File, size: u64, m: &bufpool::FileMap) {
     let mut at = 0;
@@ -300,6 +300,36 @@ impl FileBackend {
         }
     }
 
+    /// Reads `len` bytes at `offset` into one pooled buffer, without
+    /// zeroing it first ([`FastPaths::read_chain`]).
+    pub fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
+        check_range(self.size.load(Ordering::Relaxed), offset, len)?;
+        // A pooled buffer filled by `pread` straight into its spare
+        // capacity: no zeroing first, no allocation in steady state.
+        let mut v = bufpool::take(len);
+        let spare = &mut v.spare_capacity_mut()[..len];
+        // Pages this backend knows are in the page cache (it wrote them,
+        // or found them there) are copied out of the mapping, which spares
+        // `pread`'s system call and page cache walk (a cold 4 KiB block:
+        // 0.61 µs against 0.95). What the copy could not take (a file
+        // cut short under the mapping) goes by `pread`, which says why.
+        let mut done = 0;
+        if let (true, Ok(off)) = (self.in_memory, usize::try_from(offset)) {
+            if let Some(m) = self.map.read().as_ref() {
+                if m.known_present(off, len) {
+                    done = m.load(off, spare);
+                }
+            }
+        }
+        if done < len {
+            pread_exact_uninit(&self.plain, &mut spare[done..], offset + done as u64)?;
+        }
+        // SAFETY: `load` initialised the first `done` bytes of the spare
+        // capacity and `pread_exact_uninit`, which returned Ok, the rest.
+        unsafe { v.set_len(len) };
+        Ok(v.freeze())
+    }
+
     /// The path this backend serves.
     pub fn path(&self) -> &Path {
         &self.path
@@ -410,14 +440,22 @@ fn memory_filesystem(f: &File) -> bool {
 }
 
 impl BlockBackend for FileBackend {
-    fn kind(&self) -> &'static str {
-        "file"
+    fn caps(&self) -> Caps {
+        let write_cache = if self.write_back.load(Ordering::Relaxed) {
+            WriteCache::WriteBack
+        } else {
+            WriteCache::WriteThrough
+        };
+        Caps {
+            may_block: !self.in_memory,
+            inline_write_max: INLINE_WRITE_MAX,
+            can_deallocate: !self.block_device,
+            discard_granularity: self.fs_block,
+            ..Caps::new("file", write_cache)
+        }
     }
-    fn may_block(&self) -> bool {
-        !self.in_memory
-    }
-    fn inline_write_max(&self) -> usize {
-        INLINE_WRITE_MAX
+    fn fast(&self) -> Option<&dyn FastPaths> {
+        Some(self)
     }
     fn size(&self) -> u64 {
         self.size.load(Ordering::Relaxed)
@@ -449,63 +487,6 @@ impl BlockBackend for FileBackend {
         check_range(self.size.load(Ordering::Relaxed), offset, buf.len())?;
         self.plain.read_exact_at(buf, offset)
     }
-    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        check_range(self.size.load(Ordering::Relaxed), offset, len)?;
-        // A pooled buffer filled by `pread` straight into its spare
-        // capacity: no zeroing first, no allocation in steady state.
-        let mut v = bufpool::take(len);
-        let spare = &mut v.spare_capacity_mut()[..len];
-        // Pages this backend knows are in the page cache (it wrote them,
-        // or found them there) are copied out of the mapping, which spares
-        // `pread`'s system call and page cache walk (a cold 4 KiB block:
-        // 0.61 µs against 0.95). What the copy could not take (a file
-        // cut short under the mapping) goes by `pread`, which says why.
-        let mut done = 0;
-        if let (true, Ok(off)) = (self.in_memory, usize::try_from(offset)) {
-            if let Some(m) = self.map.read().as_ref() {
-                if m.known_present(off, len) {
-                    done = m.load(off, spare);
-                }
-            }
-        }
-        if done < len {
-            pread_exact_uninit(&self.plain, &mut spare[done..], offset + done as u64)?;
-        }
-        // SAFETY: `load` initialised the first `done` bytes of the spare
-        // capacity and `pread_exact_uninit`, which returned Ok, the rest.
-        unsafe { v.set_len(len) };
-        Ok(v.freeze())
-    }
-    fn can_splice(&self) -> bool {
-        self.in_memory
-    }
-    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
-        if !self.in_memory {
-            return None;
-        }
-        check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
-        let r = bufpool::FileRange::new(self.plain.clone(), offset, len)?;
-        // Written pages go from the mapping; a range with a hole goes by
-        // sendfile, which reads holes as the zero page where a read through
-        // the mapping would allocate them.
-        let map = self.map.read().clone();
-        match map {
-            // Resident pages lie inside the mapping, so `with_map` takes it.
-            Some(m) if m.resident(usize::try_from(offset).ok()?, len) => r.with_map(m),
-            _ => Some(r),
-        }
-    }
-    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
-        if !self.in_memory {
-            return None;
-        }
-        check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
-        // Only where every page is there: receiving into a hole would
-        // allocate it in the kernel's copy, and fail (EFAULT) on a full
-        // tmpfs; such a write goes by pwrite, which reports ENOSPC.
-        let map = self.map.read().clone()?;
-        map.place(usize::try_from(offset).ok()?, len)
-    }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         self.write_slices(&[buf], offset, fua)
     }
@@ -526,13 +507,6 @@ impl BlockBackend for FileBackend {
     }
     fn flush(&self) -> io::Result<()> {
         self.plain.sync_data()
-    }
-    fn write_cache(&self) -> WriteCache {
-        if self.write_back.load(Ordering::Relaxed) {
-            WriteCache::WriteBack
-        } else {
-            WriteCache::WriteThrough
-        }
     }
     fn set_write_cache(&self, policy: WriteCache) -> io::Result<()> {
         let wb = policy == WriteCache::WriteBack;
@@ -568,12 +542,6 @@ impl BlockBackend for FileBackend {
         }
         self.write_zeroes(offset, len)
     }
-    fn can_deallocate(&self) -> bool {
-        !self.block_device
-    }
-    fn discard_granularity(&self) -> u64 {
-        self.fs_block
-    }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         check_range_u64(self.size.load(Ordering::Relaxed), offset, len)?;
         if len == 0 {
@@ -591,6 +559,42 @@ impl BlockBackend for FileBackend {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(whole),
             r => r,
         }
+    }
+}
+
+impl FastPaths for FileBackend {
+    fn read_chain(&self, offset: u64, len: usize) -> io::Result<bufpool::Chain> {
+        self.read_bytes(offset, len).map(bufpool::Chain::from)
+    }
+    fn can_splice(&self) -> bool {
+        self.in_memory
+    }
+    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
+        if !self.in_memory {
+            return None;
+        }
+        check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
+        let r = bufpool::FileRange::new(self.plain.clone(), offset, len)?;
+        // Written pages go from the mapping; a range with a hole goes by
+        // sendfile, which reads holes as the zero page where a read through
+        // the mapping would allocate them.
+        let map = self.map.read().clone();
+        match map {
+            // Resident pages lie inside the mapping, so `with_map` takes it.
+            Some(m) if m.resident(usize::try_from(offset).ok()?, len) => r.with_map(m),
+            _ => Some(r),
+        }
+    }
+    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
+        if !self.in_memory {
+            return None;
+        }
+        check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
+        // Only where every page is there: receiving into a hole would
+        // allocate it in the kernel's copy, and fail (EFAULT) on a full
+        // tmpfs; such a write goes by pwrite, which reports ENOSPC.
+        let map = self.map.read().clone()?;
+        map.place(usize::try_from(offset).ok()?, len)
     }
 }
 
@@ -706,7 +710,7 @@ mod tests {
         assert!(b.iter().all(|&x| x == 5));
         assert!(f.write_at(&[0u8; 512], (1 << 20) - 256, false).is_err());
         f.set_write_cache(WriteCache::WriteBack).unwrap();
-        assert_eq!(f.write_cache(), WriteCache::WriteBack);
+        assert_eq!(f.caps().write_cache, WriteCache::WriteBack);
         f.write_at(&[6u8; 512], 0, false).unwrap();
         f.flush().unwrap();
     }
@@ -826,8 +830,8 @@ mod tests {
         let p = dir.path().join("thin.img");
         let size = 4u64 << 20;
         let f = FileBackend::open(&p, Some(size), WriteCache::WriteThrough).unwrap();
-        assert!(f.can_deallocate());
-        let g = f.discard_granularity();
+        assert!(f.caps().can_deallocate);
+        let g = f.caps().discard_granularity;
         assert!(g.is_power_of_two());
         // A fresh sparse file is one hole.
         let e = f.allocation(0, size).unwrap();
@@ -930,7 +934,10 @@ mod tests {
         let Some((_dir, f)) = shm_backend(1 << 20) else {
             return;
         };
-        assert!(!f.may_block(), "a tmpfs file is served on the event loop");
+        assert!(
+            !f.caps().may_block,
+            "a tmpfs file is served on the event loop"
+        );
         assert!(f.can_splice());
         f.write_at(&[3u8; 8192], 4096, false).unwrap();
         let r = f

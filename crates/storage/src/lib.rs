@@ -8,34 +8,34 @@
 //!   overlapping writes that are in flight at once land in an unspecified
 //!   order, exactly as on a disk; a read issued after a write *completed*
 //!   sees that write. Nothing is reordered across a completed call.
-//! * **Durability.** When [`BlockBackend::write_cache`] is
+//! * **Durability.** When [`Caps::write_cache`] is
 //!   [`WriteCache::WriteThrough`], a write returns only once its data is on
 //!   stable storage (the write is acknowledged = it survives power loss).
 //!   With [`WriteCache::WriteBack`], a write may sit in a volatile cache
 //!   until [`BlockBackend::flush`] returns, or is stable at once when `fua`
 //!   is set. A backend that is not durable at all (RAM, null) says so in
-//!   [`BlockBackend::volatile`], so that the SCSI layer reports it honestly
+//!   [`Caps::volatile`], so that the SCSI layer reports it honestly
 //!   and the CLI refuses to let it pass for user data.
 //! * **Errors.** Every failure, including a failed flush, comes back as an
 //!   `Err`; the SCSI layer turns it into sense data. A failed call is never
 //!   reported as success.
-//! * **Blocking.** [`BlockBackend::may_block`] tells the driver whether a
+//! * **Blocking.** [`Caps::may_block`] tells the driver whether a
 //!   call can wait on a device. Backends that never wait (RAM, null) run on
 //!   the connection's event loop; others run on a pool of I/O threads, so a
 //!   slow device never stalls parsing and serving other commands.
 //! * **Provisioning and zeroing.** [`BlockBackend::write_zeroes`] leaves
 //!   the range reading as zeros and allocated (provisioned);
 //!   [`BlockBackend::discard`] leaves it reading as zeros and frees
-//!   whatever whole allocation units ([`BlockBackend::discard_granularity`])
+//!   whatever whole allocation units ([`Caps::discard_granularity`])
 //!   it covers, zero-filling the rest. Both are writes for the ordering and
 //!   durability rules above (stable on return under write-through, made
 //!   stable by `flush` under write-back). Only a backend whose
-//!   [`BlockBackend::can_deallocate`] is true really frees space; the SCSI
+//!   [`Caps::can_deallocate`] is true really frees space; the SCSI
 //!   layer reports thin provisioning (LBPME, LBPRZ) only for those.
 //!   [`BlockBackend::allocation`] tells which ranges hold allocated data
 //!   (GET LBA STATUS); a backend that cannot tell reports everything
 //!   allocated, which is always a truthful answer.
-//! * **Atomicity.** [`BlockBackend::max_atomic_write`] is the largest
+//! * **Atomicity.** [`Caps::max_atomic_write`] is the largest
 //!   `write_at` the backend lands all-or-nothing even across a crash
 //!   (SBC-4 §4.29 atomic writes); concurrent commands are kept apart by the
 //!   SCSI layer's range locks, not by the backend.
@@ -68,70 +68,80 @@ pub enum WriteCache {
     WriteBack,
 }
 
-/// What [`BlockBackend::on_resized_elsewhere`] calls with the new size in
+/// What [`Ownership::on_resized_elsewhere`] calls with the new size in
 /// bytes.
 pub type SizeChanged = Box<dyn Fn(u64) + Send + Sync>;
 
-/// A byte-addressed store with the contract in the module docs.
+/// What a backend is and promises ([`BlockBackend::caps`]): fixed once it
+/// is open, but for the write cache policy (MODE SELECT changes it) and a
+/// test wrapper's fault injection, so read it when it matters rather than
+/// keeping a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// A short name of the backend kind (`mem`, `null`, `file`, `rbd`,
+    /// `fault`).
+    pub kind: &'static str,
+    /// The cache policy in force.
+    pub write_cache: WriteCache,
+    /// No write ever reaches stable storage (RAM, null).
+    pub volatile: bool,
+    /// A call may wait on a device; see the module docs.
+    pub may_block: bool,
+    /// The largest write, in bytes, worth running on the event loop of a
+    /// backend that never blocks (`may_block` false). A larger one costs a
+    /// long copy (a file in memory copies it into the page cache), so the
+    /// driver runs it on an I/O thread and its loop goes on receiving
+    /// meanwhile, on another core. `usize::MAX`: no limit (the RAM backend
+    /// keeps the received buffer, null drops it).
+    pub inline_write_max: usize,
+    /// [`BlockBackend::discard`] frees space (thin provisioning is
+    /// possible) and [`BlockBackend::allocation`] tells freed ranges apart.
+    pub can_deallocate: bool,
+    /// The unit, in bytes, that [`BlockBackend::discard`] frees whole (a
+    /// power of two); partial units are zero-filled and stay allocated.
+    pub discard_granularity: u64,
+    /// The largest write, in bytes, that lands all-or-nothing even across
+    /// a crash or power loss; 0 when the backend promises nothing beyond
+    /// what the device does for a single logical block. Volatile backends
+    /// lose everything in a crash, so they say `u64::MAX`.
+    pub max_atomic_write: u64,
+    /// The alignment, in bytes, an atomic write needs to be all-or-nothing
+    /// up to `max_atomic_write` (its offset a multiple of this); 0 when any
+    /// block-aligned offset will do. A backend whose writes are atomic only
+    /// inside one allocation unit (an RBD object) says so here.
+    pub atomic_alignment: u64,
+}
+
+impl Caps {
+    /// A durable backend of `kind` with `write_cache` that may block, frees
+    /// nothing and promises no atomicity; backends change what differs.
+    pub const fn new(kind: &'static str, write_cache: WriteCache) -> Caps {
+        Caps {
+            kind,
+            write_cache,
+            volatile: false,
+            may_block: true,
+            inline_write_max: usize::MAX,
+            can_deallocate: false,
+            discard_granularity: 4096,
+            max_atomic_write: 0,
+            atomic_alignment: 0,
+        }
+    }
+}
+
+/// A byte-addressed store with the contract in the module docs: a small
+/// core every backend implements, and the fast paths of those that have
+/// them behind [`BlockBackend::fast`].
 pub trait BlockBackend: Send + Sync + 'static {
-    /// A short name of the backend kind (`mem`, `null`, `file`).
-    fn kind(&self) -> &'static str;
+    /// What the backend is and promises.
+    fn caps(&self) -> Caps;
 
     /// Capacity in bytes.
     fn size(&self) -> u64;
 
     /// Reads `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
-
-    /// Reads `len` bytes at `offset` into a new buffer. The default zeroes
-    /// a buffer and calls [`BlockBackend::read_at`]; backends that can fill
-    /// one without zeroing it first (or share an existing one) override it:
-    /// this is the read hot path.
-    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        let mut buf = vec![0u8; len];
-        self.read_at(&mut buf, offset)?;
-        Ok(bytes::Bytes::from(buf))
-    }
-
-    /// Reads `len` bytes at `offset` as one or more shared segments. A
-    /// backend that holds its data in memory may hand out references to it
-    /// instead of copying (it must then never change bytes it has handed
-    /// out); the default reads into one buffer with [`Self::read_bytes`].
-    fn read_chain(&self, offset: u64, len: usize) -> io::Result<bufpool::Chain> {
-        self.read_bytes(offset, len).map(bufpool::Chain::from)
-    }
-
-    /// True when [`Self::splice_source`] can answer large reads: cheap,
-    /// asked before any other work on the read path.
-    fn can_splice(&self) -> bool {
-        false
-    }
-
-    /// `len` bytes at `offset` as a range of a file the connection may
-    /// send with `sendfile(2)` straight from the page cache, instead of
-    /// reading them here (`None`: use [`Self::read_chain`]). Only for a
-    /// file whose pages are in memory (tmpfs), so that the send never waits
-    /// on a device on the event loop. The bytes are read by the kernel when
-    /// it sends them, after this returns: the caller decides when that is
-    /// acceptable (data digests, writes in flight; see `target::conn`).
-    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
-        let _ = (offset, len);
-        None
-    }
-
-    /// The place of a `len`-byte write at `offset` on the medium itself,
-    /// for its data to be received straight into (`None`: the backend has
-    /// no such place, or not for this range now; write with
-    /// [`Self::write`]). Only a backend whose
-    /// medium is memory the kernel can receive into without waiting (a
-    /// file on tmpfs, its pages all there) gives one. The bytes are on the
-    /// medium as they arrive: the caller decides when that is acceptable
-    /// (`scsi::fast`: the command admitted, no data digest) and makes them
-    /// stable with [`Self::flush`] where FUA or write-through ask for it.
-    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
-        let _ = (offset, len);
-        None
-    }
 
     /// Writes `buf` at `offset`; with `fua` the data is stable on return
     /// whatever the cache policy.
@@ -144,65 +154,15 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// an owned buffer may be kept instead of copied by a backend that
     /// keeps its data in memory (it is immutable, as every
     /// [`bytes::Bytes`], and other handles to it may still exist for a
-    /// while); data placed on the medium already ([`Self::place_write`])
+    /// while); data placed on the medium already ([`FastPaths::place_write`])
     /// is only made as stable as `fua` and the cache policy ask. The
-    /// default writes the segments one by one with [`Self::write_at`] and
-    /// makes placed data stable with [`Self::flush`].
+    /// default is [`write_by_segments`].
     fn write(&self, data: &WriteData, offset: u64, fua: bool) -> io::Result<()> {
         write_by_segments(self, data, offset, fua)
     }
 
     /// Makes every completed write stable.
     fn flush(&self) -> io::Result<()>;
-
-    /// Changes the size to `new_size` bytes (the admin API's resize).
-    /// Data below both sizes is kept; after growing, the new space reads
-    /// as zeros. Calls racing a resize see the old or the new size. Backends
-    /// that cannot change size return `Unsupported` (the default).
-    fn resize(&self, new_size: u64) -> io::Result<()> {
-        let _ = new_size;
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "this backend cannot be resized",
-        ))
-    }
-
-    /// Asks to be told when the medium changes size from outside this
-    /// process (another gateway, or `rbd resize`, resized a shared RBD
-    /// image): `changed(new_size)` is then called on a thread of the
-    /// backend's own, once [`Self::size`] reports the new size. A later
-    /// call replaces the callback. Backends whose size only
-    /// [`Self::resize`] changes ignore it (the default).
-    fn on_resized_elsewhere(&self, changed: SizeChanged) {
-        let _ = changed;
-    }
-
-    /// The cache policy in force.
-    fn write_cache(&self) -> WriteCache;
-
-    /// Switches the cache policy (MODE SELECT of the WCE bit). Backends
-    /// that cannot switch return an error of kind `Unsupported`.
-    fn set_write_cache(&self, policy: WriteCache) -> io::Result<()>;
-
-    /// True when no write ever reaches stable storage (RAM, null).
-    fn volatile(&self) -> bool {
-        false
-    }
-
-    /// True when a call may wait on a device; see the module docs.
-    fn may_block(&self) -> bool {
-        true
-    }
-
-    /// The largest write, in bytes, worth running on the event loop of a
-    /// backend that never blocks ([`Self::may_block`] false). A larger one
-    /// costs a long copy (a file in memory copies it into the page cache),
-    /// so the driver runs it on an I/O thread and its loop goes on
-    /// receiving meanwhile, on another core. The default has no limit: the
-    /// RAM backend keeps the received buffer, null drops it.
-    fn inline_write_max(&self) -> usize {
-        usize::MAX
-    }
 
     /// Writes `len` zero bytes at `offset`; the range stays allocated.
     /// Durable like a `write_at` without FUA. The default writes zeros
@@ -213,22 +173,10 @@ pub trait BlockBackend: Send + Sync + 'static {
 
     /// Deallocates `len` bytes at `offset`: afterwards the range reads as
     /// zeros, and the whole allocation units it covers are freed when
-    /// [`Self::can_deallocate`] is true. Durable like a `write_at` without
+    /// [`Caps::can_deallocate`] is true. Durable like a `write_at` without
     /// FUA. The default zeroes the range without freeing anything.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.write_zeroes(offset, len)
-    }
-
-    /// True when [`Self::discard`] frees space (thin provisioning is
-    /// possible) and [`Self::allocation`] tells freed ranges apart.
-    fn can_deallocate(&self) -> bool {
-        false
-    }
-
-    /// The unit, in bytes, that [`Self::discard`] frees whole (a power of
-    /// two); partial units are zero-filled and stay allocated.
-    fn discard_granularity(&self) -> u64 {
-        4096
     }
 
     /// The allocation state of the bytes from `offset`: the first run of
@@ -243,36 +191,99 @@ pub trait BlockBackend: Send + Sync + 'static {
         })
     }
 
-    /// The largest `write_at`, in bytes, that lands all-or-nothing even
-    /// across a crash or power loss; 0 when the backend promises nothing
-    /// beyond what the device does for a single logical block. Volatile
-    /// backends lose everything in a crash, so they return `u64::MAX`.
-    fn max_atomic_write(&self) -> u64 {
-        0
+    /// Changes the size to `new_size` bytes (the admin API's resize).
+    /// Data below both sizes is kept; after growing, the new space reads
+    /// as zeros. Calls racing a resize see the old or the new size. Backends
+    /// that cannot change size return `Unsupported` (the default).
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let _ = new_size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this backend cannot be resized",
+        ))
     }
 
-    /// The alignment, in bytes, an atomic write needs to be all-or-nothing
-    /// up to [`Self::max_atomic_write`] (its offset a multiple of this); 0
-    /// when any block-aligned offset will do. A backend whose writes are
-    /// atomic only inside one allocation unit (an RBD object) says so here.
-    fn atomic_alignment(&self) -> u64 {
-        0
+    /// Switches the cache policy (MODE SELECT of the WCE bit). Backends
+    /// that cannot switch return an error of kind `Unsupported`.
+    fn set_write_cache(&self, policy: WriteCache) -> io::Result<()>;
+
+    /// The fast paths, for a backend that has some; `None` (the default):
+    /// reads go through [`Self::read_at`] into a new buffer.
+    fn fast(&self) -> Option<&dyn FastPaths> {
+        None
     }
 
     /// The owner arbitration of storage several gateways serve at once
-    /// (an RBD image's exclusive lock); `None` for storage only this
-    /// process uses.
+    /// (an RBD image's exclusive lock), with its resize notifications;
+    /// `None` for storage only this process uses.
     fn ownership(&self) -> Option<&dyn Ownership> {
+        None
+    }
+}
+
+/// What a backend can do faster than the core calls of [`BlockBackend`]
+/// ([`BlockBackend::fast`]): every method has a meaning that the core calls
+/// could also serve, more slowly.
+pub trait FastPaths: Send + Sync {
+    /// Reads `len` bytes at `offset` as one or more shared segments, with
+    /// no zeroing first: this is the read hot path. A backend that holds
+    /// its data in memory may hand out references to it instead of copying
+    /// (it must then never change bytes it has handed out).
+    fn read_chain(&self, offset: u64, len: usize) -> io::Result<bufpool::Chain>;
+
+    /// True when [`Self::splice_source`] can answer large reads: cheap,
+    /// asked before any other work on the read path.
+    fn can_splice(&self) -> bool {
+        false
+    }
+
+    /// `len` bytes at `offset` as a range of a file the connection may
+    /// send straight from the page cache (its mapping, or `sendfile(2)`),
+    /// instead of reading them here (`None`: use [`Self::read_chain`]).
+    /// Only for a file whose pages are in memory (tmpfs), so that the send
+    /// never waits on a device on the event loop. The bytes are read by
+    /// the kernel when it sends them, after this returns: the caller
+    /// decides when that is acceptable (data digests, writes in flight;
+    /// see `target::conn`).
+    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
+        let _ = (offset, len);
+        None
+    }
+
+    /// The place of a `len`-byte write at `offset` on the medium itself,
+    /// for its data to be received straight into (`None`: the backend has
+    /// no such place, or not for this range now; write with
+    /// [`BlockBackend::write`]). Only a backend whose medium is memory the
+    /// kernel can receive into without waiting (a file on tmpfs, its pages
+    /// all there) gives one. The bytes are on the medium as they arrive:
+    /// the caller decides when that is acceptable (`scsi::fast`: the
+    /// command admitted, no data digest) and makes them stable with
+    /// [`BlockBackend::write`] of the [`WriteData::Placed`].
+    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
+        let _ = (offset, len);
         None
     }
 
     /// The completion-driven interface, for backends whose I/O completes
     /// on a thread of their own (RBD): the driver then submits plain READs
     /// and WRITEs from its event loop without waiting, instead of running
-    /// them on the I/O pool. `None` (the default): only the calls above.
+    /// them on the I/O pool. `None` (the default): only the calls of
+    /// [`BlockBackend`].
     fn async_io(&self) -> Option<&dyn AsyncIo> {
         None
     }
+}
+
+/// Reads `len` bytes at `offset` of `b` into a new buffer: by its
+/// [`FastPaths::read_chain`] when it has one, else by
+/// [`BlockBackend::read_at`] into a zeroed buffer.
+pub fn read_chain(b: &dyn BlockBackend, offset: u64, len: usize) -> io::Result<bufpool::Chain> {
+    if let Some(f) = b.fast() {
+        return f.read_chain(offset, len);
+    }
+    let mut buf = vec![0u8; len];
+    b.read_at(&mut buf, offset)?;
+    Ok(bufpool::Chain::from(bytes::Bytes::from(buf)))
 }
 
 /// Receives the data of an [`AsyncIo::submit_read`].
@@ -281,7 +292,7 @@ pub type ReadDone = Box<dyn FnOnce(io::Result<bytes::Bytes>) + Send>;
 pub type WriteDone = Box<dyn FnOnce(io::Result<()>) + Send>;
 
 /// Reads and writes that return at once and report through a callback
-/// ([`BlockBackend::async_io`]). The contract of [`BlockBackend`] holds
+/// ([`FastPaths::async_io`]). The contract of [`BlockBackend`] holds
 /// with "the call returns" read as "`done` is called": a write is stable
 /// (write-through, or `fua`) when its `done` gets `Ok`; a read submitted
 /// after a write's `done` ran sees that write.
@@ -353,6 +364,12 @@ pub trait Ownership: Send + Sync {
     fn note(&self, key: &str) -> io::Result<Option<String>>;
     /// Sets the value under `key`.
     fn set_note(&self, key: &str, value: &str) -> io::Result<()>;
+    /// Asks to be told when the medium changes size from outside this
+    /// process (another gateway, or `rbd resize`, resized the shared
+    /// image): `changed(new_size)` is then called on a thread of the
+    /// backend's own, once [`BlockBackend::size`] reports the new size. A
+    /// later call replaces the callback.
+    fn on_resized_elsewhere(&self, changed: SizeChanged);
 }
 
 /// Largest buffer [`write_zeroes_by_writing`] allocates.
@@ -369,7 +386,7 @@ pub fn write_by_segments<B: BlockBackend + ?Sized>(
     fua: bool,
 ) -> io::Result<()> {
     if data.is_placed() {
-        if fua || b.write_cache() == WriteCache::WriteThrough {
+        if fua || b.caps().write_cache == WriteCache::WriteThrough {
             return b.flush();
         }
         return Ok(());

@@ -5,7 +5,7 @@
 //! chunk has its own reader/writer lock, so I/O to different chunks never
 //! contends and a read never sees a torn write within a chunk.
 //!
-//! Large reads are not copied: [`BlockBackend::read_chain`] of at least
+//! Large reads are not copied: [`FastPaths::read_chain`] of at least
 //! [`SHARE_MIN`] bytes hands out shared references to the chunks
 //! themselves (and to a static zero page for never-written ones), which
 //! the send queue writes straight to the socket. A chunk is immutable while
@@ -44,7 +44,9 @@ use bufpool::{BlockSums, Chain};
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Mutex, RwLock};
 
-use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache, WriteData};
+use crate::{
+    check_range, check_range_u64, BlockBackend, Caps, Extent, FastPaths, WriteCache, WriteData,
+};
 
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
@@ -188,8 +190,18 @@ impl MemBackend {
 }
 
 impl BlockBackend for MemBackend {
-    fn kind(&self) -> &'static str {
-        "mem"
+    fn caps(&self) -> Caps {
+        Caps {
+            volatile: true,
+            may_block: false,
+            can_deallocate: true,
+            discard_granularity: CHUNK,
+            max_atomic_write: u64::MAX,
+            ..Caps::new("mem", WriteCache::WriteBack)
+        }
+    }
+    fn fast(&self) -> Option<&dyn FastPaths> {
+        Some(self)
     }
     fn size(&self) -> u64 {
         self.len()
@@ -241,46 +253,6 @@ impl BlockBackend for MemBackend {
             }
         });
         Ok(())
-    }
-    fn read_chain(&self, offset: u64, len: usize) -> io::Result<Chain> {
-        if len < SHARE_MIN {
-            return self.read_bytes(offset, len).map(Chain::from);
-        }
-        check_range(self.len(), offset, len)?;
-        let mut out = Chain::new();
-        Self::for_each_chunk(offset, len, |idx, within, r| {
-            let n = r.len();
-            let held = self.chunk(idx).and_then(|c| {
-                c.read()
-                    .as_ref()
-                    .map(|c| (c.data.slice(within..within + n), c.sums.clone()))
-            });
-            let (b, sums) = held.unwrap_or_else(|| {
-                (
-                    Bytes::from_static(&ZEROS[within..within + n]),
-                    ZERO_SUMS.clone(),
-                )
-            });
-            out.push_summed(b, Some(sums));
-        });
-        Ok(out)
-    }
-    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        check_range(self.len(), offset, len)?;
-        // Filled by copying straight from the chunks into a pooled buffer:
-        // no zeroing first, no allocation in steady state.
-        let mut v = bufpool::take(len);
-        Self::for_each_chunk(offset, len, |idx, within, r| {
-            let n = r.len();
-            match self.chunk(idx) {
-                Some(c) => match &*c.read() {
-                    Some(c) => v.extend_from_slice(&c.data[within..within + n]),
-                    None => v.resize(v.len() + n, 0),
-                },
-                None => v.resize(v.len() + n, 0),
-            }
-        });
-        Ok(v.freeze())
     }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
         check_range(self.len(), offset, buf.len())?;
@@ -354,17 +326,8 @@ impl BlockBackend for MemBackend {
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
-    fn write_cache(&self) -> WriteCache {
-        WriteCache::WriteBack
-    }
     fn set_write_cache(&self, _policy: WriteCache) -> io::Result<()> {
         Ok(())
-    }
-    fn volatile(&self) -> bool {
-        true
-    }
-    fn may_block(&self) -> bool {
-        false
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range_u64(self.len(), offset, len)?;
@@ -391,12 +354,6 @@ impl BlockBackend for MemBackend {
         });
         Ok(())
     }
-    fn can_deallocate(&self) -> bool {
-        true
-    }
-    fn discard_granularity(&self) -> u64 {
-        CHUNK
-    }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         check_range_u64(self.len(), offset, len)?;
         if len == 0 {
@@ -414,12 +371,55 @@ impl BlockBackend for MemBackend {
             len: end.min(offset + len) - offset,
         })
     }
-    fn max_atomic_write(&self) -> u64 {
-        u64::MAX
+}
+
+impl FastPaths for MemBackend {
+    fn read_chain(&self, offset: u64, len: usize) -> io::Result<Chain> {
+        if len < SHARE_MIN {
+            return self.read_bytes(offset, len).map(Chain::from);
+        }
+        check_range(self.len(), offset, len)?;
+        let mut out = Chain::new();
+        Self::for_each_chunk(offset, len, |idx, within, r| {
+            let n = r.len();
+            let held = self.chunk(idx).and_then(|c| {
+                c.read()
+                    .as_ref()
+                    .map(|c| (c.data.slice(within..within + n), c.sums.clone()))
+            });
+            let (b, sums) = held.unwrap_or_else(|| {
+                (
+                    Bytes::from_static(&ZEROS[within..within + n]),
+                    ZERO_SUMS.clone(),
+                )
+            });
+            out.push_summed(b, Some(sums));
+        });
+        Ok(out)
     }
 }
 
 impl MemBackend {
+    /// Reads `len` bytes at `offset` into one pooled buffer (the reads
+    /// below [`SHARE_MIN`], which are cheaper copied than shared).
+    pub fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
+        check_range(self.len(), offset, len)?;
+        // Filled by copying straight from the chunks into a pooled buffer:
+        // no zeroing first, no allocation in steady state.
+        let mut v = bufpool::take(len);
+        Self::for_each_chunk(offset, len, |idx, within, r| {
+            let n = r.len();
+            match self.chunk(idx) {
+                Some(c) => match &*c.read() {
+                    Some(c) => v.extend_from_slice(&c.data[within..within + n]),
+                    None => v.resize(v.len() + n, 0),
+                },
+                None => v.resize(v.len() + n, 0),
+            }
+        });
+        Ok(v.freeze())
+    }
+
     /// Runs `f` on bytes `within .. within + n` of chunk `idx` for
     /// writing: allocated (zeroed) when never written, copied first when a
     /// read still shares it. The blocks it touches are forgotten from the

@@ -3,12 +3,12 @@
 //!
 //! Zeroing and discarding are range-checked no-ops (everything reads as
 //! zeros already) and every range is deallocated, but the backend does not
-//! claim [`BlockBackend::can_deallocate`]: it has no space to free, so the
+//! claim [`crate::Caps::can_deallocate`]: it has no space to free, so the
 //! SCSI layer presents it fully provisioned.
 
 use std::io;
 
-use crate::{check_range, check_range_u64, BlockBackend, Extent, WriteCache};
+use crate::{check_range, check_range_u64, BlockBackend, Caps, Extent, FastPaths, WriteCache};
 
 /// A store of `size` bytes that holds nothing.
 #[derive(Debug)]
@@ -24,8 +24,16 @@ impl NullBackend {
 }
 
 impl BlockBackend for NullBackend {
-    fn kind(&self) -> &'static str {
-        "null"
+    fn caps(&self) -> Caps {
+        Caps {
+            volatile: true,
+            may_block: false,
+            max_atomic_write: u64::MAX,
+            ..Caps::new("null", WriteCache::WriteBack)
+        }
+    }
+    fn fast(&self) -> Option<&dyn FastPaths> {
+        Some(self)
     }
     fn resize(&self, new_size: u64) -> io::Result<()> {
         self.size
@@ -44,16 +52,6 @@ impl BlockBackend for NullBackend {
         buf.fill(0);
         Ok(())
     }
-    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        check_range(self.size(), offset, len)?;
-        // Reads share one static page of zeros: no allocation, no copy.
-        static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
-        Ok(if len <= ZEROS.len() {
-            bytes::Bytes::from_static(&ZEROS[..len])
-        } else {
-            bytes::Bytes::from(vec![0u8; len])
-        })
-    }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
         check_range(
             self.size.load(std::sync::atomic::Ordering::Relaxed),
@@ -64,17 +62,8 @@ impl BlockBackend for NullBackend {
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
-    fn write_cache(&self) -> WriteCache {
-        WriteCache::WriteBack
-    }
     fn set_write_cache(&self, _policy: WriteCache) -> io::Result<()> {
         Ok(())
-    }
-    fn volatile(&self) -> bool {
-        true
-    }
-    fn may_block(&self) -> bool {
-        false
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range_u64(
@@ -101,8 +90,18 @@ impl BlockBackend for NullBackend {
             len,
         })
     }
-    fn max_atomic_write(&self) -> u64 {
-        u64::MAX
+}
+
+impl FastPaths for NullBackend {
+    fn read_chain(&self, offset: u64, len: usize) -> io::Result<bufpool::Chain> {
+        check_range(self.size(), offset, len)?;
+        // Reads share one static page of zeros: no allocation, no copy.
+        static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+        Ok(bufpool::Chain::from(if len <= ZEROS.len() {
+            bytes::Bytes::from_static(&ZEROS[..len])
+        } else {
+            bytes::Bytes::from(vec![0u8; len])
+        }))
     }
 }
 
@@ -119,6 +118,6 @@ mod tests {
         assert!(n.write_zeroes(u64::MAX, 2).is_err());
         let e = n.allocation(0, 512).unwrap();
         assert!(!e.allocated);
-        assert!(!n.can_deallocate());
+        assert!(!n.caps().can_deallocate);
     }
 }

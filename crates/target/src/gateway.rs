@@ -430,8 +430,8 @@ mod tests {
     }
 
     impl BlockBackend for Client {
-        fn kind(&self) -> &'static str {
-            "shared"
+        fn caps(&self) -> storage::Caps {
+            storage::Caps::new("shared", WriteCache::WriteThrough)
         }
         fn size(&self) -> u64 {
             self.data.size()
@@ -446,9 +446,6 @@ mod tests {
         }
         fn flush(&self) -> io::Result<()> {
             Ok(())
-        }
-        fn write_cache(&self) -> WriteCache {
-            WriteCache::WriteThrough
         }
         fn set_write_cache(&self, _: WriteCache) -> io::Result<()> {
             Ok(())
@@ -496,6 +493,7 @@ mod tests {
             self.cluster.lock().notes.insert(key.into(), value.into());
             Ok(())
         }
+        fn on_resized_elsewhere(&self, _changed: storage::SizeChanged) {}
     }
 
     struct Gw {

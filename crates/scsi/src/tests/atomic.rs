@@ -338,8 +338,12 @@ fn sanitize_stays_refused() {
 struct Aligned(storage::MemBackend);
 
 impl storage::BlockBackend for Aligned {
-    fn kind(&self) -> &'static str {
-        "aligned"
+    fn caps(&self) -> storage::Caps {
+        storage::Caps {
+            max_atomic_write: 4096,
+            atomic_alignment: 4096,
+            ..storage::Caps::new("aligned", storage::WriteCache::WriteThrough)
+        }
     }
     fn size(&self) -> u64 {
         self.0.size()
@@ -353,17 +357,8 @@ impl storage::BlockBackend for Aligned {
     fn flush(&self) -> std::io::Result<()> {
         Ok(())
     }
-    fn write_cache(&self) -> storage::WriteCache {
-        storage::WriteCache::WriteThrough
-    }
     fn set_write_cache(&self, _: storage::WriteCache) -> std::io::Result<()> {
         Ok(())
-    }
-    fn max_atomic_write(&self) -> u64 {
-        4096
-    }
-    fn atomic_alignment(&self) -> u64 {
-        4096
     }
 }
 

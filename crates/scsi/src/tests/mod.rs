@@ -217,8 +217,16 @@ fn eio() -> io::Error {
 }
 
 impl BlockBackend for TestBackend {
-    fn kind(&self) -> &'static str {
-        "test"
+    fn caps(&self) -> storage::Caps {
+        let wc = if self.write_back.load(Ordering::SeqCst) {
+            WriteCache::WriteBack
+        } else {
+            WriteCache::WriteThrough
+        };
+        storage::Caps::new("test", wc)
+    }
+    fn ownership(&self) -> Option<&dyn storage::Ownership> {
+        Some(self)
     }
     fn size(&self) -> u64 {
         self.mem.size()
@@ -246,13 +254,6 @@ impl BlockBackend for TestBackend {
         self.flushes.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
-    fn write_cache(&self) -> WriteCache {
-        if self.write_back.load(Ordering::SeqCst) {
-            WriteCache::WriteBack
-        } else {
-            WriteCache::WriteThrough
-        }
-    }
     fn set_write_cache(&self, policy: WriteCache) -> io::Result<()> {
         if !self.stuck_cache.load(Ordering::SeqCst) {
             self.write_back
@@ -260,8 +261,31 @@ impl BlockBackend for TestBackend {
         }
         Ok(())
     }
-    fn may_block(&self) -> bool {
-        true
+}
+
+/// Only the resize notifications (`follow_backend_size`); no owner
+/// arbitration.
+impl storage::Ownership for TestBackend {
+    fn acquire(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+    fn is_owner(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+    fn take_over(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn release(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn other_owner_alive(&self) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn note(&self, _key: &str) -> io::Result<Option<String>> {
+        Ok(None)
+    }
+    fn set_note(&self, _key: &str, _value: &str) -> io::Result<()> {
+        Ok(())
     }
     fn on_resized_elsewhere(&self, changed: storage::SizeChanged) {
         *self.resized.lock() = Some(changed);

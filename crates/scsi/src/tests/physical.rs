@@ -47,8 +47,12 @@ impl SectorMap {
 }
 
 impl BlockBackend for SectorMap {
-    fn kind(&self) -> &'static str {
-        "sector-map"
+    fn caps(&self) -> storage::Caps {
+        storage::Caps {
+            can_deallocate: true,
+            discard_granularity: 512,
+            ..storage::Caps::new("sector-map", WriteCache::WriteThrough)
+        }
     }
     fn size(&self) -> u64 {
         self.mem.size()
@@ -64,9 +68,6 @@ impl BlockBackend for SectorMap {
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
-    fn write_cache(&self) -> WriteCache {
-        WriteCache::WriteThrough
-    }
     fn set_write_cache(&self, _: WriteCache) -> io::Result<()> {
         Ok(())
     }
@@ -76,12 +77,6 @@ impl BlockBackend for SectorMap {
         self.mem.write_zeroes(offset, len)?;
         self.mark(offset, len, false);
         Ok(())
-    }
-    fn can_deallocate(&self) -> bool {
-        true
-    }
-    fn discard_granularity(&self) -> u64 {
-        512
     }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         let a = self.allocated.lock();

@@ -252,4 +252,21 @@ impl Ownership for RbdBackend {
     fn set_note(&self, key: &str, value: &str) -> io::Result<()> {
         self.metadata_set(key, value)
     }
+    /// Watches the image's header (see `watch`); a failure to watch is
+    /// logged, and the LU then keeps the size it had.
+    fn on_resized_elsewhere(&self, changed: crate::SizeChanged) {
+        let mut w = self.size_watch.lock();
+        // The old watch (and its helper) ends before the new one starts.
+        drop(w.take());
+        match super::watch::SizeWatch::start(
+            self.api,
+            self.image,
+            &self.spec,
+            self.size.clone(),
+            changed,
+        ) {
+            Ok(sw) => *w = Some(sw),
+            Err(e) => tracing::warn!(error = %e, "rbd: resizes made elsewhere will not be seen"),
+        }
+    }
 }

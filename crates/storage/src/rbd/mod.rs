@@ -28,7 +28,7 @@
 //! held back; FUA needs no extra work.
 //!
 //! **Blocking.** Each call submits an asynchronous request and waits for
-//! its completion, so [`BlockBackend::may_block`] is true and the target
+//! its completion, so [`Caps::may_block`] is true and the target
 //! runs it on its I/O thread pool. Many calls may be in flight at once:
 //! librbd's image handle is safe to use from several threads.
 //! Its [`crate::AsyncIo`] (`submit_read`, `submit_write`) is the
@@ -54,7 +54,9 @@ use std::sync::Arc;
 
 use rbd_sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Api};
 
-use crate::{check_range, check_range_u64, AsyncIo, BlockBackend, Extent, WriteCache};
+use crate::{
+    check_range, check_range_u64, AsyncIo, BlockBackend, Caps, Extent, FastPaths, WriteCache,
+};
 
 mod aio;
 mod lock;
@@ -100,7 +102,7 @@ pub struct RbdBackend {
     image: rbd_image_t,
     spec: Arc<str>,
     /// The size ranges are checked against; shared with the helper of
-    /// [`BlockBackend::on_resized_elsewhere`] (`watch`).
+    /// [`crate::Ownership::on_resized_elsewhere`] (`watch`).
     size: Arc<AtomicU64>,
     obj_size: u64,
     write_back: AtomicBool,
@@ -467,8 +469,26 @@ unsafe extern "C" fn diff_cb(off: u64, len: usize, exists: c_int, arg: *mut c_vo
 }
 
 impl BlockBackend for RbdBackend {
-    fn kind(&self) -> &'static str {
-        "rbd"
+    /// A write inside one RADOS object is applied by the OSD as one
+    /// operation: all or nothing. So an atomic write may be as large as an
+    /// object, starting on an object boundary.
+    fn caps(&self) -> Caps {
+        let write_cache = if self.write_back.load(Ordering::Relaxed) {
+            WriteCache::WriteBack
+        } else {
+            WriteCache::WriteThrough
+        };
+        Caps {
+            can_deallocate: true,
+            discard_granularity: self.obj_size,
+            max_atomic_write: self.obj_size,
+            atomic_alignment: self.obj_size,
+            ..Caps::new("rbd", write_cache)
+        }
+    }
+
+    fn fast(&self) -> Option<&dyn FastPaths> {
+        Some(self)
     }
 
     fn ownership(&self) -> Option<&dyn crate::Ownership> {
@@ -482,17 +502,6 @@ impl BlockBackend for RbdBackend {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         // SAFETY: a live exclusive borrow of the buffer for the call.
         unsafe { self.read_raw(buf.as_mut_ptr(), buf.len(), offset) }
-    }
-
-    fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
-        let mut v: Vec<u8> = Vec::with_capacity(len);
-        // SAFETY: the capacity is `len`; on success librbd wrote all of it
-        // (a short read is an error), so it is initialised.
-        unsafe {
-            self.read_raw(v.as_mut_ptr(), len, offset)?;
-            v.set_len(len);
-        }
-        Ok(bytes::Bytes::from(v))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
@@ -565,27 +574,6 @@ impl BlockBackend for RbdBackend {
         Ok(())
     }
 
-    /// Watches the image's header (see `watch`); a failure to watch is
-    /// logged, and the LU then keeps the size it had.
-    fn on_resized_elsewhere(&self, changed: crate::SizeChanged) {
-        let mut w = self.size_watch.lock();
-        // The old watch (and its helper) ends before the new one starts.
-        drop(w.take());
-        match watch::SizeWatch::start(self.api, self.image, &self.spec, self.size.clone(), changed)
-        {
-            Ok(sw) => *w = Some(sw),
-            Err(e) => tracing::warn!(error = %e, "rbd: resizes made elsewhere will not be seen"),
-        }
-    }
-
-    fn write_cache(&self) -> WriteCache {
-        if self.write_back.load(Ordering::Relaxed) {
-            WriteCache::WriteBack
-        } else {
-            WriteCache::WriteThrough
-        }
-    }
-
     fn set_write_cache(&self, policy: WriteCache) -> io::Result<()> {
         // Either policy is true of an uncached image (module docs).
         self.write_back
@@ -599,29 +587,6 @@ impl BlockBackend for RbdBackend {
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.zero(offset, len, 0)
-    }
-
-    fn can_deallocate(&self) -> bool {
-        true
-    }
-
-    fn async_io(&self) -> Option<&dyn AsyncIo> {
-        self.completions.then_some(self as &dyn AsyncIo)
-    }
-
-    fn discard_granularity(&self) -> u64 {
-        self.obj_size
-    }
-
-    /// A write inside one RADOS object is applied by the OSD as one
-    /// operation: all or nothing. So an atomic write may be as large as an
-    /// object, starting on an object boundary.
-    fn max_atomic_write(&self) -> u64 {
-        self.obj_size
-    }
-
-    fn atomic_alignment(&self) -> u64 {
-        self.obj_size
     }
 
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
@@ -658,6 +623,23 @@ impl BlockBackend for RbdBackend {
                 len: end - offset,
             },
         })
+    }
+}
+
+impl FastPaths for RbdBackend {
+    fn read_chain(&self, offset: u64, len: usize) -> io::Result<bufpool::Chain> {
+        let mut v: Vec<u8> = Vec::with_capacity(len);
+        // SAFETY: the capacity is `len`; on success librbd wrote all of it
+        // (a short read is an error), so it is initialised.
+        unsafe {
+            self.read_raw(v.as_mut_ptr(), len, offset)?;
+            v.set_len(len);
+        }
+        Ok(bufpool::Chain::from(bytes::Bytes::from(v)))
+    }
+
+    fn async_io(&self) -> Option<&dyn AsyncIo> {
+        self.completions.then_some(self as &dyn AsyncIo)
     }
 }
 
@@ -782,7 +764,7 @@ mod live {
             return;
         };
         let os = b.object_size();
-        assert_eq!(b.discard_granularity(), os);
+        assert_eq!(b.caps().discard_granularity, os);
         let size = b.size();
         assert!(size >= 4 * os, "the test image needs 4 objects");
         // Whole-object discard: deallocated, reads zeros.
@@ -800,7 +782,10 @@ mod live {
         let mut back = vec![0u8; 8192];
         b.read_at(&mut back, os + 4096).unwrap();
         assert_eq!(back, data);
-        assert_eq!(&b.read_bytes(os + 4096, 8192).unwrap()[..], &data[..]);
+        assert_eq!(
+            &b.read_chain(os + 4096, 8192).unwrap().to_vec()[..],
+            &data[..]
+        );
         b.flush().unwrap();
         // The written object is allocated, the first one not.
         let e = b.allocation(0, 4 * os).unwrap();
@@ -885,6 +870,7 @@ mod live {
 #[cfg(test)]
 mod live_lock {
     use super::*;
+    use crate::Ownership;
 
     fn open_twice() -> Option<(RbdBackend, RbdBackend)> {
         let spec = std::env::var("IRONSAN_RBD_LOCK_TEST").ok()?;

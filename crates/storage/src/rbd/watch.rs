@@ -1,5 +1,5 @@
 //! Following an image's size when another client changes it
-//! ([`crate::BlockBackend::on_resized_elsewhere`]).
+//! ([`crate::Ownership::on_resized_elsewhere`]).
 //!
 //! Several gateways open one image (docs/GATEWAYS.md), and `rbd resize`
 //! may run anywhere; each client's handle learns of a new size only when
