@@ -447,10 +447,9 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
+    #[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
     fn stores_reach_the_file_and_a_page_gone_cuts_them_short() {
-        let Ok(f) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "store") else {
-            return;
-        };
+        let f = crate::unlinked_file(std::path::Path::new("/dev/shm"), "store").expect("/dev/shm");
         let f = Arc::new(f);
         f.write_all_at(&[0u8; 65536], 0).unwrap();
         let m = FileMap::writable(f.clone(), 65536).unwrap();
@@ -482,10 +481,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
     fn large_stores_go_non_temporal_and_a_page_gone_cuts_them_short() {
-        let Ok(f) = crate::unlinked_file(std::path::Path::new("/dev/shm"), "storent") else {
-            return;
-        };
+        let f =
+            crate::unlinked_file(std::path::Path::new("/dev/shm"), "storent").expect("/dev/shm");
         if !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
             return;
         }
@@ -524,10 +523,9 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
     fn loads_copy_the_file_and_a_page_gone_cuts_them_short() {
-        let Some((f, m, data)) = patterned("load", 29) else {
-            return;
-        };
+        let (f, m, data) = patterned("load", 29).expect("/dev/shm");
         let on = cfg!(all(target_arch = "x86_64", target_os = "linux"));
         let mut buf = Vec::<u8>::with_capacity(65536);
         let n = m.load(1000, &mut buf.spare_capacity_mut()[..30000]);
@@ -553,10 +551,9 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
     fn guarded_reads_see_the_file_and_survive_a_page_gone() {
-        let Some((f, m, data)) = patterned("guarded", 13) else {
-            return;
-        };
+        let (f, m, data) = patterned("guarded", 13).expect("/dev/shm");
         let on = cfg!(all(target_arch = "x86_64", target_os = "linux"));
         let mut seen = Vec::with_capacity(65536);
         // SAFETY: nothing writes the file meanwhile; its pages are all

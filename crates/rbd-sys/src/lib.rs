@@ -374,12 +374,12 @@ mod tests {
         assert_eq!(std::mem::size_of::<rbd_image_info_t>(), 160);
     }
 
-    /// Runs only where librbd is installed: the real libraries resolve.
+    /// The real libraries resolve (where librbd is installed:
+    /// scripts/rbd.sh installs Ceph and runs it).
     #[test]
-    fn loads_the_real_libraries_when_present() {
-        match load(LIBRADOS, LIBRBD) {
-            Ok(api) => assert!(api.rbd_version().1 >= 16),
-            Err(e) => eprintln!("skipped: {e}"),
-        }
+    #[ignore = "needs librbd and librados (scripts/rbd.sh installs Ceph and runs it)"]
+    fn loads_the_real_libraries() {
+        let api = load(LIBRADOS, LIBRBD).expect("librbd and librados load");
+        assert!(api.rbd_version().1 >= 16);
     }
 }

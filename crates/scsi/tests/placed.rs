@@ -100,10 +100,9 @@ fn quiet(lu: &LogicalUnit) {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn bytes_received_in_place_are_what_reads_return() {
-    let Some((_dir, path, lu)) = file_lu(false) else {
-        return;
-    };
+    let (_dir, path, lu) = file_lu(false).expect("/dev/shm");
     quiet(&lu);
     let data: Vec<u8> = (0..256 * 1024u32).map(|i| ((i * 31) >> 3) as u8).collect();
     // WRITE(16) at LBA 100, 256 KiB: the first 1000 bytes as a driver puts
@@ -148,10 +147,9 @@ fn bytes_received_in_place_are_what_reads_return() {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn no_place_where_execute_would_refuse_or_placing_is_unsafe() {
-    let Some((_dir, _path, lu)) = file_lu(false) else {
-        return;
-    };
+    let (_dir, _path, lu) = file_lu(false).expect("/dev/shm");
     let place = |cdb: &[u8], len: usize, nexus: u64| {
         lu.place_write(&cmd(cdb, &WriteData::None, nexus), len)
     };
@@ -243,13 +241,13 @@ fn caw_at(cdb: &mut [u8; 16], lba: u64) -> [u8; 16] {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn read_only_units_and_memory_units_give_no_place() {
-    if let Some((_dir, _path, lu)) = file_lu(true) {
-        quiet(&lu);
-        assert!(lu
-            .place_write(&cmd(&rw10(0x2a, 0, 0, 128), &WriteData::None, 1), 65536)
-            .is_none());
-    }
+    let (_dir, _path, lu) = file_lu(true).expect("/dev/shm");
+    quiet(&lu);
+    assert!(lu
+        .place_write(&cmd(&rw10(0x2a, 0, 0, 128), &WriteData::None, 1), 65536)
+        .is_none());
     let mem: Arc<dyn BlockBackend> = Arc::new(MemBackend::new(SIZE as u64));
     let lu = LogicalUnit::new(mem, config(false)).unwrap();
     quiet(&lu);

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use iscsi_proto::session::{Completion, ExecRequest};
 use iscsi_wire::pdu::Lun;
-use scsi::{GroupSpec, LogicalUnit, LuConfig, NexusId, Outcome, PortGroups, TargetLus};
+use scsi::{
+    Asc, GroupSpec, LogicalUnit, LuConfig, NexusId, Outcome, PortGroups, Sense, SenseKey, TargetLus,
+};
 use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache, WriteData};
 
 use parking_lot::RwLock;
@@ -370,30 +372,25 @@ pub struct Origin {
     pub initiator_port_name: String,
     /// The LUs of the session's target.
     pub lus: Option<LunSet>,
-    /// Large reads may be answered with a file range sent by `sendfile`
-    /// (`scsi::fast`, zero-copy reads): false under a data digest.
+    /// Large reads may be answered with a file range the connection sends
+    /// from the file's mapping or by `sendfile` (`scsi::fast`, zero-copy
+    /// reads; under a data digest too, the send queue computing it over
+    /// the pages with their writers held off).
     pub zero_copy_reads: bool,
 }
 
-const ILLEGAL_REQUEST: u8 = 0x05;
-
-fn sense(key: u8, asc: u8, ascq: u8) -> Bytes {
-    let mut s = vec![0u8; 18];
-    s[0] = 0x70;
-    s[2] = key;
-    s[7] = 10;
-    s[12] = asc;
-    s[13] = ascq;
-    Bytes::from(s)
-}
-
-fn check(key: u8, asc: u8, ascq: u8) -> Completion {
+/// A CHECK CONDITION completion with `s` as fixed-format sense data.
+fn check(s: Sense) -> Completion {
     Completion {
         status: scsi::status::CHECK_CONDITION,
-        sense: Some(sense(key, asc, ascq)),
+        sense: Some(Bytes::from(s.to_bytes())),
         ..Completion::default()
     }
 }
+
+/// ILLEGAL REQUEST, LOGICAL UNIT NOT SUPPORTED (SPC-4 §4.6.4: a LUN the
+/// target does not have).
+const NO_SUCH_LUN: Sense = Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED);
 
 /// `cdb` as the SCSI layer sees it, from the nexus and port of `o`, with
 /// `expected_data_out` bytes of data-out expected and none given.
@@ -539,14 +536,14 @@ pub fn answer_above_lu(t: &LunTable, req: &ExecRequest) -> Option<Completion> {
         0x03 => {
             // REQUEST SENSE: the sense data says why.
             let alloc = usize::from(cdb[4]);
-            let mut s = sense(ILLEGAL_REQUEST, 0x25, 0).to_vec();
-            s.truncate(alloc.min(18));
+            let mut s = NO_SUCH_LUN.to_bytes();
+            s.truncate(alloc.min(s.len()));
             Completion {
                 data_in: Bytes::from(s).into(),
                 ..Completion::default()
             }
         }
-        _ => check(ILLEGAL_REQUEST, 0x25, 0x00),
+        _ => check(NO_SUCH_LUN),
     })
 }
 
@@ -575,15 +572,7 @@ fn report_luns(t: &LunTable, cdb: &[u8]) -> Completion {
 }
 
 fn invalid_field_in_cdb(byte: u16) -> Completion {
-    let mut s = sense(ILLEGAL_REQUEST, 0x24, 0).to_vec();
-    // Sense-key specific: SKSV=1, C/D=1 (CDB), field pointer.
-    s[15] = 0xc0;
-    s[16..18].copy_from_slice(&byte.to_be_bytes());
-    Completion {
-        status: scsi::status::CHECK_CONDITION,
-        sense: Some(Bytes::from(s)),
-        ..Completion::default()
-    }
+    check(Sense::invalid_cdb(byte, None))
 }
 
 #[cfg(test)]

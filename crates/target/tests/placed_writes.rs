@@ -53,10 +53,9 @@ fn fill(seed: u64, n: usize) -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn placed_writes_hold_exactly_what_was_written_for_every_negotiation() {
-    let Some((_dir, path, mut want)) = shm_lun() else {
-        return;
-    };
+    let (_dir, path, mut want) = shm_lun().expect("/dev/shm");
     let (addrs, _stop) = start(config(&lun_config(&path), ""));
     // (immediate data, first burst, max recv segment, data digest)
     let shapes = [
@@ -149,10 +148,9 @@ fn placed_writes_hold_exactly_what_was_written_for_every_negotiation() {
 /// with GOOD (what the store could not take goes by `pwrite`, which extends
 /// the file again), read back right, and the target lives on.
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn small_writes_survive_the_file_cut_short_under_the_lun() {
-    let Some((_dir, path, _want)) = shm_lun() else {
-        return;
-    };
+    let (_dir, path, _want) = shm_lun().expect("/dev/shm");
     let (addrs, _stop) = start(config(&lun_config(&path), ""));
     let cfg = LoginConfig::new("iqn.2026-11.x:pw", Some(IQN), initiator::random_isid());
     let mut c = Connection::login(&addrs[0].to_string(), cfg).unwrap();

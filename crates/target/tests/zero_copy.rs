@@ -46,11 +46,10 @@ fn read16(lba: u64, blocks: u32) -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn large_reads_carry_the_files_bytes_with_and_without_digests() {
     const SIZE: usize = 8 << 20;
-    let Some((_dir, path, data)) = shm_lun(SIZE) else {
-        return;
-    };
+    let (_dir, path, data) = shm_lun(SIZE).expect("/dev/shm");
     let (addrs, _stop) = start(config(&lun_config(&path, SIZE), ""));
     for (hd, dd, seg) in [
         (false, false, 262_144),
@@ -122,11 +121,10 @@ fn large_reads_carry_the_files_bytes_with_and_without_digests() {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn a_file_shrunk_under_a_read_never_answers_good_with_short_data() {
     const SIZE: usize = 4 << 20;
-    let Some((_dir, path, _data)) = shm_lun(SIZE) else {
-        return;
-    };
+    let (_dir, path, _data) = shm_lun(SIZE).expect("/dev/shm");
     let (addrs, _stop) = start(config(&lun_config(&path, SIZE), ""));
     let mut c = Client::connect(addrs[0]);
     c.login_normal(
@@ -174,11 +172,10 @@ fn a_file_shrunk_under_a_read_never_answers_good_with_short_data() {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn a_slow_reader_gets_every_byte_in_order() {
     const SIZE: usize = 32 << 20;
-    let Some((_dir, path, data)) = shm_lun(SIZE) else {
-        return;
-    };
+    let (_dir, path, data) = shm_lun(SIZE).expect("/dev/shm");
     let (addrs, _stop) = start(config(&lun_config(&path, SIZE), ""));
     let mut c = Client::connect(addrs[0]);
     c.login_normal(
@@ -244,10 +241,9 @@ fn write_at(c: &mut Connection, at: usize, bytes: Vec<u8>) {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn digested_reads_racing_writes_from_another_session_stay_true() {
-    let Some((_dir, path, _data)) = shm_lun(RACE_SIZE) else {
-        return;
-    };
+    let (_dir, path, _data) = shm_lun(RACE_SIZE).expect("/dev/shm");
     race_digested_reads(&lun_config(&path, RACE_SIZE), false);
 }
 

@@ -741,28 +741,28 @@ mod tests {
 
 /// Against a live cluster, when `IRONSAN_RBD_TEST=POOL/IMAGE` names a
 /// scratch image (its data is overwritten) and `CEPH_CONF` the cluster
-/// (scripts/rbd.sh sets both); skipped otherwise.
+/// (scripts/rbd.sh sets both and runs them with `--ignored`); ignored
+/// otherwise.
 #[cfg(test)]
 mod live {
     use super::*;
 
-    fn open() -> Option<RbdBackend> {
-        let spec = std::env::var("IRONSAN_RBD_TEST").ok()?;
+    fn open() -> RbdBackend {
+        let spec = std::env::var("IRONSAN_RBD_TEST")
+            .expect("IRONSAN_RBD_TEST=POOL/IMAGE names the scratch image (scripts/rbd.sh)");
         let (pool, image) = spec.split_once('/').expect("IRONSAN_RBD_TEST=POOL/IMAGE");
         let o = RbdOptions {
             pool: pool.into(),
             image: image.into(),
             ..RbdOptions::default()
         };
-        Some(RbdBackend::open(&o, WriteCache::WriteThrough).expect("open the test image"))
+        RbdBackend::open(&o, WriteCache::WriteThrough).expect("open the test image")
     }
 
     #[test]
+    #[ignore = "needs a Ceph cluster: IRONSAN_RBD_TEST=POOL/IMAGE and CEPH_CONF (scripts/rbd.sh runs it)"]
     fn read_write_zero_discard_allocation() {
-        let Some(b) = open() else {
-            eprintln!("skipped: IRONSAN_RBD_TEST not set");
-            return;
-        };
+        let b = open();
         let os = b.object_size();
         assert_eq!(b.caps().discard_granularity, os);
         let size = b.size();
@@ -812,12 +812,10 @@ mod live {
     }
 
     #[test]
+    #[ignore = "needs a Ceph cluster: IRONSAN_RBD_TEST=POOL/IMAGE and CEPH_CONF (scripts/rbd.sh runs it)"]
     fn completion_driven_reads_and_writes() {
         use crate::AsyncIo;
-        let Some(b) = open() else {
-            eprintln!("skipped: IRONSAN_RBD_TEST not set");
-            return;
-        };
+        let b = open();
         const N: u64 = 64;
         // Past the objects the other live test uses (tests run in parallel).
         let base = 4 * b.object_size();
@@ -866,14 +864,17 @@ mod live {
 
 /// The exclusive lock between two clients, when `IRONSAN_RBD_LOCK_TEST=
 /// POOL/IMAGE` names an image of its own (the live tests above would
-/// fight over the lock) with the exclusive-lock feature; skipped otherwise.
+/// fight over the lock) with the exclusive-lock feature; ignored otherwise
+/// (scripts/rbd.sh runs it).
 #[cfg(test)]
 mod live_lock {
     use super::*;
     use crate::Ownership;
 
-    fn open_twice() -> Option<(RbdBackend, RbdBackend)> {
-        let spec = std::env::var("IRONSAN_RBD_LOCK_TEST").ok()?;
+    fn open_twice() -> (RbdBackend, RbdBackend) {
+        let spec = std::env::var("IRONSAN_RBD_LOCK_TEST").expect(
+            "IRONSAN_RBD_LOCK_TEST=POOL/IMAGE names an image to fight over (scripts/rbd.sh)",
+        );
         let (pool, image) = spec
             .split_once('/')
             .expect("IRONSAN_RBD_LOCK_TEST=POOL/IMAGE");
@@ -883,15 +884,13 @@ mod live_lock {
             ..RbdOptions::default()
         };
         let open = || RbdBackend::open(&o, WriteCache::WriteThrough).expect("open the image");
-        Some((open(), open()))
+        (open(), open())
     }
 
     #[test]
+    #[ignore = "needs a Ceph cluster: IRONSAN_RBD_LOCK_TEST=POOL/IMAGE and CEPH_CONF (scripts/rbd.sh runs it)"]
     fn take_over_fences_the_old_owner() {
-        let Some((a, b)) = open_twice() else {
-            eprintln!("skipped: IRONSAN_RBD_LOCK_TEST not set");
-            return;
-        };
+        let (a, b) = open_twice();
         let data = vec![0xA5u8; 4096];
         assert!(a.lock_acquire().unwrap(), "a takes the free lock");
         assert!(a.is_lock_owner().unwrap());
