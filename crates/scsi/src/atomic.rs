@@ -58,22 +58,25 @@ fn fua(cdb: &[u8]) -> bool {
 
 /// Reads `buf.len()` bytes at block `lba`.
 fn read(lu: &LogicalUnit, buf: &mut [u8], lba: u64) -> Result<(), Sense> {
-    lu.backend
-        .read_at(buf, lba << lu.block_shift)
+    lu.vol
+        .backend()
+        .read_at(buf, lba << lu.vol.block_shift())
         .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))
 }
 
 /// Writes `data` at block `lba`.
 fn write(lu: &LogicalUnit, data: &[u8], lba: u64, fua: bool) -> Result<(), Sense> {
-    lu.backend
-        .write_at(data, lba << lu.block_shift, fua)
+    lu.vol
+        .backend()
+        .write_at(data, lba << lu.vol.block_shift(), fua)
         .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))
 }
 
 /// With FUA under a write-back cache: make what the read will see stable.
 fn flush_for_fua(lu: &LogicalUnit, fua: bool) -> Result<(), Sense> {
-    if fua && lu.backend.caps().write_cache == WriteCache::WriteBack {
-        lu.backend
+    if fua && lu.vol.backend().caps().write_cache == WriteCache::WriteBack {
+        lu.vol
+            .backend()
             .flush()
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
@@ -94,7 +97,7 @@ pub fn compare_and_write(
     }
     lu.check_writable()?;
     lu.check_range(lba, u32::from(blocks))?;
-    let half = usize::from(blocks) << lu.block_shift;
+    let half = usize::from(blocks) << lu.vol.block_shift();
     let data = lu
         .exact_data(cmd.expected_data_out, 2 * half, cmd.data())
         .map_err(|_| Sense::invalid_cdb(13, None))?;
@@ -104,7 +107,7 @@ pub fn compare_and_write(
     let (verify, new) = data.split_at(half);
     let fua = fua(cdb);
     let mut medium = vec![0u8; half];
-    let _range = lu.locks.exclusive(lba, u64::from(blocks));
+    let _range = lu.vol.locks().exclusive(lba, u64::from(blocks));
     flush_for_fua(lu, fua)?;
     read(lu, &mut medium, lba)?;
     if let Some(i) = first_difference(&medium, verify) {
@@ -120,7 +123,7 @@ pub fn orwrite(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome,
     no_protection(cdb)?;
     let lba = be64(cdb, 2);
     let len = be32(cdb, 10);
-    if len > lu.max_transfer_blocks {
+    if len > lu.vol.max_transfer_blocks() {
         return Err(Sense::invalid_cdb(10, None));
     }
     lu.check_writable()?;
@@ -132,8 +135,9 @@ pub fn orwrite(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome,
     let fua = fua(cdb);
     let mut buf = vec![0u8; data.len()];
     let _range = lu
-        .locks
-        .exclusive(lba, (data.len() >> lu.block_shift) as u64);
+        .vol
+        .locks()
+        .exclusive(lba, (data.len() >> lu.vol.block_shift()) as u64);
     flush_for_fua(lu, fua)?;
     read(lu, &mut buf, lba)?;
     buf.iter_mut().zip(data).for_each(|(m, d)| *m |= d);
@@ -154,24 +158,26 @@ pub fn write_atomic(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Out
         // ATOMIC BOUNDARY: MAXIMUM ATOMIC BOUNDARY SIZE is 0.
         return Err(Sense::invalid_cdb(10, None));
     }
-    if u32::from(len) > lu.max_atomic_blocks {
+    if u32::from(len) > lu.vol.max_atomic_blocks() {
         return Err(Sense::invalid_cdb(12, None));
     }
     lu.check_writable()?;
-    if lu.atomic_align_blocks != 0 && !lba.is_multiple_of(u64::from(lu.atomic_align_blocks)) {
+    if lu.vol.atomic_align_blocks() != 0
+        && !lba.is_multiple_of(u64::from(lu.vol.atomic_align_blocks()))
+    {
         return Err(Sense::invalid_cdb(2, None));
     }
     if len == 0 {
         return Ok(Outcome::good());
     }
-    let want = usize::from(len) << lu.block_shift;
+    let want = usize::from(len) << lu.vol.block_shift();
     let Some(data) = data_out.get(..want) else {
         return Err(Sense::new(
             SenseKey::IllegalRequest,
             Asc::INVALID_FIELD_IN_INFORMATION_UNIT,
         ));
     };
-    let _range = lu.locks.exclusive(lba, u64::from(len));
+    let _range = lu.vol.locks().exclusive(lba, u64::from(len));
     write(lu, data, lba, fua(cdb))?;
     Ok(Outcome::good())
 }

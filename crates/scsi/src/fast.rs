@@ -149,7 +149,7 @@ impl std::fmt::Debug for FastIo {
 impl LogicalUnit {
     /// The backend's completion-driven interface, if it has one.
     pub fn async_io(&self) -> Option<&dyn AsyncIo> {
-        self.backend.fast()?.async_io()
+        self.vol.backend().fast()?.async_io()
     }
 
     /// Every check `execute` makes of a READ(10/16) or WRITE(10/16)
@@ -181,7 +181,7 @@ impl LogicalUnit {
     pub fn admit_fast(&self, cmd: &Command<'_>) -> Option<FastIo> {
         let (write, f) = self.checked_read_or_write(cmd)?;
         let fua = f.flags & 0x08 != 0;
-        let bytes = (f.len as usize) << self.block_shift;
+        let bytes = (f.len as usize) << self.vol.block_shift();
         let kind = if write {
             let d = cmd.data_out;
             if d.segment_count() != 1 || d.len() < bytes {
@@ -192,14 +192,14 @@ impl LogicalUnit {
                 fua,
             }
         } else {
-            if fua && self.backend.caps().write_cache == WriteCache::WriteBack {
+            if fua && self.vol.backend().caps().write_cache == WriteCache::WriteBack {
                 return None;
             }
             FastKind::Read
         };
-        let range = self.locks.try_shared_owned(f.lba, u64::from(f.len))?;
+        let range = self.vol.locks().try_shared_owned(f.lba, u64::from(f.len))?;
         Some(FastIo {
-            offset: f.lba << self.block_shift,
+            offset: f.lba << self.vol.block_shift(),
             len: bytes,
             kind,
             _range: range,
@@ -214,15 +214,15 @@ impl LogicalUnit {
     /// (module docs). Costs nothing measurable for small
     /// reads and for backends that cannot splice.
     pub fn zero_copy_read(&self, cmd: &Command<'_>) -> Option<bufpool::FileRange> {
-        let fast = self.backend.fast()?;
-        if !fast.can_splice() || self.locks.exclusive_seen() {
+        let fast = self.vol.backend().fast()?;
+        if !fast.can_splice() || self.vol.locks().exclusive_seen() {
             return None;
         }
         let f = match *cmd.cdb.first()? {
             op::READ_10 | op::READ_16 => fields(cmd.cdb).ok()?,
             _ => return None,
         };
-        if (u64::from(f.len) << self.block_shift) < ZERO_COPY_MIN as u64 {
+        if (u64::from(f.len) << self.vol.block_shift()) < ZERO_COPY_MIN as u64 {
             return None;
         }
         let io = self.admit_fast(cmd)?;
@@ -231,7 +231,7 @@ impl LogicalUnit {
         }
         let r = fast.splice_source(io.offset, io.len)?;
         // Checked again now the range lock is held (module docs).
-        if self.locks.exclusive_seen() {
+        if self.vol.locks().exclusive_seen() {
             return None;
         }
         drop(io);
@@ -251,22 +251,23 @@ impl LogicalUnit {
         // over the network could otherwise keep COMPARE AND WRITE (and the
         // commands queued behind it) waiting as long as its initiator
         // takes to send the data.
-        if self.locks.exclusive_seen() {
+        if self.vol.locks().exclusive_seen() {
             return None;
         }
         let (true, f) = self.checked_read_or_write(cmd)? else {
             return None;
         };
-        if (f.len as usize) << self.block_shift != len {
+        if (f.len as usize) << self.vol.block_shift() != len {
             return None;
         }
-        let range = self.locks.try_shared_owned(f.lba, u64::from(f.len))?;
+        let range = self.vol.locks().try_shared_owned(f.lba, u64::from(f.len))?;
         let placed = self
-            .backend
+            .vol
+            .backend()
             .fast()?
-            .place_write(f.lba << self.block_shift, len)?;
+            .place_write(f.lba << self.vol.block_shift(), len)?;
         // Checked again now the range lock is held.
-        if self.locks.exclusive_seen() {
+        if self.vol.locks().exclusive_seen() {
             return None;
         }
         Some(placed.holding(range.into_held()))
@@ -291,9 +292,13 @@ impl LogicalUnit {
         // The data is on the medium: the backend makes it as stable as FUA
         // and the cache policy ask, and the range lock goes with `placed`.
         let (offset, fua) = fields(cdb).map_or((0, false), |f| {
-            (f.lba << self.block_shift, f.flags & 0x08 != 0)
+            (f.lba << self.vol.block_shift(), f.flags & 0x08 != 0)
         });
-        match self.backend.write(&WriteData::Placed(placed), offset, fua) {
+        match self
+            .vol
+            .backend()
+            .write(&WriteData::Placed(placed), offset, fua)
+        {
             Ok(()) => Outcome::good(),
             Err(e) => Outcome::check(backend_error(&e, Asc::WRITE_ERROR)),
         }

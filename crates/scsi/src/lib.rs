@@ -43,7 +43,7 @@ mod atomic;
 mod cdb;
 mod defects;
 mod fast;
-mod locks;
+use volume::locks;
 mod lu;
 mod mode;
 mod opcodes;

@@ -11,7 +11,6 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bufpool::WriteData;
@@ -21,12 +20,13 @@ use storage::{BlockBackend, WriteCache};
 
 use crate::alua::{self, PortGroups};
 use crate::cdb::{self, be32, be64, op};
-use crate::locks::LbaLocks;
 use crate::peers::TargetLus;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::ua::UnitAttentions;
 use crate::xcopy::{self, CopyState};
 use crate::{atomic, defects, mode, pr, provisioning, rw, status, vpd};
+use volume::{GeometryError, Volume};
+pub use volume::{MAX_LBPPB_EXPONENT, MAX_TRANSFER_BYTES};
 
 /// Identifies one I_T nexus (an iSCSI session) for unit attentions, SPC-2
 /// reservations and the delivery of persistent reservation events.
@@ -73,10 +73,6 @@ pub struct LuConfig {
     /// APTPL = 1 fails with INVALID FIELD IN PARAMETER LIST.
     pub pr_state: Option<PathBuf>,
 }
-
-/// Largest LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT (a 4-bit field in
-/// READ CAPACITY(16), SBC-3 §5.17).
-pub const MAX_LBPPB_EXPONENT: u32 = 15;
 
 /// Longest unit serial number accepted (it also goes into the T10 vendor
 /// ID designator, whose length is one byte).
@@ -289,9 +285,6 @@ pub(crate) fn backend_error(e: &io::Error, asc: Asc) -> Sense {
     }
 }
 
-/// Largest transfer one command may ask for, in bytes (VPD B0h MAXIMUM
-/// TRANSFER LENGTH is this divided by the block size).
-pub const MAX_TRANSFER_BYTES: u32 = 8 << 20;
 /// The OPTIMAL TRANSFER LENGTH advertised in VPD B0h, in bytes.
 pub const OPTIMAL_TRANSFER_BYTES: u32 = 1 << 20;
 /// MAXIMUM COMPARE AND WRITE LENGTH (VPD B0h), in blocks.
@@ -310,25 +303,12 @@ pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 /// A direct-access logical unit over a [`BlockBackend`]; `Send + Sync`,
 /// shared by all sessions and paths.
 pub struct LogicalUnit {
-    pub(crate) backend: Arc<dyn BlockBackend>,
+    /// What the unit is apart from SCSI: backend, geometry, capacity,
+    /// limits (MAXIMUM TRANSFER LENGTH, MAXIMUM ATOMIC TRANSFER LENGTH and
+    /// ATOMIC ALIGNMENT in VPD B0h), thin provisioning, and the range
+    /// locks of the read-modify-write commands ([`volume::locks`]).
+    pub(crate) vol: Volume,
     pub(crate) cfg: LuConfig,
-    pub(crate) block_shift: u32,
-    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: a physical block is
-    /// `1 << lbppb_shift` logical blocks.
-    pub(crate) lbppb_shift: u32,
-    /// Capacity in blocks; changes only by [`LogicalUnit::resize`].
-    pub(crate) num_blocks: AtomicU64,
-    pub(crate) max_transfer_blocks: u32,
-    /// Thin provisioned: the configuration asks for it and the backend can
-    /// free space.
-    pub(crate) thin: bool,
-    /// MAXIMUM ATOMIC TRANSFER LENGTH (VPD B0h) in blocks.
-    pub(crate) max_atomic_blocks: u32,
-    /// ATOMIC ALIGNMENT (VPD B0h): WRITE ATOMIC's LBA must be a multiple
-    /// of it; 0 for none.
-    pub(crate) atomic_align_blocks: u32,
-    /// Range locks for the read-modify-write commands ([`crate::locks`]).
-    pub(crate) locks: Arc<LbaLocks>,
     pub(crate) ua: UnitAttentions,
     /// Serialises MODE SELECT so validation and application are atomic.
     pub(crate) mode_lock: Mutex<()>,
@@ -349,7 +329,7 @@ pub struct LogicalUnit {
 impl std::fmt::Debug for LogicalUnit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogicalUnit")
-            .field("backend", &self.backend.caps().kind)
+            .field("backend", &self.vol.backend().caps().kind)
             .field("block_size", &self.cfg.block_size)
             .field("num_blocks", &self.num_blocks())
             .field("serial", &self.cfg.serial)
@@ -377,32 +357,28 @@ fn check_ascii(field: &'static str, value: &str, max: usize) -> Result<(), LuErr
 impl LogicalUnit {
     /// A logical unit serving `backend` with `cfg`.
     pub fn new(backend: Arc<dyn BlockBackend>, cfg: LuConfig) -> Result<Self, LuError> {
-        let bs = cfg.block_size;
-        if bs != 512 && bs != 4096 {
-            return Err(LuError::BlockSize(bs));
-        }
-        let pbs = cfg.physical_block_size.unwrap_or(bs);
-        let ratio = pbs / bs;
-        if pbs < bs
-            || !pbs.is_multiple_of(bs)
-            || !ratio.is_power_of_two()
-            || ratio.trailing_zeros() > MAX_LBPPB_EXPONENT
-        {
-            return Err(LuError::PhysicalBlockSize {
-                physical: pbs,
-                block_size: bs,
-            });
-        }
-        let size = backend.size();
-        if size == 0 {
-            return Err(LuError::Empty);
-        }
-        if size & (u64::from(bs) - 1) != 0 {
-            return Err(LuError::Unaligned {
-                size,
-                block_size: bs,
-            });
-        }
+        let default_wce = backend.caps().write_cache == WriteCache::WriteBack;
+        let vol = Volume::new(
+            backend,
+            cfg.block_size,
+            cfg.physical_block_size,
+            cfg.read_only,
+            cfg.thin,
+        )
+        .map_err(|e| match e {
+            GeometryError::BlockSize(bs) => LuError::BlockSize(bs),
+            GeometryError::PhysicalBlockSize {
+                physical,
+                block_size,
+            } => LuError::PhysicalBlockSize {
+                physical,
+                block_size,
+            },
+            GeometryError::Empty => LuError::Empty,
+            GeometryError::Unaligned { size, block_size } => {
+                LuError::Unaligned { size, block_size }
+            }
+        })?;
         check_ascii("vendor", &cfg.vendor, 8)?;
         check_ascii("product", &cfg.product, 16)?;
         check_ascii("revision", &cfg.revision, 4)?;
@@ -415,39 +391,17 @@ impl LogicalUnit {
             });
         }
         let std_inquiry = vpd::standard_inquiry(&cfg);
-        let caps = backend.caps();
-        let default_wce = caps.write_cache == WriteCache::WriteBack;
-        let max_transfer_blocks = MAX_TRANSFER_BYTES / bs;
-        // A single block is as atomic as any WRITE; more only when the
-        // backend lands it whole across a crash.
-        let atomic = caps.max_atomic_write / u64::from(bs);
-        let max_atomic_blocks = atomic.clamp(1, u64::from(max_transfer_blocks)) as u32;
-        // An alignment of one block or less is no requirement (0).
-        let align = caps.atomic_alignment / u64::from(bs);
-        let atomic_align_blocks = if align <= 1 {
-            0
-        } else {
-            align.min(u64::from(u32::MAX)) as u32
-        };
         let pr = pr::Reservations::open(cfg.pr_state.clone()).map_err(LuError::PrState)?;
         Ok(LogicalUnit {
             pr,
             reservations: true,
-            block_shift: bs.trailing_zeros(),
-            lbppb_shift: ratio.trailing_zeros(),
-            num_blocks: AtomicU64::new(size / u64::from(bs)),
-            max_transfer_blocks,
-            thin: cfg.thin && caps.can_deallocate,
-            max_atomic_blocks,
-            atomic_align_blocks,
-            locks: Arc::new(LbaLocks::new(bs.trailing_zeros())),
+            vol,
             ua: UnitAttentions::new(false),
             mode_lock: Mutex::new(()),
             default_wce,
             std_inquiry,
             alua: Arc::new(PortGroups::default()),
             copies: CopyState::default(),
-            backend,
             cfg,
         })
     }
@@ -499,13 +453,19 @@ impl LogicalUnit {
 
     /// Physical block size in bytes ([`LuConfig::physical_block_size`]).
     pub fn physical_block_size(&self) -> u32 {
-        self.cfg.block_size << self.lbppb_shift
+        self.cfg.block_size << self.vol.lbppb_shift()
     }
 
     /// Capacity in logical blocks.
     #[inline]
     pub fn num_blocks(&self) -> u64 {
-        self.num_blocks.load(Ordering::Relaxed)
+        self.vol.num_blocks()
+    }
+
+    /// The volume under the unit (the part of it a second command set
+    /// would share).
+    pub fn volume(&self) -> &Volume {
+        &self.vol
     }
 
     /// Changes the capacity to `bytes` (a multiple of the block size) and
@@ -513,27 +473,9 @@ impl LogicalUnit {
     /// Whether shrinking is acceptable is the caller's decision (it cuts
     /// off data).
     pub fn resize(&self, bytes: u64) -> Result<(), String> {
-        let bs = u64::from(self.cfg.block_size);
-        if bytes == 0 || !bytes.is_multiple_of(bs) {
-            return Err(format!(
-                "{bytes} bytes is not a positive multiple of the block size {bs}"
-            ));
-        }
-        let blocks = bytes / bs;
-        if blocks >= self.num_blocks() {
-            // Growing: the backend has the room before commands may use it.
-            self.backend.resize(bytes).map_err(|e| e.to_string())?;
-            self.num_blocks.store(blocks, Ordering::Relaxed);
-        } else {
-            // Shrinking: new commands past the end are refused (LBA OUT OF
-            // RANGE) before the backend lets the space go; one already
-            // running there fails with an error, never with stale data.
-            let before = self.num_blocks.swap(blocks, Ordering::Relaxed);
-            if let Err(e) = self.backend.resize(bytes) {
-                self.num_blocks.store(before, Ordering::Relaxed);
-                return Err(e.to_string());
-            }
-        }
+        // Commands past a new, smaller end are refused (LBA OUT OF RANGE)
+        // before the backend lets the space go (`Volume::resize`).
+        self.vol.resize(bytes)?;
         self.ua.broadcast(Asc::CAPACITY_DATA_CHANGED, None);
         Ok(())
     }
@@ -545,7 +487,7 @@ impl LogicalUnit {
     /// only a weak reference to the unit. Nothing for storage only this
     /// process uses.
     pub fn follow_backend_size(self: &Arc<Self>) {
-        let Some(shared) = self.backend.ownership() else {
+        let Some(shared) = self.vol.backend().ownership() else {
             return;
         };
         let lu = Arc::downgrade(self);
@@ -561,20 +503,19 @@ impl LogicalUnit {
     /// CAPACITY DATA HAS CHANGED (2A/09). After a shrink, commands past the
     /// new end are refused (LBA OUT OF RANGE).
     pub fn medium_resized(&self, bytes: u64) {
-        let blocks = bytes / u64::from(self.cfg.block_size);
-        if self.num_blocks.swap(blocks, Ordering::Relaxed) != blocks {
+        if self.vol.medium_resized(bytes) {
             self.ua.broadcast(Asc::CAPACITY_DATA_CHANGED, None);
         }
     }
 
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn BlockBackend> {
-        &self.backend
+        self.vol.backend()
     }
 
     /// The backend's kind (`mem`, `null`, `file`, `rbd`, `fault`).
     pub fn backend_kind(&self) -> &'static str {
-        self.backend.caps().kind
+        self.vol.backend().caps().kind
     }
 
     /// Establishes the unit attention `code` for every I_T nexus that
@@ -585,7 +526,7 @@ impl LogicalUnit {
 
     /// Whether a command may wait on a device ([`storage::Caps::may_block`]).
     pub fn may_block(&self) -> bool {
-        self.backend.caps().may_block
+        self.vol.backend().caps().may_block
     }
 
     /// Whether `cdb` may take long even on a backend that never blocks
@@ -600,7 +541,7 @@ impl LogicalUnit {
     /// the command is long running, or the write is larger than the
     /// backend copies cheaply ([`storage::Caps::inline_write_max`]).
     pub fn runs_off_loop(&self, cdb: &[u8], data_out: usize) -> bool {
-        let caps = self.backend.caps();
+        let caps = self.vol.backend().caps();
         caps.may_block || self.is_long_running(cdb) || data_out > caps.inline_write_max
     }
 
@@ -612,13 +553,13 @@ impl LogicalUnit {
     /// True when the unit is presented thin provisioned (LBPME = 1): the
     /// configuration asks for it and the backend can free space.
     pub fn thin(&self) -> bool {
-        self.thin
+        self.vol.thin()
     }
 
     /// The MAXIMUM TRANSFER LENGTH in blocks (VPD B0h); longer READ, WRITE,
     /// VERIFY and WRITE AND VERIFY commands fail with INVALID FIELD IN CDB.
     pub fn max_transfer_blocks(&self) -> u32 {
-        self.max_transfer_blocks
+        self.vol.max_transfer_blocks()
     }
 
     /// The data-out / data-in byte counts the CDB alone implies: READ and
@@ -629,7 +570,8 @@ impl LogicalUnit {
     /// and block transfers over [`Self::max_transfer_blocks`] (which
     /// `execute` rejects without looking at data). Cheap; never panics.
     pub fn plan(&self, cdb: &[u8]) -> TransferPlan {
-        let (data_out, data_in) = cdb::plan(cdb, self.cfg.block_size, self.max_transfer_blocks);
+        let (data_out, data_in) =
+            cdb::plan(cdb, self.cfg.block_size, self.vol.max_transfer_blocks());
         TransferPlan { data_out, data_in }
     }
 
@@ -740,7 +682,7 @@ impl LogicalUnit {
             },
             op::MAINTENANCE_IN => match cdb[1] & 0x1F {
                 cdb::SA_REPORT_SUPPORTED_OPCODES => {
-                    let (explicit, thin) = (self.alua.is_explicit(), self.thin);
+                    let (explicit, thin) = (self.alua.is_explicit(), self.vol.thin());
                     let reservations = self.reservations;
                     crate::opcodes::report_with(cdb, |code, _| {
                         (explicit || code != op::MAINTENANCE_OUT)
@@ -877,8 +819,8 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&last.to_be_bytes());
         d[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
-        d[13] = self.lbppb_shift as u8; // P_I_EXPONENT 0, LBPPBE
-        if self.thin {
+        d[13] = self.vol.lbppb_shift() as u8; // P_I_EXPONENT 0, LBPPBE
+        if self.vol.thin() {
             d[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }
         data_in(d, be32(cdb, 10) as usize)

@@ -59,11 +59,11 @@ enum Pc {
 
 impl LogicalUnit {
     fn wce_changeable(&self) -> bool {
-        !self.backend.caps().volatile
+        !self.vol.backend().caps().volatile
     }
 
     fn wce_current(&self) -> bool {
-        self.backend.caps().write_cache == WriteCache::WriteBack
+        self.vol.backend().caps().write_cache == WriteCache::WriteBack
     }
 
     /// The bytes of page `code` as `pc` asks; `None` for pages not served.
@@ -276,7 +276,7 @@ fn select_inner(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outco
             } else {
                 WriteCache::WriteThrough
             };
-            match lu.backend.set_write_cache(policy) {
+            match lu.vol.backend().set_write_cache(policy) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Unsupported => {
                     return Err(Sense::invalid_param(at as u16, Some(2)));

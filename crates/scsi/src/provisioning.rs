@@ -81,14 +81,14 @@ const MAX_QUERY_BYTES: u64 = 1 << 36;
 impl LogicalUnit {
     /// MAXIMUM WRITE SAME LENGTH (VPD B0h) in blocks.
     pub(crate) fn max_write_same_blocks(&self) -> u64 {
-        MAX_WRITE_SAME_BYTES >> self.block_shift
+        MAX_WRITE_SAME_BYTES >> self.vol.block_shift()
     }
 
     /// OPTIMAL UNMAP GRANULARITY (VPD B0h) in blocks: the backend's
     /// allocation unit or the physical block, whichever is larger.
     pub(crate) fn unmap_granularity_blocks(&self) -> u32 {
-        let g = (self.backend.caps().discard_granularity >> self.block_shift)
-            .max(1 << self.lbppb_shift);
+        let g = (self.vol.backend().caps().discard_granularity >> self.vol.block_shift())
+            .max(1 << self.vol.lbppb_shift());
         g.min(u64::from(u32::MAX)) as u32
     }
 
@@ -98,7 +98,7 @@ impl LogicalUnit {
     /// that runs to the last LBA covers the last physical block. With no
     /// whole physical block in the range, everything is in the first part.
     fn split_physical(&self, lba: u64, count: u64) -> [(u64, u64); 3] {
-        let ppb = 1u64 << self.lbppb_shift;
+        let ppb = 1u64 << self.vol.lbppb_shift();
         let end = lba + count;
         let first = lba.next_multiple_of(ppb);
         let last = if end == self.num_blocks() {
@@ -124,7 +124,7 @@ impl LogicalUnit {
         count: u64,
         partial: impl Fn(u64, u64) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
-        let shift = self.block_shift;
+        let shift = self.vol.block_shift();
         let [head, whole, tail] = self.split_physical(lba, count);
         for (l, n) in [head, tail] {
             if n > 0 {
@@ -133,7 +133,7 @@ impl LogicalUnit {
         }
         match whole {
             (_, 0) => Ok(()),
-            (l, n) => self.backend.discard(l << shift, n << shift),
+            (l, n) => self.vol.backend().discard(l << shift, n << shift),
         }
     }
 }
@@ -149,7 +149,7 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
         return Err(Sense::invalid_cdb(1, Some(4))); // ANCHOR: ANC_SUP = 0
     }
     let unmap = flags & 0x08 != 0;
-    if unmap && !lu.thin {
+    if unmap && !lu.vol.thin() {
         return Err(Sense::invalid_cdb(1, Some(3)));
     }
     if flags & 0x04 != 0 {
@@ -192,11 +192,11 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
         Some(lu.exact_data(cmd.expected_data_out, bs, cmd.data())?)
     };
     let zeros = block.is_none_or(|b| b.iter().all(|&x| x == 0));
-    let offset = lba << lu.block_shift;
-    let bytes = count << lu.block_shift;
-    let _range = lu.locks.shared(lba, count);
+    let offset = lba << lu.vol.block_shift();
+    let bytes = count << lu.vol.block_shift();
+    let _range = lu.vol.locks().shared(lba, count);
     let write = |offset: u64, bytes: u64| match block {
-        _ if zeros => lu.backend.write_zeroes(offset, bytes),
+        _ if zeros => lu.vol.backend().write_zeroes(offset, bytes),
         Some(b) => write_pattern(lu, b, offset, bytes),
         None => unreachable!("NDOB is all zeros"),
     };
@@ -206,7 +206,7 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
         // data-out block holds: whole physical blocks are deallocated, the
         // LBAs of partial ones zero-filled, so the whole range reads as
         // zeros (LBPRZ = 1) however it is aligned.
-        lu.deallocate_physical(lba, count, |o, n| lu.backend.write_zeroes(o, n))
+        lu.deallocate_physical(lba, count, |o, n| lu.vol.backend().write_zeroes(o, n))
     } else {
         write(offset, bytes)
     };
@@ -222,7 +222,7 @@ fn write_pattern(lu: &LogicalUnit, block: &[u8], offset: u64, bytes: u64) -> std
     let mut done = 0u64;
     while done < bytes {
         let n = (bytes - done).min(buf.len() as u64) as usize;
-        lu.backend.write_at(&buf[..n], offset + done, false)?;
+        lu.vol.backend().write_at(&buf[..n], offset + done, false)?;
         done += n as u64;
     }
     Ok(())
@@ -235,7 +235,7 @@ fn list_length_error() -> Sense {
 
 /// UNMAP (SBC-3 §5.28).
 pub fn unmap(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, Sense> {
-    if !lu.thin {
+    if !lu.vol.thin() {
         return Err(Sense::invalid_opcode());
     }
     if cdb[1] & 0x01 != 0 {
@@ -280,10 +280,10 @@ pub fn unmap(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, S
         }
     }
     for (lba, blocks) in descriptors().filter(|&(_, b)| b > 0) {
-        let _range = lu.locks.shared(lba, blocks);
+        let _range = lu.vol.locks().shared(lba, blocks);
         // Whole physical blocks are deallocated; the LBAs of partial ones
         // stay mapped and are zero-filled.
-        lu.deallocate_physical(lba, blocks, |o, n| lu.backend.write_zeroes(o, n))
+        lu.deallocate_physical(lba, blocks, |o, n| lu.vol.backend().write_zeroes(o, n))
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
     Ok(Outcome::good())
@@ -307,7 +307,7 @@ pub fn get_lba_status(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     let mut pos = start;
     while pos < lu.num_blocks() && runs.len() < room {
         let rest = lu.num_blocks() - pos;
-        let (blocks, state) = if lu.thin {
+        let (blocks, state) = if lu.vol.thin() {
             status_at(lu, pos, rest)?
         } else {
             (rest, MAPPED)
@@ -345,11 +345,12 @@ pub fn get_lba_status(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
 /// The provisioning status of the blocks from `lba` (at most `rest`):
 /// how many share the state of the first one.
 fn status_at(lu: &LogicalUnit, lba: u64, rest: u64) -> Result<(u64, u8), Sense> {
-    let shift = lu.block_shift;
+    let shift = lu.vol.block_shift();
     let offset = lba << shift;
     let len = (rest << shift).min(MAX_QUERY_BYTES);
     let e = lu
-        .backend
+        .vol
+        .backend()
         .allocation(offset, len)
         .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
     let end = offset + e.len.clamp(1, len);

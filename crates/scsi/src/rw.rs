@@ -25,8 +25,6 @@
 //! ([`crate::locks`]) while it touches the backend, so it is ordered
 //! against COMPARE AND WRITE, ORWRITE and WRITE ATOMIC on the same blocks.
 
-use storage::WriteCache;
-
 use crate::cdb::{self, Lba};
 use crate::locks::RangeGuard;
 use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
@@ -52,13 +50,13 @@ pub(crate) fn no_protection(f: &Lba) -> Result<(), Sense> {
 }
 
 impl LogicalUnit {
-    /// Transfer length within the Block Limits maximum.
+    /// Transfer length within the Block Limits maximum
+    /// ([`volume::Volume::check_transfer`]).
     #[inline]
     pub(crate) fn check_length(&self, f: &Lba) -> Result<(), Sense> {
-        if f.len > self.max_transfer_blocks {
-            return Err(Sense::invalid_cdb(f.len_byte, None));
-        }
-        Ok(())
+        self.vol
+            .check_transfer(f.len)
+            .map_err(|_| Sense::invalid_cdb(f.len_byte, None))
     }
 
     /// `lba .. lba + len` inside the medium, overflow-safe; an LBA past the
@@ -68,13 +66,13 @@ impl LogicalUnit {
         self.check_range64(lba, u64::from(len))
     }
 
-    /// [`Self::check_range`] for a 64-bit block count.
+    /// [`Self::check_range`] for a 64-bit block count
+    /// ([`volume::Volume::check_range`]).
     #[inline]
     pub(crate) fn check_range64(&self, lba: u64, len: u64) -> Result<(), Sense> {
-        if lba >= self.num_blocks() || len > self.num_blocks() - lba {
-            return Err(Sense::lba_out_of_range());
-        }
-        Ok(())
+        self.vol
+            .check_range(lba, len)
+            .map_err(|_| Sense::lba_out_of_range())
     }
 
     /// Exactly `want` bytes of data-out, for commands whose data-out must
@@ -97,12 +95,12 @@ impl LogicalUnit {
         data.get(..want).ok_or(bad)
     }
 
+    /// Writes accepted ([`volume::Volume::check_writable`]).
     #[inline]
     pub(crate) fn check_writable(&self) -> Result<(), Sense> {
-        if self.cfg.read_only {
-            return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
-        }
-        Ok(())
+        self.vol
+            .check_writable()
+            .map_err(|_| Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED))
     }
 
     /// The checks of a READ or WRITE CDB before the medium is touched, in
@@ -134,7 +132,7 @@ impl LogicalUnit {
     /// partial block is INVALID FIELD IN COMMAND INFORMATION UNIT).
     #[inline]
     pub(crate) fn received_len(&self, blocks: u32, have: usize) -> Result<usize, Sense> {
-        let want = (blocks as usize) << self.block_shift;
+        let want = (blocks as usize) << self.vol.block_shift();
         if have >= want {
             return Ok(want);
         }
@@ -155,14 +153,14 @@ impl LogicalUnit {
         blocks: u64,
         mut check: impl FnMut(usize, &[u8]) -> Option<Sense>,
     ) -> Result<(), Sense> {
-        let total = (blocks as usize) << self.block_shift;
+        let total = (blocks as usize) << self.vol.block_shift();
         let mut buf = vec![0u8; total.min(VERIFY_CHUNK)];
         let mut done = 0usize;
         while done < total {
             let n = (total - done).min(VERIFY_CHUNK);
             let chunk = &mut buf[..n];
-            let at = (lba << self.block_shift) + done as u64;
-            if let Err(e) = self.backend.read_at(chunk, at) {
+            let at = (lba << self.vol.block_shift()) + done as u64;
+            if let Err(e) = self.vol.backend().read_at(chunk, at) {
                 return Err(backend_error(&e, Asc::UNRECOVERED_READ_ERROR));
             }
             if let Some(s) = check(done, chunk) {
@@ -176,7 +174,7 @@ impl LogicalUnit {
     /// Byte-by-byte comparison of `data` with the medium from `lba`;
     /// MISCOMPARE carries the offset of the first differing byte.
     fn compare(&self, lba: u64, data: &[u8]) -> Result<(), Sense> {
-        let blocks = (data.len() >> self.block_shift) as u64;
+        let blocks = (data.len() >> self.vol.block_shift()) as u64;
         self.scan(lba, blocks, |off, medium| {
             let expect = &data[off..off + medium.len()];
             first_difference(medium, expect).map(|i| miscompare(off + i))
@@ -204,16 +202,12 @@ pub fn read(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     if f.len == 0 {
         return Ok(Outcome::good());
     }
-    if f.flags & 0x08 != 0 && lu.backend.caps().write_cache == WriteCache::WriteBack {
-        // FUA: what we return must be what stable storage holds.
-        lu.backend
-            .flush()
-            .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
-    }
-    let _range = lu.locks.shared(f.lba, u64::from(f.len));
-    let (offset, len) = (f.lba << lu.block_shift, (f.len as usize) << lu.block_shift);
-    let data = storage::read_chain(&*lu.backend, offset, len)
-        .map_err(|e| backend_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
+    // FUA: what we return must be what stable storage holds (the volume
+    // flushes a write-back cache first).
+    let data = lu
+        .vol
+        .read(f.lba, f.len, f.flags & 0x08 != 0)
+        .map_err(io_sense)?;
     Ok(Outcome::with_chain(data))
 }
 
@@ -226,10 +220,14 @@ fn write_blocks<'l>(
     data: &[u8],
     fua: bool,
 ) -> Result<RangeGuard<'l>, Sense> {
-    let range = lu.locks.shared(lba, (data.len() >> lu.block_shift) as u64);
+    let range = lu
+        .vol
+        .locks()
+        .shared(lba, (data.len() >> lu.vol.block_shift()) as u64);
     if !data.is_empty() {
-        lu.backend
-            .write_at(data, lba << lu.block_shift, fua)
+        lu.vol
+            .backend()
+            .write_at(data, lba << lu.vol.block_shift(), fua)
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
     Ok(range)
@@ -246,8 +244,6 @@ pub fn write(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outcome,
     if want == 0 {
         return Ok(Outcome::good());
     }
-    let fua = f.flags & 0x08 != 0;
-    let _range = lu.locks.shared(f.lba, (want >> lu.block_shift) as u64);
     let cut;
     let data = if want == data.len() {
         data
@@ -260,10 +256,28 @@ pub fn write(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outcome,
         })?;
         &cut
     };
-    lu.backend
-        .write(data, f.lba << lu.block_shift, fua)
-        .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
+    lu.vol
+        .write(f.lba, data, f.flags & 0x08 != 0)
+        .map_err(io_sense)?;
     Ok(Outcome::good())
+}
+
+/// The sense data of a volume I/O that failed: the refusals as the checks
+/// above answer them, a failed read as UNRECOVERED READ ERROR, a failed
+/// write or flush as WRITE ERROR (or NOT READY when another gateway owns
+/// the medium: `backend_error`).
+fn io_sense(e: volume::IoError) -> Sense {
+    match e {
+        volume::IoError::Refused(volume::Refusal::OutOfRange) => Sense::lba_out_of_range(),
+        volume::IoError::Refused(volume::Refusal::WriteProtected) => {
+            Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED)
+        }
+        volume::IoError::Refused(volume::Refusal::TooLong) => {
+            Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB)
+        }
+        volume::IoError::Read(e) => backend_error(&e, Asc::UNRECOVERED_READ_ERROR),
+        volume::IoError::Write(e) => backend_error(&e, Asc::WRITE_ERROR),
+    }
 }
 
 /// VERIFY(10/12/16) (SBC-3 §5.33–5.35). BYTCHK 00b reads the blocks and
@@ -282,7 +296,7 @@ pub fn verify(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, 
     if f.len == 0 {
         return Ok(Outcome::good());
     }
-    let _range = lu.locks.shared(f.lba, u64::from(f.len));
+    let _range = lu.vol.locks().shared(f.lba, u64::from(f.len));
     match bytchk {
         0 => lu.scan(f.lba, u64::from(f.len), |_, _| None)?,
         1 => {
@@ -330,7 +344,7 @@ pub fn write_and_verify(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result
     if bytchk == 1 {
         lu.compare(f.lba, data)?;
     } else {
-        let blocks = (data.len() >> lu.block_shift) as u64;
+        let blocks = (data.len() >> lu.vol.block_shift()) as u64;
         lu.scan(f.lba, blocks, |_, _| None)?;
     }
     Ok(Outcome::good())
@@ -351,7 +365,8 @@ pub fn pre_fetch(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
 pub fn synchronize_cache(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense> {
     let f = fields(cdb)?;
     lu.check_range(f.lba, f.len)?;
-    lu.backend
+    lu.vol
+        .backend()
         .flush()
         .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     Ok(Outcome::good())

@@ -90,13 +90,13 @@ pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
         return data_in(d, alloc);
     }
     let data = match page {
-        0x00 => page_with(0x00, &SUPPORTED_PAGES[..6 + usize::from(lu.thin)]),
+        0x00 => page_with(0x00, &SUPPORTED_PAGES[..6 + usize::from(lu.vol.thin())]),
         0x80 => page_with(0x80, lu.cfg.serial.as_bytes()),
         0x83 => device_identification(lu, cmd),
         0xB0 => block_limits(lu),
         0x86 => extended_inquiry(lu),
         0xB1 => block_device_characteristics(),
-        0xB2 if lu.thin => logical_block_provisioning(),
+        0xB2 if lu.vol.thin() => logical_block_provisioning(),
         _ => return Outcome::check(Sense::invalid_cdb(2, None)),
     };
     data_in(data, alloc)
@@ -182,11 +182,11 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     let mut b = [0u8; 0x3C];
     b[1] = crate::MAX_COMPARE_AND_WRITE_BLOCKS;
     // OPTIMAL TRANSFER LENGTH GRANULARITY (at most 2^15 blocks).
-    let granularity = (4096 / bs).max(1 << lu.lbppb_shift) as u16;
+    let granularity = (4096 / bs).max(1 << lu.vol.lbppb_shift()) as u16;
     b[2..4].copy_from_slice(&granularity.to_be_bytes());
-    b[4..8].copy_from_slice(&lu.max_transfer_blocks.to_be_bytes());
+    b[4..8].copy_from_slice(&lu.vol.max_transfer_blocks().to_be_bytes());
     b[8..12].copy_from_slice(&(OPTIMAL_TRANSFER_BYTES / bs).to_be_bytes());
-    if lu.thin {
+    if lu.vol.thin() {
         b[16..20].copy_from_slice(&crate::MAX_UNMAP_BLOCKS.to_be_bytes());
         b[20..24].copy_from_slice(&crate::MAX_UNMAP_DESCRIPTORS.to_be_bytes());
         b[24..28].copy_from_slice(&lu.unmap_granularity_blocks().to_be_bytes());
@@ -194,8 +194,8 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
         b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes());
     }
     b[32..40].copy_from_slice(&lu.max_write_same_blocks().to_be_bytes());
-    b[40..44].copy_from_slice(&lu.max_atomic_blocks.to_be_bytes());
-    b[44..48].copy_from_slice(&lu.atomic_align_blocks.to_be_bytes());
+    b[40..44].copy_from_slice(&lu.vol.max_atomic_blocks().to_be_bytes());
+    b[44..48].copy_from_slice(&lu.vol.atomic_align_blocks().to_be_bytes());
     // ATOMIC TRANSFER LENGTH GRANULARITY, MAXIMUM ATOMIC TRANSFER LENGTH
     // WITH ATOMIC BOUNDARY, MAXIMUM ATOMIC BOUNDARY SIZE: 0.
     page_with(0xB0, &b)
@@ -217,7 +217,7 @@ fn logical_block_provisioning() -> Vec<u8> {
 fn extended_inquiry(lu: &LogicalUnit) -> Vec<u8> {
     let mut b = [0u8; 0x3C];
     b[1] = 0x01; // SIMPSUP
-    if lu.backend.caps().write_cache == storage::WriteCache::WriteBack {
+    if lu.vol.backend().caps().write_cache == storage::WriteCache::WriteBack {
         b[2] = 0x01; // V_SUP
     }
     page_with(0x86, &b)

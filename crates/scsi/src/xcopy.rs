@@ -478,11 +478,13 @@ fn copy(j: &Job<'_>, moved: &mut u64) -> Result<(), Sense> {
         let rel = if backwards { left - n } else { j.bytes - left };
         let chunk = &mut buf[..n as usize];
         j.src
-            .backend
+            .vol
+            .backend()
             .read_at(chunk, j.src_off + rel)
             .map_err(|e| copy_error(&e, Asc::UNRECOVERED_READ_ERROR))?;
         j.dst
-            .backend
+            .vol
+            .backend()
             .write_at(chunk, j.dst_off + rel, false)
             .map_err(|e| copy_error(&e, Asc::WRITE_ERROR))?;
         left -= n;

@@ -30,10 +30,11 @@
 //!
 //! Locks are taken only by the top-level command functions and never
 //! re-entered. They are held across synchronous backend calls, and by a
-//! completion-driven READ or WRITE ([`crate::fast`]) from its submission to
-//! its completion: that one only *tries* its shared lock on the event loop
-//! ([`LbaLocks::try_shared_owned`]) and falls back to the I/O pool when an
-//! exclusive holder is in the way, so the event loop never waits.
+//! completion-driven READ or WRITE (the SCSI personality's `scsi::fast`)
+//! from its submission to its completion: that one only *tries* its shared
+//! lock on the event loop ([`LbaLocks::try_shared_owned`]) and falls back to
+//! the I/O pool when an exclusive holder is in the way, so the event loop
+//! never waits.
 
 use parking_lot::lock_api::RawRwLock as _;
 use parking_lot::RawRwLock;
@@ -44,12 +45,12 @@ const STRIPES: usize = 64;
 const REGION_BYTES_SHIFT: u32 = 20;
 
 /// The stripes of one logical unit.
-pub(crate) struct LbaLocks {
+pub struct LbaLocks {
     stripes: [RawRwLock; STRIPES],
     /// log2 of the region size in blocks.
     region_shift: u32,
     /// Set (for good) before the first exclusive lock is taken: from then
-    /// on reads are never served zero-copy ([`crate::fast`]), as a read
+    /// on reads are never served zero-copy (`scsi::fast`), as a read
     /// whose bytes the kernel fetches after its lock is gone could see an
     /// exclusive holder's write half done.
     exclusive_seen: std::sync::atomic::AtomicBool,
@@ -57,7 +58,7 @@ pub(crate) struct LbaLocks {
 
 /// Holds the stripes of one range until dropped.
 #[must_use = "the range is unlocked when the guard is dropped"]
-pub(crate) struct RangeGuard<'a> {
+pub struct RangeGuard<'a> {
     locks: &'a LbaLocks,
     mask: u64,
     exclusive: bool,
@@ -65,7 +66,7 @@ pub(crate) struct RangeGuard<'a> {
 
 impl LbaLocks {
     /// Locks for a unit whose logical blocks are `1 << block_shift` bytes.
-    pub(crate) fn new(block_shift: u32) -> Self {
+    pub fn new(block_shift: u32) -> Self {
         LbaLocks {
             stripes: [const { RawRwLock::INIT }; STRIPES],
             region_shift: REGION_BYTES_SHIFT.saturating_sub(block_shift),
@@ -93,12 +94,12 @@ impl LbaLocks {
 
     /// Locks the range shared (plain reads and writes).
     #[inline]
-    pub(crate) fn shared(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
+    pub fn shared(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
         self.lock(lba, blocks, false)
     }
 
     /// Locks the range exclusive (read-modify-write commands).
-    pub(crate) fn exclusive(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
+    pub fn exclusive(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
         if !self.exclusive_seen() {
             self.exclusive_seen
                 .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -108,7 +109,7 @@ impl LbaLocks {
 
     /// True once an exclusive lock has been asked for on this unit.
     #[inline]
-    pub(crate) fn exclusive_seen(&self) -> bool {
+    pub fn exclusive_seen(&self) -> bool {
         self.exclusive_seen
             .load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -136,7 +137,7 @@ impl LbaLocks {
 /// A shared range lock that owns a handle on its locks, so it can travel
 /// with a request to the thread that completes it; unlocked when dropped.
 #[must_use = "the range is unlocked when the guard is dropped"]
-pub(crate) struct OwnedShared {
+pub struct OwnedShared {
     locks: std::sync::Arc<LbaLocks>,
     mask: u64,
 }
@@ -144,7 +145,7 @@ pub(crate) struct OwnedShared {
 impl LbaLocks {
     /// Takes the range shared without waiting; `None` when an exclusive
     /// holder has one of its stripes (nothing is left locked then).
-    pub(crate) fn try_shared_owned(
+    pub fn try_shared_owned(
         self: &std::sync::Arc<Self>,
         lba: u64,
         blocks: u64,
@@ -190,7 +191,7 @@ impl LbaLocks {
 impl OwnedShared {
     /// The same lock as a [`bufpool::Held`], for a write received straight
     /// into its place ([`bufpool::Placed::holding`]).
-    pub(crate) fn into_held(self) -> bufpool::Held {
+    pub fn into_held(self) -> bufpool::Held {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again: its handle on the
         // locks moves into the `Held`, which unlocks the mask on drop.

@@ -68,7 +68,7 @@ fn anything_else_takes_the_ordinary_path() {
     let short = Bytes::from(vec![0u8; 512]);
     assert!(admit(&lu, &write10(0, 2), &short).is_none());
     // An exclusive holder (COMPARE AND WRITE) on the range: no waiting.
-    let x = lu.locks.exclusive(0, 1);
+    let x = lu.vol.locks().exclusive(0, 1);
     assert!(admit(&lu, &read10(0, 1), &none).is_none());
     assert!(
         admit(&lu, &read10(4096 - 1, 1), &none).is_some(),
@@ -105,7 +105,7 @@ fn backend_errors_finish_as_execute_reports_them() {
         Asc::WRITE_ERROR,
     );
     // The range lock went with the command.
-    drop(lu.locks.exclusive(0, BLOCKS));
+    drop(lu.vol.locks().exclusive(0, BLOCKS));
 }
 
 /// A unit over a file in /dev/shm (which can be spliced); `None` without
@@ -127,8 +127,9 @@ fn shm_lu() -> Option<LogicalUnit> {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn large_reads_of_a_file_in_memory_are_zero_copy_until_an_exclusive_command() {
-    let Some(lu) = shm_lu() else { return };
+    let lu = shm_lu().expect("/dev/shm");
     quiet(&lu);
     let none = WriteData::None;
     let blocks = (crate::ZERO_COPY_MIN / BS as usize) as u16;
@@ -165,8 +166,9 @@ fn large_reads_of_a_file_in_memory_are_zero_copy_until_an_exclusive_command() {
 }
 
 #[test]
+#[cfg_attr(no_shm, ignore = "needs /dev/shm (tmpfs)")]
 fn large_writes_to_a_file_in_memory_run_off_the_event_loop() {
-    let Some(lu) = shm_lu() else { return };
+    let lu = shm_lu().expect("/dev/shm");
     let (small, one_mib, large) = (4096, 1 << 20, 4 << 20);
     assert!(!lu.runs_off_loop(&write10(0, 8), small));
     assert!(!lu.runs_off_loop(&write10(0, 2048), one_mib));

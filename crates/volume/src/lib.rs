@@ -1,0 +1,441 @@
+//! A volume: what a logical unit is apart from any command set.
+//!
+//! A SCSI logical unit (SBC-3 §4.1, the `scsi` crate) and an NVMe
+//! namespace (NVMe Base Specification 2.0 §3.2, "Namespaces") describe the
+//! same thing in two encodings: a run of logical blocks on a medium, with a
+//! size that may change, a write cache, limits on a transfer, atomicity,
+//! thin provisioning, and commands that must not interleave with each other
+//! on the same blocks. This crate holds that part once, so that a second
+//! command set drives the very same volume (one set of range locks, one
+//! capacity) instead of a copy of it:
+//!
+//! * **Geometry**: logical block size (512 or 4096 bytes), physical block
+//!   size as a power-of-two multiple of it, capacity in blocks
+//!   ([`Volume::num_blocks`]), following resizes made here
+//!   ([`Volume::resize`]) or by someone else ([`Volume::medium_resized`]).
+//! * **Limits**: the largest transfer ([`Volume::max_transfer_blocks`]),
+//!   the largest atomic write and its alignment (from the backend's
+//!   [`storage::Caps`]).
+//! * **Checks**, in the terms of no command set ([`Refusal`]): a transfer
+//!   too long, a range past the end, a write to a read-only volume. Each
+//!   personality maps them to its own answer (sense data, NVMe status).
+//! * **Range locks** ([`locks`]): plain reads and writes share, the
+//!   read-modify-write commands (COMPARE AND WRITE, fused Compare and
+//!   Write) hold their blocks exclusive.
+//! * **I/O** in blocks under those locks: [`Volume::read`],
+//!   [`Volume::write`] (the command's [`WriteData`] as received),
+//!   [`Volume::flush`].
+//!
+//! What stays with each personality: decoding its commands, its error
+//! encoding, its identification pages, unit attentions or asynchronous
+//! events, reservations' wire format, access states' reporting. See
+//! docs/ARCHITECTURE.md, "The volume layer".
+
+pub mod locks;
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bufpool::{Chain, WriteData};
+use storage::{BlockBackend, WriteCache};
+
+use locks::LbaLocks;
+
+/// Largest transfer one command may ask for, in bytes (the SCSI Block
+/// Limits page's MAXIMUM TRANSFER LENGTH is this divided by the block
+/// size; an NVMe controller's MDTS will say the same).
+pub const MAX_TRANSFER_BYTES: u32 = 8 << 20;
+
+/// Largest LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT (a 4-bit field in
+/// SCSI's READ CAPACITY(16), SBC-3 §5.17, the narrowest of the encodings a
+/// volume must fit).
+pub const MAX_LBPPB_EXPONENT: u32 = 15;
+
+/// Why a volume cannot be made of a backend.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GeometryError {
+    /// Only 512 and 4096 are supported.
+    #[error("block size {0} is not supported (512 or 4096)")]
+    BlockSize(u32),
+    /// The physical block size is not the block size times a power of two
+    /// (at most 2^[`MAX_LBPPB_EXPONENT`]).
+    #[error(
+        "physical block size {physical} is not a power-of-two multiple of the block size \
+         {block_size} (at most 2^{MAX_LBPPB_EXPONENT} times it)"
+    )]
+    PhysicalBlockSize {
+        /// The physical block size asked for.
+        physical: u32,
+        /// The (logical) block size.
+        block_size: u32,
+    },
+    /// The backend holds no block at all.
+    #[error("backend size is zero")]
+    Empty,
+    /// The backend's size is not a whole number of blocks.
+    #[error("backend size {size} is not a multiple of the block size {block_size}")]
+    Unaligned {
+        /// Backend size in bytes.
+        size: u64,
+        /// The block size.
+        block_size: u32,
+    },
+}
+
+/// A command the volume refuses before touching the medium, in the terms
+/// of no command set.
+#[derive(Debug)]
+pub enum Refusal {
+    /// More blocks than [`Volume::max_transfer_blocks`].
+    TooLong,
+    /// The range runs past the last block (or starts past it).
+    OutOfRange,
+    /// A write to a read-only volume.
+    WriteProtected,
+}
+
+/// Why an I/O of the volume failed.
+#[derive(Debug)]
+pub enum IoError {
+    /// Refused before the medium was touched.
+    Refused(Refusal),
+    /// The medium failed a read.
+    Read(io::Error),
+    /// The medium failed a write or a flush (a flush that a FUA read needs
+    /// first fails this way too).
+    Write(io::Error),
+}
+
+impl From<Refusal> for IoError {
+    fn from(r: Refusal) -> Self {
+        IoError::Refused(r)
+    }
+}
+
+/// A volume over a backend (module docs).
+pub struct Volume {
+    backend: Arc<dyn BlockBackend>,
+    block_size: u32,
+    block_shift: u32,
+    lbppb_shift: u32,
+    /// Capacity in blocks; changes only by [`Volume::resize`] and
+    /// [`Volume::medium_resized`].
+    num_blocks: AtomicU64,
+    max_transfer_blocks: u32,
+    read_only: bool,
+    thin: bool,
+    max_atomic_blocks: u32,
+    atomic_align_blocks: u32,
+    locks: Arc<LbaLocks>,
+}
+
+impl std::fmt::Debug for Volume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Volume")
+            .field("backend", &self.backend.caps().kind)
+            .field("block_size", &self.block_size)
+            .field("num_blocks", &self.num_blocks())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Volume {
+    /// A volume of `block_size`-byte blocks (physical blocks of
+    /// `physical_block_size`, the block size when `None`) over `backend`.
+    /// `thin`: deallocation is offered when the backend can free space.
+    pub fn new(
+        backend: Arc<dyn BlockBackend>,
+        block_size: u32,
+        physical_block_size: Option<u32>,
+        read_only: bool,
+        thin: bool,
+    ) -> Result<Volume, GeometryError> {
+        let bs = block_size;
+        if bs != 512 && bs != 4096 {
+            return Err(GeometryError::BlockSize(bs));
+        }
+        let pbs = physical_block_size.unwrap_or(bs);
+        let ratio = pbs / bs;
+        if pbs < bs
+            || !pbs.is_multiple_of(bs)
+            || !ratio.is_power_of_two()
+            || ratio.trailing_zeros() > MAX_LBPPB_EXPONENT
+        {
+            return Err(GeometryError::PhysicalBlockSize {
+                physical: pbs,
+                block_size: bs,
+            });
+        }
+        let size = backend.size();
+        if size == 0 {
+            return Err(GeometryError::Empty);
+        }
+        if size & (u64::from(bs) - 1) != 0 {
+            return Err(GeometryError::Unaligned {
+                size,
+                block_size: bs,
+            });
+        }
+        let caps = backend.caps();
+        let max_transfer_blocks = MAX_TRANSFER_BYTES / bs;
+        // A single block is as atomic as any write; more only when the
+        // backend lands it whole across a crash.
+        let atomic = caps.max_atomic_write / u64::from(bs);
+        let max_atomic_blocks = atomic.clamp(1, u64::from(max_transfer_blocks)) as u32;
+        // An alignment of one block or less is no requirement (0).
+        let align = caps.atomic_alignment / u64::from(bs);
+        let atomic_align_blocks = if align <= 1 {
+            0
+        } else {
+            align.min(u64::from(u32::MAX)) as u32
+        };
+        Ok(Volume {
+            block_size: bs,
+            block_shift: bs.trailing_zeros(),
+            lbppb_shift: ratio.trailing_zeros(),
+            num_blocks: AtomicU64::new(size / u64::from(bs)),
+            max_transfer_blocks,
+            read_only,
+            thin: thin && caps.can_deallocate,
+            max_atomic_blocks,
+            atomic_align_blocks,
+            locks: Arc::new(LbaLocks::new(bs.trailing_zeros())),
+            backend,
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn BlockBackend> {
+        &self.backend
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// log2 of the logical block size.
+    #[inline]
+    pub fn block_shift(&self) -> u32 {
+        self.block_shift
+    }
+
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: a physical block is
+    /// `1 << lbppb_shift` logical blocks.
+    pub fn lbppb_shift(&self) -> u32 {
+        self.lbppb_shift
+    }
+
+    /// Physical block size in bytes.
+    pub fn physical_block_size(&self) -> u32 {
+        self.block_size << self.lbppb_shift
+    }
+
+    /// Capacity in logical blocks.
+    #[inline]
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks.load(Ordering::Relaxed)
+    }
+
+    /// The largest transfer of one command, in blocks.
+    #[inline]
+    pub fn max_transfer_blocks(&self) -> u32 {
+        self.max_transfer_blocks
+    }
+
+    /// Whether writes are refused.
+    #[inline]
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Thin provisioned: asked for, and the backend can free space.
+    pub fn thin(&self) -> bool {
+        self.thin
+    }
+
+    /// The largest write, in blocks, that lands all-or-nothing.
+    pub fn max_atomic_blocks(&self) -> u32 {
+        self.max_atomic_blocks
+    }
+
+    /// The alignment, in blocks, an atomic write needs; 0 for none.
+    pub fn atomic_align_blocks(&self) -> u32 {
+        self.atomic_align_blocks
+    }
+
+    /// The range locks of the volume's blocks.
+    #[inline]
+    pub fn locks(&self) -> &Arc<LbaLocks> {
+        &self.locks
+    }
+
+    /// `blocks` within [`Self::max_transfer_blocks`].
+    #[inline]
+    pub fn check_transfer(&self, blocks: u32) -> Result<(), Refusal> {
+        if blocks > self.max_transfer_blocks {
+            return Err(Refusal::TooLong);
+        }
+        Ok(())
+    }
+
+    /// `lba .. lba + blocks` inside the medium, overflow-safe; an LBA past
+    /// the last block is out of range even with no blocks.
+    #[inline]
+    pub fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Refusal> {
+        let n = self.num_blocks();
+        if lba >= n || blocks > n - lba {
+            return Err(Refusal::OutOfRange);
+        }
+        Ok(())
+    }
+
+    /// Writes are accepted.
+    #[inline]
+    pub fn check_writable(&self) -> Result<(), Refusal> {
+        if self.read_only {
+            return Err(Refusal::WriteProtected);
+        }
+        Ok(())
+    }
+
+    /// Reads `blocks` blocks at `lba` (checked by the caller) under the
+    /// shared range lock. With `fua` on a write-back cache, what the
+    /// medium holds is made stable first, so that what is returned is what
+    /// stable storage holds.
+    pub fn read(&self, lba: u64, blocks: u32, fua: bool) -> Result<Chain, IoError> {
+        if fua && self.backend.caps().write_cache == WriteCache::WriteBack {
+            self.backend.flush().map_err(IoError::Write)?;
+        }
+        let _range = self.locks.shared(lba, u64::from(blocks));
+        let (offset, len) = (
+            lba << self.block_shift,
+            (blocks as usize) << self.block_shift,
+        );
+        storage::read_chain(&*self.backend, offset, len).map_err(IoError::Read)
+    }
+
+    /// Writes `data` (whole blocks, checked by the caller) at `lba` under
+    /// the shared range lock; with `fua` it is stable on return.
+    pub fn write(&self, lba: u64, data: &WriteData, fua: bool) -> Result<(), IoError> {
+        let blocks = (data.len() >> self.block_shift) as u64;
+        let _range = self.locks.shared(lba, blocks);
+        self.backend
+            .write(data, lba << self.block_shift, fua)
+            .map_err(IoError::Write)
+    }
+
+    /// Makes every completed write stable.
+    pub fn flush(&self) -> io::Result<()> {
+        self.backend.flush()
+    }
+
+    /// Changes the capacity to `bytes` (a positive multiple of the block
+    /// size). Growing: the backend has the room before commands may use
+    /// it. Shrinking: new commands past the new end are refused before the
+    /// backend lets the space go, and one already running there fails with
+    /// an error, never with stale data. Whether shrinking is acceptable is
+    /// the caller's decision (it cuts off data).
+    pub fn resize(&self, bytes: u64) -> Result<(), String> {
+        let bs = u64::from(self.block_size);
+        if bytes == 0 || !bytes.is_multiple_of(bs) {
+            return Err(format!(
+                "{bytes} bytes is not a positive multiple of the block size {bs}"
+            ));
+        }
+        let blocks = bytes / bs;
+        if blocks >= self.num_blocks() {
+            self.backend.resize(bytes).map_err(|e| e.to_string())?;
+            self.num_blocks.store(blocks, Ordering::Relaxed);
+        } else {
+            let before = self.num_blocks.swap(blocks, Ordering::Relaxed);
+            if let Err(e) = self.backend.resize(bytes) {
+                self.num_blocks.store(before, Ordering::Relaxed);
+                return Err(e.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// The medium is now `bytes` long (resized by someone else; cut down
+    /// to whole blocks): the capacity follows. Whether it changed.
+    pub fn medium_resized(&self, bytes: u64) -> bool {
+        let blocks = bytes / u64::from(self.block_size);
+        self.num_blocks.swap(blocks, Ordering::Relaxed) != blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use storage::MemBackend;
+
+    fn vol(bytes: u64, read_only: bool) -> Volume {
+        Volume::new(Arc::new(MemBackend::new(bytes)), 512, None, read_only, true).unwrap()
+    }
+
+    #[test]
+    fn geometry_is_checked() {
+        let mem = || Arc::new(MemBackend::new(1 << 20)) as Arc<dyn BlockBackend>;
+        assert_eq!(
+            Volume::new(mem(), 1024, None, false, false).unwrap_err(),
+            GeometryError::BlockSize(1024)
+        );
+        assert!(matches!(
+            Volume::new(mem(), 512, Some(1536), false, false),
+            Err(GeometryError::PhysicalBlockSize { .. })
+        ));
+        assert!(matches!(
+            Volume::new(mem(), 512, Some(512 << 16), false, false),
+            Err(GeometryError::PhysicalBlockSize { .. })
+        ));
+        let odd = Arc::new(MemBackend::new((1 << 20) + 100));
+        assert!(matches!(
+            Volume::new(odd, 512, None, false, false),
+            Err(GeometryError::Unaligned { .. })
+        ));
+        let v = Volume::new(mem(), 512, Some(4096), false, true).unwrap();
+        assert_eq!(
+            (v.num_blocks(), v.lbppb_shift(), v.physical_block_size()),
+            (2048, 3, 4096)
+        );
+        assert!(v.thin(), "RAM frees space");
+    }
+
+    #[test]
+    fn checks_refuse_what_the_medium_cannot_take() {
+        let v = vol(1 << 20, false);
+        assert!(v.check_range(0, 2048).is_ok());
+        assert!(matches!(v.check_range(2047, 2), Err(Refusal::OutOfRange)));
+        assert!(matches!(v.check_range(2048, 0), Err(Refusal::OutOfRange)));
+        assert!(matches!(
+            v.check_range(1, u64::MAX),
+            Err(Refusal::OutOfRange)
+        ));
+        assert!(v.check_transfer(v.max_transfer_blocks()).is_ok());
+        assert!(matches!(
+            v.check_transfer(v.max_transfer_blocks() + 1),
+            Err(Refusal::TooLong)
+        ));
+        assert!(v.check_writable().is_ok());
+        assert!(matches!(
+            vol(1 << 20, true).check_writable(),
+            Err(Refusal::WriteProtected)
+        ));
+    }
+
+    #[test]
+    fn writes_read_back_and_resizes_move_the_end() {
+        let v = vol(1 << 20, false);
+        let data = WriteData::Owned(bytes::Bytes::from(vec![7u8; 1024]));
+        v.write(10, &data, true).unwrap();
+        assert_eq!(v.read(10, 2, true).unwrap().to_vec(), vec![7u8; 1024]);
+        v.resize(2 << 20).unwrap();
+        assert_eq!(v.num_blocks(), 4096);
+        assert!(v.resize(1000).is_err());
+        assert!(!v.medium_resized(2 << 20));
+        assert!(v.medium_resized(1 << 20));
+        assert_eq!(v.num_blocks(), 2048);
+    }
+}
