@@ -41,7 +41,7 @@ fn cmd(itt: u32, sn: u32, cdb: &[u8], edtl: u32, read: bool, data: &[u8], out: &
         final_: true,
         read,
         write: !data.is_empty(),
-        attr: 1,
+        attr: TaskAttr::Simple,
         lun: Lun::from_index(0),
         itt: Itt(itt),
         edtl,
@@ -69,7 +69,7 @@ fn traffic(out: &mut Vec<u8>) {
         final_: false,
         read: false,
         write: true,
-        attr: 1,
+        attr: TaskAttr::Simple,
         lun: Lun::from_index(0),
         itt: Itt(5),
         edtl: 2048,
@@ -126,7 +126,7 @@ fn traffic(out: &mut Vec<u8>) {
     out.extend_from_slice(&m.encode());
     let l = LogoutReq {
         immediate: false,
-        reason: 0,
+        reason: LogoutReason::CloseSession,
         itt: Itt(9),
         cid: 0,
         cmd_sn: Sn(16),

@@ -14,7 +14,7 @@ use iscsi_proto::session::LAND_MIN;
 use iscsi_wire::frame::{data_segment_len, frame_len, header_len, split_pdu, FrameLimits, BHS_LEN};
 use iscsi_wire::landing::Landing;
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
-use iscsi_wire::pdu::{Itt, LoginResp, Lun, Opcode, TmfFunction};
+use iscsi_wire::pdu::{Itt, LoginResp, Lun, Opcode, TmfFunction, TmfResponse};
 use iscsi_wire::{text, Outbox, RawPdu, Sn};
 use thiserror::Error;
 
@@ -413,14 +413,13 @@ impl Connection {
         }
     }
 
-    /// Sends a task management function and returns the target's response
-    /// code (0 = function complete).
+    /// Sends a task management function and returns the target's response.
     pub fn task_mgmt(
         &mut self,
         f: TmfFunction,
         lun: u16,
         ref_itt: Option<Itt>,
-    ) -> Result<u8, Error> {
+    ) -> Result<TmfResponse, Error> {
         let itt = self
             .session
             .task_mgmt(f, Lun::from_index(lun), ref_itt, &mut self.out);

@@ -250,7 +250,7 @@ impl NullConn {
             }
             Pdu::LogoutReq(l) => {
                 let r = LogoutResp {
-                    response: 0,
+                    response: LogoutResponse::Closed,
                     itt: l.itt,
                     sn: self.sn(true),
                     time2wait: 0,
@@ -276,7 +276,7 @@ impl NullConn {
             }
             Pdu::TaskMgmtReq(t) => {
                 let r = TaskMgmtResp {
-                    response: 0,
+                    response: TmfResponse::Complete,
                     itt: t.itt,
                     sn: self.sn(true),
                 };
@@ -294,7 +294,7 @@ impl NullConn {
             d.extend_from_slice(sense);
         }
         let r = ScsiResponse {
-            response: 0,
+            response: IscsiResponse::Completed,
             status,
             itt,
             sn: self.sn(true),

@@ -103,6 +103,25 @@ pub enum TmfAction {
     TargetReset { cold: bool },
 }
 
+/// Why the session asks for its connection to be closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// A PDU failed its data digest: at ErrorRecoveryLevel 0 the
+    /// connection must go (RFC 7143 §7.8), after a Reject says why.
+    DataDigestError,
+    /// TARGET COLD RESET: every connection is dropped (RFC 7143 §11.5.1).
+    ColdReset,
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CloseReason::DataDigestError => "data digest error",
+            CloseReason::ColdReset => "target cold reset",
+        })
+    }
+}
+
 /// What the session asks of the driver.
 #[derive(Debug)]
 pub enum Event {
@@ -110,8 +129,8 @@ pub enum Event {
     Execute(ExecRequest),
     /// The initiator logged out: send what is queued, then close.
     Logout,
-    /// Close the connection now (protocol violation, cold reset).
-    Close(&'static str),
+    /// Close the connection now.
+    Close(CloseReason),
     /// A task management request arrived (for the log: a host that aborts
     /// or resets is timing commands out). `waiting`: commands it aborted
     /// that the driver still executes; its response goes out after them.
@@ -119,7 +138,7 @@ pub enum Event {
         function: TmfFunction,
         lun: Lun,
         referenced: Itt,
-        response: u8,
+        response: TmfResponse,
         waiting: usize,
     },
 }
@@ -332,7 +351,7 @@ pub struct Session {
     aborting: HashMap<u32, Aborting>,
     /// Task management responses not sent yet: (tag, response, commands
     /// still running).
-    pending_tmf: Vec<(Itt, u8, usize)>,
+    pending_tmf: Vec<(Itt, TmfResponse, usize)>,
 }
 
 impl std::fmt::Debug for Session {
@@ -428,7 +447,7 @@ impl Session {
     }
 
     /// Sends a Reject of `bhs` with `reason`.
-    pub fn reject(&mut self, bhs: &Bhs, reason: u8, out: &mut Outbox) {
+    pub fn reject(&mut self, bhs: &Bhs, reason: RejectReason, out: &mut Outbox) {
         self.rejects += 1;
         let r = Reject {
             reason,
@@ -452,9 +471,9 @@ impl Session {
         if !raw.data_digest_ok {
             // ERL 0: the PDU is discarded and the connection must go
             // (§7.8); tell the initiator why first.
-            self.reject(&raw.bhs, reject_reason::DATA_DIGEST_ERROR, out);
+            self.reject(&raw.bhs, RejectReason::DataDigestError, out);
             self.closing = true;
-            ev.push(Event::Close("data digest error"));
+            ev.push(Event::Close(CloseReason::DataDigestError));
             return;
         }
         let op = opcode(&raw.bhs);
@@ -585,11 +604,11 @@ impl Session {
             Pdu::NopOut(n) => self.nop_out(n, raw, out),
             Pdu::TextReq(t) => self.text(t, raw, host, out),
             Pdu::LogoutReq(l) => self.logout(l, out, ev),
-            Pdu::SnackReq(_) => self.reject(&raw.bhs, reject_reason::SNACK_REJECT, out),
+            Pdu::SnackReq(_) => self.reject(&raw.bhs, RejectReason::SnackReject, out),
             Pdu::ScsiCommand(_) | Pdu::DataOut(_) | Pdu::TaskMgmtReq(_) | Pdu::LoginReq(_) => {
-                self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out)
+                self.reject(&raw.bhs, RejectReason::ProtocolError, out)
             }
-            _ => self.reject(&raw.bhs, reject_reason::COMMAND_NOT_SUPPORTED, out),
+            _ => self.reject(&raw.bhs, RejectReason::CommandNotSupported, out),
         }
     }
 
@@ -634,11 +653,11 @@ impl Session {
     ) {
         let counted = !c.immediate;
         if self.tasks.contains_key(&c.itt.0) {
-            return self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS, out);
+            return self.reject(&raw.bhs, RejectReason::TaskInProgress, out);
         }
         let cdb = match extended_cdb(&c, &raw.ahs) {
             Ok(cdb) => cdb,
-            Err(()) => return self.reject(&raw.bhs, reject_reason::INVALID_PDU_FIELD, out),
+            Err(()) => return self.reject(&raw.bhs, RejectReason::InvalidPduField, out),
         };
         let imm = raw.data_len() as u32;
         let landed = raw.landed.take();
@@ -648,10 +667,10 @@ impl Session {
                 || imm > self.params.first_burst
                 || imm > c.edtl)
         {
-            return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out);
+            return self.reject(&raw.bhs, RejectReason::ProtocolError, out);
         }
         if !c.final_ && (!c.write || self.params.initial_r2t) {
-            return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out);
+            return self.reject(&raw.bhs, RejectReason::ProtocolError, out);
         }
         if c.read && c.write {
             // Bidirectional commands are not supported: INVALID FIELD IN CDB.
@@ -859,7 +878,7 @@ impl Session {
         if !ok {
             // Out of order, overlapping, past EDTL, or a wrong DataSN: at
             // ERL 0 the data cannot be recovered, so the command fails.
-            self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out);
+            self.reject(&raw.bhs, RejectReason::ProtocolError, out);
             let counted = w.counted;
             self.tasks.insert(
                 d.itt.0,
@@ -1009,7 +1028,7 @@ impl Session {
             data.extend_from_slice(&sense);
         }
         let r = ScsiResponse {
-            response: 0,
+            response: IscsiResponse::Completed,
             status: c.status,
             itt,
             sn: self.sn(true),
@@ -1066,7 +1085,7 @@ impl Session {
                 {
                     return self.send_text_chunk(itt, body, pos, out);
                 }
-                _ => return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out),
+                _ => return self.reject(&raw.bhs, RejectReason::ProtocolError, out),
             }
         }
         self.text_out = None;
@@ -1085,11 +1104,11 @@ impl Session {
                 out.push(&r.encode(0), &[], self.dg);
                 return;
             }
-            Err(_) => return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out),
+            Err(_) => return self.reject(&raw.bhs, RejectReason::ProtocolError, out),
         };
         let pairs = match text::parse(&whole) {
             Ok(p) => p,
-            Err(_) => return self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR, out),
+            Err(_) => return self.reject(&raw.bhs, RejectReason::ProtocolError, out),
         };
         let mut body = Vec::new();
         for (k, v) in &pairs {
@@ -1130,12 +1149,11 @@ impl Session {
         out: &mut Outbox,
         ev: &mut Vec<Event>,
     ) {
-        const COMPLETE: u8 = 0;
-        const NO_TASK: u8 = 1;
-        const NO_LUN: u8 = 2;
-        const REASSIGN_UNSUPPORTED: u8 = 4;
-        const UNSUPPORTED: u8 = 5;
-        const REJECTED: u8 = 255;
+        use TmfResponse::{
+            Complete as COMPLETE, FunctionUnsupported as UNSUPPORTED, NoSuchLun as NO_LUN,
+            NoSuchTask as NO_TASK, ReassignUnsupported as REASSIGN_UNSUPPORTED,
+            Rejected as REJECTED,
+        };
         // Commands this request aborted that the driver is still executing:
         // the response waits for them (see `aborting`).
         let mut running = Vec::new();
@@ -1179,7 +1197,7 @@ impl Session {
                 host.reset(TmfAction::TargetReset { cold });
                 if cold {
                     self.closing = true;
-                    ev.push(Event::Close("target cold reset"));
+                    ev.push(Event::Close(CloseReason::ColdReset));
                 }
                 COMPLETE
             }
@@ -1207,7 +1225,7 @@ impl Session {
         self.send_tmf_response(t.itt, response, out);
     }
 
-    fn send_tmf_response(&mut self, itt: Itt, response: u8, out: &mut Outbox) {
+    fn send_tmf_response(&mut self, itt: Itt, response: TmfResponse, out: &mut Outbox) {
         let r = TaskMgmtResp {
             response,
             itt,
@@ -1288,8 +1306,8 @@ impl Session {
 
     fn logout(&mut self, l: LogoutReq, out: &mut Outbox, ev: &mut Vec<Event>) {
         let response = match l.reason {
-            0 | 1 => 0,
-            _ => 2,
+            LogoutReason::CloseSession | LogoutReason::CloseConnection => LogoutResponse::Closed,
+            _ => LogoutResponse::RecoveryUnsupported,
         };
         let r = LogoutResp {
             response,
@@ -1299,7 +1317,7 @@ impl Session {
             time2retain: self.params.time2retain,
         };
         out.push(&r.encode(), &[], self.dg);
-        if response == 0 {
+        if response == LogoutResponse::Closed {
             self.closing = true;
             ev.push(Event::Logout);
         }

@@ -232,7 +232,10 @@ fn login_discovery_and_logout() {
     p.ini.ping(&mut out);
     assert!(p.pump(&mut out).is_empty());
     p.ini.logout(&mut out);
-    assert_eq!(p.pump(&mut out), vec![InitiatorEvent::LoggedOut(0)]);
+    assert_eq!(
+        p.pump(&mut out),
+        vec![InitiatorEvent::LoggedOut(LogoutResponse::Closed)]
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn read10() -> Bhs {
         final_: true,
         read: true,
         write: false,
-        attr: 1,
+        attr: TaskAttr::Simple,
         lun: Lun::default(),
         itt: Itt(7),
         edtl: 4096,

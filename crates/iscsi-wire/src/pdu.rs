@@ -4,6 +4,12 @@
 //! Opcodes we do not know decode to [`Opcode::Unknown`] and are answered
 //! with a Reject by the protocol layer, never a panic.
 
+mod codes;
+
+pub use codes::{
+    AsyncEvent, IscsiResponse, LogoutReason, LogoutResponse, RejectReason, TaskAttr, TmfResponse,
+};
+
 use crate::frame::BHS_LEN;
 use crate::serial::Sn;
 
@@ -179,8 +185,8 @@ pub struct ScsiCommand {
     pub final_: bool,
     pub read: bool,
     pub write: bool,
-    /// Task attribute (SIMPLE=1, ORDERED=2, HEAD OF QUEUE=3, ACA=4; 0 untagged).
-    pub attr: u8,
+    /// Task attribute (§11.3.1).
+    pub attr: TaskAttr,
     pub lun: Lun,
     pub itt: Itt,
     pub edtl: u32,
@@ -198,7 +204,7 @@ impl ScsiCommand {
             final_: b[1] & 0x80 != 0,
             read: b[1] & 0x40 != 0,
             write: b[1] & 0x20 != 0,
-            attr: b[1] & 0x07,
+            attr: TaskAttr::from(b[1] & 0x07),
             lun: lun_at(b),
             itt: itt(b),
             edtl: u32_at(b, 20),
@@ -212,7 +218,7 @@ impl ScsiCommand {
         let flags = (u8::from(self.final_) << 7)
             | (u8::from(self.read) << 6)
             | (u8::from(self.write) << 5)
-            | (self.attr & 7);
+            | (u8::from(self.attr) & 7);
         let mut b = new_bhs(Opcode::ScsiCommand, self.immediate, flags, data_len);
         b[8..16].copy_from_slice(&self.lun.0);
         put32(&mut b, 16, self.itt.0);
@@ -491,8 +497,7 @@ impl TextReq {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogoutReq {
     pub immediate: bool,
-    /// 0 close session, 1 close connection, 2 remove connection for recovery.
-    pub reason: u8,
+    pub reason: LogoutReason,
     pub itt: Itt,
     pub cid: u16,
     pub cmd_sn: Sn,
@@ -503,7 +508,7 @@ impl LogoutReq {
     pub fn decode(b: &Bhs) -> Self {
         LogoutReq {
             immediate: is_immediate(b),
-            reason: b[1] & 0x7f,
+            reason: LogoutReason::from(b[1] & 0x7f),
             itt: itt(b),
             cid: u16_at(b, 20),
             cmd_sn: Sn(u32_at(b, 24)),
@@ -515,7 +520,7 @@ impl LogoutReq {
         let mut b = new_bhs(
             Opcode::LogoutReq,
             self.immediate,
-            0x80 | (self.reason & 0x7f),
+            0x80 | (u8::from(self.reason) & 0x7f),
             0,
         );
         put32(&mut b, 16, self.itt.0);
@@ -588,8 +593,7 @@ impl Residual {
 /// SCSI Response (§11.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScsiResponse {
-    /// 0x00 command completed at target, 0x01 target failure.
-    pub response: u8,
+    pub response: IscsiResponse,
     pub status: u8,
     pub itt: Itt,
     pub sn: SnTriple,
@@ -600,7 +604,7 @@ pub struct ScsiResponse {
 impl ScsiResponse {
     pub fn decode(b: &Bhs) -> Self {
         ScsiResponse {
-            response: b[2],
+            response: IscsiResponse::from(b[2]),
             status: b[3],
             itt: itt(b),
             sn: SnTriple::get(b),
@@ -620,7 +624,7 @@ impl ScsiResponse {
             0x80 | self.residual.flags(),
             data_len,
         );
-        b[2] = self.response;
+        b[2] = self.response.into();
         b[3] = self.status;
         put32(&mut b, 16, self.itt.0);
         self.sn.put(&mut b);
@@ -765,10 +769,7 @@ impl NopIn {
 /// Task Management Function Response (§11.6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskMgmtResp {
-    /// 0 complete, 1 task does not exist, 2 LUN does not exist, 3 task still
-    /// allegiant, 4 reassignment unsupported, 5 function unsupported,
-    /// 6 authorization failed, 255 rejected.
-    pub response: u8,
+    pub response: TmfResponse,
     pub itt: Itt,
     pub sn: SnTriple,
 }
@@ -776,7 +777,7 @@ pub struct TaskMgmtResp {
 impl TaskMgmtResp {
     pub fn decode(b: &Bhs) -> Self {
         TaskMgmtResp {
-            response: b[2],
+            response: TmfResponse::from(b[2]),
             itt: itt(b),
             sn: SnTriple::get(b),
         }
@@ -784,7 +785,7 @@ impl TaskMgmtResp {
 
     pub fn encode(&self) -> Bhs {
         let mut b = new_bhs(Opcode::TaskMgmtResp, false, 0x80, 0);
-        b[2] = self.response;
+        b[2] = self.response.into();
         put32(&mut b, 16, self.itt.0);
         self.sn.put(&mut b);
         b
@@ -883,9 +884,7 @@ impl TextResp {
 /// Logout Response (§11.15).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogoutResp {
-    /// 0 closed successfully, 1 CID not found, 2 recovery unsupported,
-    /// 3 cleanup failed.
-    pub response: u8,
+    pub response: LogoutResponse,
     pub itt: Itt,
     pub sn: SnTriple,
     pub time2wait: u16,
@@ -895,7 +894,7 @@ pub struct LogoutResp {
 impl LogoutResp {
     pub fn decode(b: &Bhs) -> Self {
         LogoutResp {
-            response: b[2],
+            response: LogoutResponse::from(b[2]),
             itt: itt(b),
             sn: SnTriple::get(b),
             time2wait: u16_at(b, 40),
@@ -905,7 +904,7 @@ impl LogoutResp {
 
     pub fn encode(&self) -> Bhs {
         let mut b = new_bhs(Opcode::LogoutResp, false, 0x80, 0);
-        b[2] = self.response;
+        b[2] = self.response.into();
         put32(&mut b, 16, self.itt.0);
         self.sn.put(&mut b);
         put16(&mut b, 40, self.time2wait);
@@ -914,25 +913,10 @@ impl LogoutResp {
     }
 }
 
-/// Reject reasons (§11.17.1).
-pub mod reject_reason {
-    pub const DATA_DIGEST_ERROR: u8 = 0x02;
-    pub const SNACK_REJECT: u8 = 0x03;
-    pub const PROTOCOL_ERROR: u8 = 0x04;
-    pub const COMMAND_NOT_SUPPORTED: u8 = 0x05;
-    pub const IMMEDIATE_COMMAND_REJECT: u8 = 0x06;
-    pub const TASK_IN_PROGRESS: u8 = 0x07;
-    pub const INVALID_DATA_ACK: u8 = 0x08;
-    pub const INVALID_PDU_FIELD: u8 = 0x09;
-    pub const OUT_OF_RESOURCES: u8 = 0x0a;
-    pub const NEGOTIATION_RESET: u8 = 0x0b;
-    pub const WAITING_FOR_LOGOUT: u8 = 0x0c;
-}
-
 /// Reject (§11.17); its data segment is the rejected PDU's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reject {
-    pub reason: u8,
+    pub reason: RejectReason,
     pub sn: SnTriple,
     pub data_sn: u32,
 }
@@ -940,7 +924,7 @@ pub struct Reject {
 impl Reject {
     pub fn decode(b: &Bhs) -> Self {
         Reject {
-            reason: b[2],
+            reason: RejectReason::from(b[2]),
             sn: SnTriple::get(b),
             data_sn: u32_at(b, 36),
         }
@@ -948,7 +932,7 @@ impl Reject {
 
     pub fn encode(&self, data_len: usize) -> Bhs {
         let mut b = new_bhs(Opcode::Reject, false, 0x80, data_len);
-        b[2] = self.reason;
+        b[2] = self.reason.into();
         put32(&mut b, 16, RESERVED_TAG);
         self.sn.put(&mut b);
         put32(&mut b, 36, self.data_sn);
@@ -961,9 +945,7 @@ impl Reject {
 pub struct AsyncMsg {
     pub lun: Lun,
     pub sn: SnTriple,
-    /// 0 SCSI async event, 1 logout request, 2 dropping connection,
-    /// 3 dropping all connections, 4 renegotiate, 255 vendor specific.
-    pub event: u8,
+    pub event: AsyncEvent,
     pub vcode: u8,
     pub param1: u16,
     pub param2: u16,
@@ -975,7 +957,7 @@ impl AsyncMsg {
         AsyncMsg {
             lun: lun_at(b),
             sn: SnTriple::get(b),
-            event: b[36],
+            event: AsyncEvent::from(b[36]),
             vcode: b[37],
             param1: u16_at(b, 38),
             param2: u16_at(b, 40),
@@ -988,7 +970,7 @@ impl AsyncMsg {
         b[8..16].copy_from_slice(&self.lun.0);
         put32(&mut b, 16, RESERVED_TAG);
         self.sn.put(&mut b);
-        b[36] = self.event;
+        b[36] = self.event.into();
         b[37] = self.vcode;
         put16(&mut b, 38, self.param1);
         put16(&mut b, 40, self.param2);

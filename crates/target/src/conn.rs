@@ -16,7 +16,7 @@ use std::time::Instant;
 use bufpool::WriteData;
 use bytes::{BufMut, BytesMut};
 use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
-use iscsi_proto::session::{Completion, Event, ExecRequest, Host, Session, TmfAction};
+use iscsi_proto::session::{CloseReason, Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
 use iscsi_wire::frame::{data_segment_len, frame_len, header_len, split_pdu, FrameLimits, BHS_LEN};
 use iscsi_wire::landing::Landing;
@@ -235,11 +235,11 @@ pub(crate) async fn serve(
         )
         .await;
     conn_stats.finish();
-    tracing::info!(%peer, reason = why, "connection closed");
+    tracing::info!(%peer, reason = %why, "connection closed");
     if let Some(s) = &stats {
         shared.stats.retire(s);
     }
-    if !matches!(why, "logout" | "target shutting down or portal removed") {
+    if !matches!(why, Closed::Logout | Closed::ShuttingDown) {
         shared.stats.portal_event(portal.tpgt, |e| e.dropped += 1);
     }
     // A connection reinstatement (RFC 7143 §6.3.4) handed the session, and
@@ -249,9 +249,7 @@ pub(crate) async fn serve(
     // reinstatement; then it is discarded (RFC 7143 §6.3.6).
     let failed = !matches!(
         why,
-        "logout"
-            | "target shutting down or portal removed"
-            | "session ended by the target (reinstated or access revoked)"
+        Closed::Logout | Closed::ShuttingDown | Closed::EndedByTarget
     );
     let mut keep_nexus = false;
     if let Some(k) = &key {
@@ -420,13 +418,13 @@ impl Conn {
     /// Reads once the socket was found readable (`ready`: how waiting for
     /// that went): `Ok(true)` when bytes came, `Err(why)` when the
     /// connection is over.
-    fn read_ready(&mut self, ready: io::Result<()>, via: ReadVia) -> Result<bool, &'static str> {
-        ready.map_err(|_| "read failed")?;
+    fn read_ready(&mut self, ready: io::Result<()>, via: ReadVia) -> Result<bool, Closed> {
+        ready.map_err(|_| Closed::ReadFailed)?;
         match self.read_into_place(via) {
-            Ok(0) => Err("closed by initiator"),
+            Ok(0) => Err(Closed::ByInitiator),
             Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
-            Err(_) => Err("read failed"),
+            Err(_) => Err(Closed::ReadFailed),
         }
     }
 
@@ -466,7 +464,7 @@ impl Conn {
         lim: &FrameLimits,
         session: &mut Session,
         host: &dyn Host,
-    ) -> Result<Option<RawPdu>, &'static str> {
+    ) -> Result<Option<RawPdu>, Closed> {
         if let Some(l) = &self.landing {
             if l.left() > 0 || self.rbuf.len() < l.trailer() {
                 return Ok(None);
@@ -480,11 +478,11 @@ impl Conn {
             Ok(None) => return Ok(None),
             Err(e @ FrameError::HeaderDigest) => {
                 tracing::warn!(error = %e, "bad PDU");
-                return Err("header digest error");
+                return Err(Closed::HeaderDigestError);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "unframeable PDU");
-                return Err("unframeable PDU");
+                return Err(Closed::Unframeable);
             }
         };
         let dlen = data_segment_len(&self.rbuf) as usize;
@@ -500,7 +498,7 @@ impl Conn {
             Ok(None) => return Ok(None),
             Err(e) => {
                 tracing::warn!(error = %e, "unframeable PDU");
-                return Err("unframeable PDU");
+                return Err(Closed::Unframeable);
             }
         };
         self.header_first = 0;
@@ -508,7 +506,7 @@ impl Conn {
             Ok(r) => Ok(Some(r)),
             Err(e) => {
                 tracing::warn!(error = %e, "bad PDU");
-                Err("header digest error")
+                Err(Closed::HeaderDigestError)
             }
         }
     }
@@ -896,7 +894,7 @@ impl Conn {
         (kill, aborts): (Arc<tokio::sync::Notify>, Arc<AbortRequests>),
         mut shutdown: watch::Receiver<bool>,
         stats: &mut ConnStats,
-    ) -> &'static str {
+    ) -> Closed {
         let p = session.params().clone();
         let lim = FrameLimits {
             header_digest: p.header_digest,
@@ -922,7 +920,7 @@ impl Conn {
         let tick = tokio::time::sleep(PUBLISH_EVERY);
         tokio::pin!(tick);
         let mut stopping = false;
-        let mut closing: Option<&'static str> = None;
+        let mut closing: Option<Closed> = None;
         loop {
             // Frame and handle everything buffered.
             if !stopping && closing.is_none() {
@@ -959,8 +957,8 @@ impl Conn {
                                 };
                                 execute(req, &env, &mut session, &mut self.out, stats);
                             }
-                            Event::Logout => closing = Some("logout"),
-                            Event::Close(why) => closing = Some(why),
+                            Event::Logout => closing = Some(Closed::Logout),
+                            Event::Close(why) => closing = Some(Closed::Session(why)),
                             Event::TaskManagement {
                                 function,
                                 lun,
@@ -972,7 +970,7 @@ impl Conn {
                                 function = ?function,
                                 lun = ?lun.index(),
                                 task = format_args!("{:#x}", referenced.0),
-                                response,
+                                response = %response,
                                 waiting,
                                 "task management request"
                             ),
@@ -985,7 +983,7 @@ impl Conn {
             }
             if let Err(e) = self.try_flush() {
                 tracing::debug!(error = %e, "write failed");
-                return "write failed";
+                return Closed::WriteFailed;
             }
             stats.sent(session.in_flight(), session.rejects_sent());
             if let Some(why) = closing {
@@ -994,7 +992,7 @@ impl Conn {
             }
             if stopping && session.in_flight() == 0 {
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.flush()).await;
-                return "target shutting down or portal removed";
+                return Closed::ShuttingDown;
             }
             let want_read = !stopping && self.out.len() < OUTPUT_HIGH_WATER;
             let want_write = !self.out.is_empty();
@@ -1030,7 +1028,7 @@ impl Conn {
                 },
                 r = self.stream.writable(), if want_write => {
                     if r.is_err() {
-                        return "write failed";
+                        return Closed::WriteFailed;
                     }
                     // Answers are going out: the next command may follow.
                     worked = true;
@@ -1050,7 +1048,7 @@ impl Conn {
                     if drained.is_err() {
                         tracing::warn!(peer = %self.peer, "backend I/O still running after the connection was ended");
                     }
-                    return "session ended by the target (reinstated or access revoked)";
+                    return Closed::EndedByTarget;
                 }
                 _ = aborts.notify.notified() => {
                     let luns = std::mem::take(&mut *aborts.luns.lock());
@@ -1067,7 +1065,7 @@ impl Conn {
                     stats.publish();
                     if session.ping_outstanding() {
                         if ping_sent.elapsed() > shared.nop_timeout {
-                            return "NOP-In ping unanswered";
+                            return Closed::PingUnanswered;
                         }
                     } else if !shared.nop_interval.is_zero() && last_rx.elapsed() > shared.nop_interval
                         && session.in_flight() == 0 {
@@ -1191,6 +1189,51 @@ fn send_more(stream: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
     stream.try_io(tokio::io::Interest::WRITABLE, || {
         socket2::SockRef::from(stream).send_vectored_with_flags(iov, libc::MSG_MORE)
     })
+}
+
+/// Why a connection ended (logged, counted and deciding what becomes of
+/// its session).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closed {
+    /// The initiator logged out.
+    Logout,
+    /// The initiator closed the TCP connection.
+    ByInitiator,
+    /// Reading the socket failed.
+    ReadFailed,
+    /// Writing the socket failed.
+    WriteFailed,
+    /// A header failed its digest (RFC 7143 §7.8: the connection goes).
+    HeaderDigestError,
+    /// The byte stream could not be cut into PDUs.
+    Unframeable,
+    /// The session asked for it.
+    Session(CloseReason),
+    /// The target is shutting down, or the portal was removed.
+    ShuttingDown,
+    /// The target ended the session (reinstated elsewhere, access revoked).
+    EndedByTarget,
+    /// A NOP-In ping went unanswered.
+    PingUnanswered,
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Closed::Logout => f.write_str("logout"),
+            Closed::ByInitiator => f.write_str("closed by initiator"),
+            Closed::ReadFailed => f.write_str("read failed"),
+            Closed::WriteFailed => f.write_str("write failed"),
+            Closed::HeaderDigestError => f.write_str("header digest error"),
+            Closed::Unframeable => f.write_str("unframeable PDU"),
+            Closed::Session(why) => why.fmt(f),
+            Closed::ShuttingDown => f.write_str("target shutting down or portal removed"),
+            Closed::EndedByTarget => {
+                f.write_str("session ended by the target (reinstated or access revoked)")
+            }
+            Closed::PingUnanswered => f.write_str("NOP-In ping unanswered"),
+        }
+    }
 }
 
 /// A command run on an I/O thread, back with its outcome.

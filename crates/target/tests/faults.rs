@@ -32,7 +32,7 @@ fn tmf(c: &mut Client, function: TmfFunction, ref_itt: Itt) -> u8 {
         if let Pdu::TaskMgmtResp(t) = Pdu::parse(&r.bhs) {
             assert_eq!(t.itt, itt);
             c.stat_sn = t.sn.stat_sn.next();
-            return t.response;
+            return u8::from(t.response);
         }
     }
 }

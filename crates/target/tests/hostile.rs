@@ -175,7 +175,7 @@ fn commands_before_login_and_in_discovery() {
     d.cmd(&rw10(0x28, 0, 1), 512, true, false, true, &[]);
     let r = d.recv().expect("reject");
     assert_eq!(opcode(&r.bhs), Opcode::Reject);
-    assert_eq!(Reject::decode(&r.bhs).reason, 0x04, "protocol error");
+    assert_eq!(Reject::decode(&r.bhs).reason, RejectReason::ProtocolError);
     assert!(d.ping());
     sanity(a[1], 4);
 }
@@ -427,7 +427,7 @@ fn digest_errors_close_only_that_connection() {
         final_: true,
         read: false,
         write: false,
-        attr: 1,
+        attr: TaskAttr::Simple,
         lun: Lun::default(),
         itt: Itt(50),
         edtl: 0,
@@ -468,7 +468,9 @@ fn digest_errors_close_only_that_connection() {
         }
         while let Ok(Some(n)) = iscsi_wire::frame::frame_len(&c.buf, &lim) {
             let p = iscsi_wire::frame::split_pdu(&mut c.buf, n, &lim).unwrap();
-            if opcode(&p.bhs) == Opcode::Reject && Reject::decode(&p.bhs).reason == 0x02 {
+            if opcode(&p.bhs) == Opcode::Reject
+                && Reject::decode(&p.bhs).reason == RejectReason::DataDigestError
+            {
                 got_reject = true;
             }
         }

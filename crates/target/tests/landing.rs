@@ -94,7 +94,7 @@ fn command(
         final_: f,
         read,
         write,
-        attr: 1,
+        attr: TaskAttr::Simple,
         lun: Lun::from_index(c.lun),
         itt,
         edtl,
@@ -307,7 +307,7 @@ fn large_writes_land_in_place_with_digests() {
     );
     let r = recv(&mut c).expect("reject");
     assert_eq!(opcode(&r.bhs), Opcode::Reject);
-    assert_eq!(Reject::decode(&r.bhs).reason, 0x02);
+    assert_eq!(Reject::decode(&r.bhs).reason, RejectReason::DataDigestError);
     assert!(c.closed_within(Duration::from_secs(3)));
     let mut c = Client::connect(a[1]);
     login(&mut c, 2, &[]);

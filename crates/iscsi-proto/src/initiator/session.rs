@@ -43,13 +43,13 @@ pub enum InitiatorEvent {
     /// A command finished.
     Done(Itt, TaskResult),
     /// A task management request was answered.
-    TaskMgmt(Itt, u8),
+    TaskMgmt(Itt, TmfResponse),
     /// The logout was answered: the connection may close.
-    LoggedOut(u8),
+    LoggedOut(LogoutResponse),
     /// A text request was answered (the whole, reassembled text).
     Text(Itt, Bytes),
-    /// The target sent an asynchronous message (event code).
-    Async(u8),
+    /// The target sent an asynchronous message.
+    Async(AsyncEvent),
     /// The target broke the protocol; the connection should be dropped.
     ProtocolError(String),
 }
@@ -181,7 +181,7 @@ impl InitiatorSession {
             final_: unsolicited_end == imm_len,
             read,
             write: !data_out.is_empty(),
-            attr: 1,
+            attr: TaskAttr::Simple,
             lun,
             itt,
             edtl,
@@ -307,7 +307,7 @@ impl InitiatorSession {
         let itt = self.fresh_itt();
         let l = LogoutReq {
             immediate: true,
-            reason: 0,
+            reason: LogoutReason::CloseSession,
             itt,
             cid: 0,
             cmd_sn: self.cmd_sn,
@@ -454,7 +454,7 @@ impl InitiatorSession {
                     }
                 }
                 ev.push(InitiatorEvent::ProtocolError(format!(
-                    "Reject reason {:#04x}",
+                    "Reject: {}",
                     r.reason
                 )));
             }

@@ -48,7 +48,7 @@ fn cmd(itt: u32, sn: u32, cdb0: u8, len_blocks: u16, edtl: u32, data: &[u8]) -> 
         final_: true,
         read: !write,
         write,
-        attr: 1,
+        attr: TaskAttr::Simple,
         lun: Lun::from_index(0),
         itt: Itt(itt),
         edtl,
@@ -234,7 +234,7 @@ fn write_solicited_by_r2t_with_datasn_checked() {
     bad.ttt = r2t.ttt;
     assert!(run(&mut s, raw(bad.encode(512), &[0; 512]), &mut out).is_empty());
     let pdus = sent(&mut out);
-    assert!(matches!(pdus[0].0, Pdu::Reject(r) if r.reason == reject_reason::PROTOCOL_ERROR));
+    assert!(matches!(pdus[0].0, Pdu::Reject(r) if r.reason == RejectReason::ProtocolError));
     assert_eq!(&pdus[0].1[16..20], &8u32.to_be_bytes());
     assert!(matches!(pdus[1].0, Pdu::ScsiResponse(r) if r.status == 2));
     // Late data for the failed task is dropped silently.
@@ -273,7 +273,7 @@ fn task_management() {
         exp_data_sn: 0,
     };
     let resp = |out: &mut Outbox| match sent(out)[..] {
-        [(Pdu::TaskMgmtResp(r), _)] => r.response,
+        [(Pdu::TaskMgmtResp(r), _)] => u8::from(r.response),
         ref p => panic!("{p:?}"),
     };
     // A completed task does not exist any more.
@@ -344,7 +344,7 @@ fn task_management_waits_for_commands_in_the_driver() {
         sent(out)
             .iter()
             .filter_map(|(p, _)| match p {
-                Pdu::TaskMgmtResp(r) => Some((r.itt.0, r.response)),
+                Pdu::TaskMgmtResp(r) => Some((r.itt.0, u8::from(r.response))),
                 _ => None,
             })
             .collect()
@@ -394,7 +394,7 @@ fn task_management_waits_for_commands_in_the_driver() {
     s.complete(Itt(6), Completion::default(), &mut out);
     let after = sent(&mut out);
     assert!(
-        matches!(after[..], [(Pdu::TaskMgmtResp(r), _)] if r.itt.0 == 902 && r.response == 0),
+        matches!(after[..], [(Pdu::TaskMgmtResp(r), _)] if r.itt.0 == 902 && r.response == TmfResponse::Complete),
         "only the reset's response, no status for the aborted read: {after:?}"
     );
     assert_eq!((s.in_flight(), s.pending_task_management()), (0, 0));
@@ -449,7 +449,7 @@ fn nop_text_logout() {
     assert_eq!(&pdus[0].1[..], b"TargetName=iqn.t\0");
     let l = LogoutReq {
         immediate: true,
-        reason: 0,
+        reason: LogoutReason::CloseSession,
         itt: Itt(5),
         cid: 0,
         cmd_sn: Sn(10),
@@ -457,7 +457,9 @@ fn nop_text_logout() {
     };
     let ev = run(&mut s, raw(l.encode(), &[]), &mut out);
     assert!(matches!(ev[..], [Event::Logout]));
-    assert!(matches!(sent(&mut out)[0].0, Pdu::LogoutResp(r) if r.response == 0));
+    assert!(
+        matches!(sent(&mut out)[0].0, Pdu::LogoutResp(r) if r.response == LogoutResponse::Closed)
+    );
 }
 
 #[test]
@@ -468,7 +470,7 @@ fn unknown_and_misplaced_pdus_are_rejected() {
     b[0] = 0x1c;
     run(&mut s, raw(b, &[]), &mut out);
     assert!(
-        matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == reject_reason::COMMAND_NOT_SUPPORTED)
+        matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == RejectReason::CommandNotSupported)
     );
     let mut p = params(false);
     p.session_type = SessionType::Discovery;
@@ -477,7 +479,7 @@ fn unknown_and_misplaced_pdus_are_rejected() {
     d.handle_pdu(cmd(1, 10, 0x00, 0, 0, &[]), &TestHost, &mut out, &mut ev);
     assert!(ev.is_empty());
     assert!(
-        matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == reject_reason::PROTOCOL_ERROR)
+        matches!(sent(&mut out)[0].0, Pdu::Reject(r) if r.reason == RejectReason::ProtocolError)
     );
 }
 

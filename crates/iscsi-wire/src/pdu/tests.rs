@@ -23,7 +23,7 @@ fn read10_command_vector() {
         panic!("not a command")
     };
     assert!(c.final_ && c.read && !c.write && !c.immediate);
-    assert_eq!(c.attr, 1);
+    assert_eq!(c.attr, TaskAttr::Simple);
     assert_eq!(c.itt, Itt(0x11));
     assert_eq!(c.edtl, 4096);
     assert_eq!(c.cmd_sn, Sn(7));
@@ -93,7 +93,7 @@ proptest! {
     #[test]
     fn scsi_command_round_trip(imm: bool, f: bool, r: bool, w: bool, attr in 0u8..8, lun: [u8; 8],
                                itt: u32, edtl: u32, cs in sn(), es in sn(), cdb: [u8; 16], dl in 0usize..1<<24) {
-        let c = ScsiCommand { immediate: imm, final_: f, read: r, write: w, attr, lun: Lun(lun),
+        let c = ScsiCommand { immediate: imm, final_: f, read: r, write: w, attr: attr.into(), lun: Lun(lun),
             itt: Itt(itt), edtl, cmd_sn: cs, exp_stat_sn: es, cdb };
         let b = c.encode(dl);
         prop_assert_eq!(crate::frame::data_segment_len(&b) as usize, dl);
@@ -121,22 +121,22 @@ proptest! {
     #[test]
     fn response_round_trips(resp: u8, status: u8, itt: u32, t in triple(), eds: u32, o: bool, u: bool, cnt: u32,
                             r2tsn: u32, off: u32, len: u32, ttt: u32) {
-        let r = ScsiResponse { response: resp, status, itt: Itt(itt), sn: t, exp_data_sn: eds,
+        let r = ScsiResponse { response: resp.into(), status, itt: Itt(itt), sn: t, exp_data_sn: eds,
             residual: Residual { overflow: o, underflow: u, count: cnt } };
         prop_assert_eq!(ScsiResponse::decode(&r.encode(18)), r);
         let r2 = R2t { lun: Lun::from_index(1), itt: Itt(itt), ttt, sn: t, r2t_sn: r2tsn, buffer_offset: off, desired_len: len };
         prop_assert_eq!(R2t::decode(&r2.encode()), r2);
         let n = NopIn { lun: Lun::default(), itt: Itt(itt), ttt, sn: t };
         prop_assert_eq!(NopIn::decode(&n.encode(0)), n);
-        let tm = TaskMgmtResp { response: resp, itt: Itt(itt), sn: t };
+        let tm = TaskMgmtResp { response: resp.into(), itt: Itt(itt), sn: t };
         prop_assert_eq!(TaskMgmtResp::decode(&tm.encode()), tm);
-        let lo = LogoutResp { response: resp, itt: Itt(itt), sn: t, time2wait: 2, time2retain: 20 };
+        let lo = LogoutResp { response: resp.into(), itt: Itt(itt), sn: t, time2wait: 2, time2retain: 20 };
         prop_assert_eq!(LogoutResp::decode(&lo.encode()), lo);
-        let rj = Reject { reason: resp, sn: t, data_sn: r2tsn };
+        let rj = Reject { reason: resp.into(), sn: t, data_sn: r2tsn };
         prop_assert_eq!(Reject::decode(&rj.encode(48)), rj);
         let tr = TextResp { final_: o, cont: u, lun: Lun::default(), itt: Itt(itt), ttt, sn: t };
         prop_assert_eq!(TextResp::decode(&tr.encode(10)), tr);
-        let am = AsyncMsg { lun: Lun::default(), sn: t, event: resp, vcode: status, param1: 1, param2: 2, param3: 3 };
+        let am = AsyncMsg { lun: Lun::default(), sn: t, event: resp.into(), vcode: status, param1: 1, param2: 2, param3: 3 };
         prop_assert_eq!(AsyncMsg::decode(&am.encode(0)), am);
     }
 
@@ -151,7 +151,7 @@ proptest! {
         prop_assert_eq!(DataOut::decode(&d.encode(512)), d);
         let t = TextReq { immediate: imm, final_: true, cont: false, lun: Lun::default(), itt: Itt(itt), ttt, cmd_sn: cs, exp_stat_sn: es };
         prop_assert_eq!(TextReq::decode(&t.encode(20)), t);
-        let l = LogoutReq { immediate: imm, reason: f & 3, itt: Itt(itt), cid: 1, cmd_sn: cs, exp_stat_sn: es };
+        let l = LogoutReq { immediate: imm, reason: (f & 3).into(), itt: Itt(itt), cid: 1, cmd_sn: cs, exp_stat_sn: es };
         prop_assert_eq!(LogoutReq::decode(&l.encode()), l);
         let s = SnackReq { kind: f & 0xf, lun: Lun::default(), itt: Itt(itt), ttt, exp_stat_sn: es, beg_run: off, run_length: dsn };
         prop_assert_eq!(SnackReq::decode(&s.encode()), s);

@@ -273,7 +273,7 @@ impl Client {
             final_,
             read,
             write,
-            attr: 1,
+            attr: TaskAttr::Simple,
             lun: Lun::from_index(self.lun),
             itt,
             edtl,
