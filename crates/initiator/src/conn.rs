@@ -80,12 +80,10 @@ fn open(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
                 let sock = socket2::SockRef::from(&s);
                 let _ = sock.set_recv_buffer_size(1 << 20);
                 let _ = sock.set_send_buffer_size(1 << 20);
-                // As the target does (`iscsi_wire::tcp`: BBR's pacing slows
+                // As the target does (`netio`: BBR's pacing slows
                 // the bursts of writes); a kernel without it keeps its own.
-                let _ = iscsi_wire::tcp::set_congestion(
-                    std::os::fd::AsFd::as_fd(&s),
-                    iscsi_wire::tcp::DEFAULT_CONGESTION,
-                );
+                let _ =
+                    netio::set_congestion(std::os::fd::AsFd::as_fd(&s), netio::DEFAULT_CONGESTION);
                 return Ok(s);
             }
             Err(e) => last = Some(e),
@@ -219,7 +217,7 @@ impl Connection {
     /// up to its end, else into the receive buffer. `Ok(0)` at end of
     /// stream.
     fn recv(&mut self, flags: libc::c_int) -> io::Result<usize> {
-        use iscsi_wire::tcp::recv_into;
+        use netio::recv_into;
         use std::os::fd::AsFd;
         let sock = self.stream.as_fd();
         if let Some(l) = self.landing.as_mut().filter(|l| l.left() > 0) {

@@ -152,13 +152,13 @@ pub fn interfaces_for(ip_o_addr: &str, ips: &[std::net::IpAddr]) -> Vec<String> 
     out
 }
 
-/// Congestion controls that pace every burst ([`iscsi_wire::tcp`]).
+/// Congestion controls that pace every burst ([`netio`]).
 const PACING_CONGESTION: [&str; 3] = ["bbr", "bbr2", "bbr3"];
 
 /// The kernel's default TCP congestion control, and whether the one
 /// ironsan's connections ask for is there.
 fn congestion_check(h: &Host) -> Option<Finding> {
-    use iscsi_wire::tcp::DEFAULT_CONGESTION;
+    use netio::DEFAULT_CONGESTION;
     let what = "net.ipv4.tcp_congestion_control".to_string();
     let now = h.read("/proc/sys/net/ipv4/tcp_congestion_control")?;
     let available = h

@@ -16,7 +16,6 @@ pub mod landing;
 pub mod outbox;
 pub mod pdu;
 pub mod serial;
-pub mod tcp;
 pub mod text;
 
 pub use frame::{FrameError, FrameLimits, RawPdu};

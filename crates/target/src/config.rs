@@ -257,7 +257,7 @@ pub struct LimitsConfig {
     /// Socket send and receive buffer size in bytes (0: the OS default).
     pub socket_buffer: u32,
     /// TCP congestion control of every connection ("system": the kernel's
-    /// default; see `iscsi_wire::tcp` for why it is not left to the kernel).
+    /// default; see `netio` for why it is not left to the kernel).
     pub tcp_congestion: String,
     /// Microseconds a connection keeps polling its socket, without
     /// sleeping, after it ran out of work (0: sleep at once). Waking a
@@ -303,7 +303,7 @@ impl Default for LimitsConfig {
             header_digest: DigestConfig::Allowed,
             data_digest: DigestConfig::Allowed,
             socket_buffer: 1 << 20,
-            tcp_congestion: iscsi_wire::tcp::DEFAULT_CONGESTION.into(),
+            tcp_congestion: netio::DEFAULT_CONGESTION.into(),
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             max_connections: 4096,
             max_sessions: 1024,
@@ -934,7 +934,7 @@ impl Config {
         if l.busy_poll_us > MAX_BUSY_POLL_US {
             return inv(format!("limits.busy_poll_us: at most {MAX_BUSY_POLL_US}"));
         }
-        iscsi_wire::tcp::check_congestion_name(&l.tcp_congestion)
+        netio::check_congestion_name(&l.tcp_congestion)
             .map_err(|m| ConfigError::Invalid(format!("limits.tcp_congestion: {m}")))?;
         if self.workers.is_some_and(|w| !(1..=256).contains(&w)) {
             return inv("workers: must be 1..=256".into());

@@ -1087,12 +1087,12 @@ impl Conn {
     }
 }
 
-/// Asks for the configured congestion control (`iscsi_wire::tcp`). A kernel
+/// Asks for the configured congestion control (`netio`). A kernel
 /// without it is reported once; the connection goes on with the default.
 fn set_congestion(stream: &TcpStream, name: &str) {
     use std::os::fd::AsFd;
     static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if let Err(e) = iscsi_wire::tcp::set_congestion(stream.as_fd(), name) {
+    if let Err(e) = netio::set_congestion(stream.as_fd(), name) {
         if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(error = %e, congestion = name, "cannot set the TCP congestion control; connections keep the kernel default (limits.tcp_congestion)");
         }
@@ -1152,7 +1152,7 @@ impl ReadVia {
             ReadVia::Tokio => stream.try_read_buf(buf),
             ReadVia::Recv => {
                 use std::os::fd::AsFd;
-                iscsi_wire::tcp::recv_into(stream.as_fd(), buf, libc::MSG_DONTWAIT)
+                netio::recv_into(stream.as_fd(), buf, libc::MSG_DONTWAIT)
             }
         }
     }

@@ -285,7 +285,7 @@ impl Server {
         if let Some((l, _)) = listeners.first() {
             use std::os::fd::AsFd;
             let name = &cfg.limits.tcp_congestion;
-            if let Err(e) = iscsi_wire::tcp::set_congestion(l.as_fd(), name) {
+            if let Err(e) = netio::set_congestion(l.as_fd(), name) {
                 let have =
                     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
                         .unwrap_or_default();
@@ -295,7 +295,7 @@ impl Server {
                 );
                 // The default is a preference (a kernel without it keeps
                 // its own); a name the operator gave must exist.
-                if name != iscsi_wire::tcp::DEFAULT_CONGESTION {
+                if name != netio::DEFAULT_CONGESTION {
                     return Err(msg);
                 }
                 tracing::warn!("{msg}");

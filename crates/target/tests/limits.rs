@@ -164,7 +164,7 @@ fn server_side_congestion(client: &TcpStream) -> Option<String> {
         // it); on a descriptor that is not a socket the calls merely fail.
         let s = ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd) });
         if s.peer_addr().ok() == Some(me) {
-            return iscsi_wire::tcp::congestion(s.as_fd()).ok();
+            return netio::congestion(s.as_fd()).ok();
         }
     }
     None
@@ -188,7 +188,7 @@ fn connections_use_the_configured_congestion_control() {
                 let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
                     .unwrap_or_default();
                 assert!(
-                    got == iscsi_wire::tcp::DEFAULT_CONGESTION || got == system.trim(),
+                    got == netio::DEFAULT_CONGESTION || got == system.trim(),
                     "default connection runs {got}"
                 );
             }

@@ -1,4 +1,7 @@
-//! TCP options both ends of an iSCSI connection set on their sockets.
+//! Socket calls the connection drivers share (the target's, the
+//! initiator's, the probes'): the TCP options both ends set, and a
+//! non-blocking `recv(2)` into a buffer's spare room. The wire format
+//! (`iscsi_wire`) does no I/O; this is where its bytes meet the socket.
 //!
 //! **Congestion control.** iSCSI runs over LANs and loopback, where the
 //! round trip is tens of microseconds and traffic is bursts of requests and
@@ -7,7 +10,7 @@
 //! bandwidth, and an application-limited flow keeps that estimate low: on
 //! loopback, 128 KiB replies at queue depth 8 ran at 2.7–3.1 GB/s under BBR
 //! and 4.2–5.4 GB/s under CUBIC, which sends what the window allows at once
-//! (docs/PERFORMANCE.md, "Sixth session"). So connections ask for
+//! (docs/PERFORMANCE.md, "What makes it fast"). So connections ask for
 //! [`DEFAULT_CONGESTION`] unless configured otherwise; "system" keeps the
 //! kernel's default (`net.ipv4.tcp_congestion_control`).
 
