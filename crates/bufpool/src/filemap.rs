@@ -8,7 +8,7 @@
 //! is) becomes the bottleneck: 128 KiB reads cost it 42-57 µs each from a
 //! tmpfs file against 21-24 µs from a RAM LUN, whose replies it copies out
 //! of socket buffers the target has just written (docs/PERFORMANCE.md,
-//! "Sixth session"). A `writev` from the mapping makes the target do that
+//! "What makes it fast"). A `writev` from the mapping makes the target do that
 //! copy, as the RAM LUN does, in the header's `writev`.
 //!
 //! The mapping is read in user space only by [`FileMap::read_guarded`]

@@ -452,7 +452,7 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
 
 /// A cache-line round trip above this many nanoseconds means the two CPUs
 /// do not share a last-level cache (this project's VMs: ~65 ns on one die,
-/// ~330 ns across dies; docs/PERFORMANCE.md, fourteenth session).
+/// ~330 ns across dies; docs/PERFORMANCE.md, "The placement probe").
 pub const NEAR_NS: f64 = 150.0;
 
 /// Measures where the first two CPUs sit, five times over half a second

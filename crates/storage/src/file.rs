@@ -62,7 +62,7 @@ use crate::{
 /// in (still in that core's cache): 1 MiB writes Q8 to a file on a huge-page
 /// tmpfs ran 10-20 % faster so than handed to an I/O thread (ironsan bench
 /// 2513-4021 vs 2158-3915 MB/s, qemu-img 2177-2585 vs 1443-2088, nine
-/// alternating rounds; docs/PERFORMANCE.md, "Sixth session"). The fourth
+/// alternating rounds; docs/PERFORMANCE.md, "What makes it fast"). The fourth
 /// session had measured the opposite with 256 KiB while our initiator's
 /// sends were still paced by BBR, which left the machine half idle.
 const INLINE_WRITE_MAX: usize = 1 << 20;

@@ -225,8 +225,8 @@ fn default_listen() -> Vec<SocketAddr> {
     vec![DEFAULT_LISTEN.parse().expect("valid default")]
 }
 
-/// Default of [`LimitsConfig::busy_poll_us`] (docs/PERFORMANCE.md,
-/// seventh session: enough to catch the next request of a client that
+/// Default of [`LimitsConfig::busy_poll_us`] (docs/PERFORMANCE.md, "What makes it fast",
+/// busy polling: enough to catch the next request of a client that
 /// answers at once, on 2 cores over loopback).
 pub const DEFAULT_BUSY_POLL_US: u32 = 50;
 /// Largest [`LimitsConfig::busy_poll_us`].

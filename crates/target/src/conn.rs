@@ -1106,7 +1106,7 @@ fn set_congestion(stream: &TcpStream, name: &str) {
 /// Sleeping until the socket is readable costs a wake-up on both sides
 /// when the next command comes a few microseconds later: the initiator's
 /// send has to wake this thread, and on virtual machines that costs tens
-/// of microseconds of both (docs/PERFORMANCE.md, seventh session). Between
+/// of microseconds of both (docs/PERFORMANCE.md, "Limits on this hardware"). Between
 /// two tries the event loop runs its other connections and, in the
 /// connection's `select!`, every other source of work is looked at first.
 /// The deadline is `limits.busy_poll_us` after the connection's last work
