@@ -403,6 +403,24 @@ impl TargetLogin {
         if is_answer {
             return Ok(());
         }
+        if let Some((_, rule)) = RULES.iter().find(|(k, _)| *k == key) {
+            // A value outside the key's domain is answered Reject
+            // (RFC 7143 §6.2.1); otherwise with what the rule settles on.
+            let answer = match *rule {
+                Rule::Num { min, max, set } => match num(val, min, max) {
+                    None => Some("Reject".to_string()),
+                    Some(v) => set(p, &l, v).map(|a| a.to_string()),
+                },
+                Rule::Bool { set } => Some(match boolean(val) {
+                    None => "Reject".to_string(),
+                    Some(v) => yes_no(set(p, &l, v)).to_string(),
+                }),
+            };
+            if let Some(a) = answer {
+                text::push(out, key, &a);
+            }
+            return Ok(());
+        }
         match key {
             "InitiatorName" => {
                 if val.is_empty() || val.len() > 223 {
@@ -459,132 +477,7 @@ impl TargetLogin {
                     }
                 }
             }
-            "MaxConnections" => {
-                let v = num(val, 1, 65535);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.max_connections = v.min(1) as u16;
-                text::push(out, key, &p.max_connections.to_string());
-            }
-            "InitialR2T" => {
-                let v = boolean(val);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.initial_r2t = v || l.initial_r2t;
-                text::push(out, key, yes_no(p.initial_r2t));
-            }
-            "ImmediateData" => {
-                let v = boolean(val);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.immediate_data = v && l.immediate_data;
-                text::push(out, key, yes_no(p.immediate_data));
-            }
-            "DataPDUInOrder" => {
-                let v = boolean(val);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                let _ = v;
-                p.data_pdu_in_order = true;
-                text::push(out, key, yes_no(p.data_pdu_in_order));
-            }
-            "DataSequenceInOrder" => {
-                let v = boolean(val);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                let _ = v;
-                p.data_sequence_in_order = true;
-                text::push(out, key, yes_no(p.data_sequence_in_order));
-            }
-            "MaxRecvDataSegmentLength" => {
-                let v = num(val, 512, (1 << 24) - 1);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.send_max_data_segment = v as u32;
-            }
-            "MaxBurstLength" => {
-                let v = num(val, 512, (1 << 24) - 1);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.max_burst = (v as u32).min(l.max_burst);
-                text::push(out, key, &p.max_burst.to_string());
-            }
-            "FirstBurstLength" => {
-                let v = num(val, 512, (1 << 24) - 1);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.first_burst = (v as u32).min(l.first_burst);
-                text::push(out, key, &p.first_burst.to_string());
-            }
-            "DefaultTime2Wait" => {
-                let v = num(val, 0, 3600);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.time2wait = (v as u16).max(l.time2wait);
-                text::push(out, key, &p.time2wait.to_string());
-            }
-            "DefaultTime2Retain" => {
-                let v = num(val, 0, 3600);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.time2retain = (v as u16).min(l.time2retain);
-                text::push(out, key, &p.time2retain.to_string());
-            }
-            "MaxOutstandingR2T" => {
-                let v = num(val, 1, 65535);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.max_outstanding_r2t = (v as u16).min(l.max_outstanding_r2t);
-                text::push(out, key, &p.max_outstanding_r2t.to_string());
-            }
-            "ErrorRecoveryLevel" => {
-                let v = num(val, 0, 2);
-                let Some(_) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                p.error_recovery_level = 0;
-                text::push(out, key, "0");
-            }
-            "IFMarker" | "OFMarker" => {
-                let v = boolean(val);
-                let Some(_) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                text::push(out, key, "No");
-            }
             "IFMarkInt" | "OFMarkInt" => text::push(out, key, "Irrelevant"),
-            "iSCSIProtocolLevel" => {
-                let v = num(val, 0, 31);
-                let Some(v) = v else {
-                    text::push(out, key, "Reject");
-                    return Ok(());
-                };
-                text::push(out, key, &v.min(1).to_string());
-            }
             "TaskReporting" => text::push(out, key, "RFC3720"),
             "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => {
                 text::push(out, key, "Irrelevant")
@@ -594,6 +487,186 @@ impl TargetLogin {
         Ok(())
     }
 }
+
+/// How the target reads an operational key's value and settles it
+/// (RFC 7143 §13): the value is checked against the key's domain first.
+#[derive(Clone, Copy)]
+enum Rule {
+    /// A number in `min..=max` (§6.2: decimal or hex); `set` applies it
+    /// and gives the answer, `None` for a declarative key (no answer).
+    Num {
+        min: u64,
+        max: u64,
+        set: fn(&mut SessionParams, &Limits, u64) -> Option<u64>,
+    },
+    /// `Yes` or `No`; `set` applies it and gives the answer.
+    Bool {
+        set: fn(&mut SessionParams, &Limits, bool) -> bool,
+    },
+}
+
+/// Lengths are 512 to 2^24-1 bytes (RFC 7143 §13.12-§13.14).
+const LEN_MAX: u64 = (1 << 24) - 1;
+
+/// The operational keys negotiated by value (RFC 7143 §13) and how.
+const RULES: &[(&str, Rule)] = &[
+    // §13.2: one connection per session (no MC/S).
+    (
+        "MaxConnections",
+        Rule::Num {
+            min: 1,
+            max: 65535,
+            set: |p, _, v| {
+                p.max_connections = v.min(1) as u16;
+                Some(u64::from(p.max_connections))
+            },
+        },
+    ),
+    // §13.10: OR of both sides.
+    (
+        "InitialR2T",
+        Rule::Bool {
+            set: |p, l, v| {
+                p.initial_r2t = v || l.initial_r2t;
+                p.initial_r2t
+            },
+        },
+    ),
+    // §13.11: AND of both sides.
+    (
+        "ImmediateData",
+        Rule::Bool {
+            set: |p, l, v| {
+                p.immediate_data = v && l.immediate_data;
+                p.immediate_data
+            },
+        },
+    ),
+    // §13.18, §13.19: this target needs both in order (OR with Yes).
+    (
+        "DataPDUInOrder",
+        Rule::Bool {
+            set: |p, _, _| {
+                p.data_pdu_in_order = true;
+                true
+            },
+        },
+    ),
+    (
+        "DataSequenceInOrder",
+        Rule::Bool {
+            set: |p, _, _| {
+                p.data_sequence_in_order = true;
+                true
+            },
+        },
+    ),
+    // §13.12: declarative, what the initiator can receive.
+    (
+        "MaxRecvDataSegmentLength",
+        Rule::Num {
+            min: 512,
+            max: LEN_MAX,
+            set: |p, _, v| {
+                p.send_max_data_segment = v as u32;
+                None
+            },
+        },
+    ),
+    // §13.13, §13.14: the minimum of both sides.
+    (
+        "MaxBurstLength",
+        Rule::Num {
+            min: 512,
+            max: LEN_MAX,
+            set: |p, l, v| {
+                p.max_burst = (v as u32).min(l.max_burst);
+                Some(u64::from(p.max_burst))
+            },
+        },
+    ),
+    (
+        "FirstBurstLength",
+        Rule::Num {
+            min: 512,
+            max: LEN_MAX,
+            set: |p, l, v| {
+                p.first_burst = (v as u32).min(l.first_burst);
+                Some(u64::from(p.first_burst))
+            },
+        },
+    ),
+    // §13.15: the maximum; §13.16: the minimum.
+    (
+        "DefaultTime2Wait",
+        Rule::Num {
+            min: 0,
+            max: 3600,
+            set: |p, l, v| {
+                p.time2wait = (v as u16).max(l.time2wait);
+                Some(u64::from(p.time2wait))
+            },
+        },
+    ),
+    (
+        "DefaultTime2Retain",
+        Rule::Num {
+            min: 0,
+            max: 3600,
+            set: |p, l, v| {
+                p.time2retain = (v as u16).min(l.time2retain);
+                Some(u64::from(p.time2retain))
+            },
+        },
+    ),
+    // §13.17: the minimum.
+    (
+        "MaxOutstandingR2T",
+        Rule::Num {
+            min: 1,
+            max: 65535,
+            set: |p, l, v| {
+                p.max_outstanding_r2t = (v as u16).min(l.max_outstanding_r2t);
+                Some(u64::from(p.max_outstanding_r2t))
+            },
+        },
+    ),
+    // §13.20: this target runs ErrorRecoveryLevel 0 (the minimum).
+    (
+        "ErrorRecoveryLevel",
+        Rule::Num {
+            min: 0,
+            max: 2,
+            set: |p, _, _| {
+                p.error_recovery_level = 0;
+                Some(0)
+            },
+        },
+    ),
+    // §13.25, obsoleted keys: markers are answered No (which the RFC
+    // allows beside the Reject it prefers).
+    (
+        "IFMarker",
+        Rule::Bool {
+            set: |_, _, _| false,
+        },
+    ),
+    (
+        "OFMarker",
+        Rule::Bool {
+            set: |_, _, _| false,
+        },
+    ),
+    // §13.24: level 1 at most (the minimum of both sides).
+    (
+        "iSCSIProtocolLevel",
+        Rule::Num {
+            min: 0,
+            max: 31,
+            set: |_, _, v| Some(v.min(1)),
+        },
+    ),
+];
 
 fn yes_no(b: bool) -> &'static str {
     if b {

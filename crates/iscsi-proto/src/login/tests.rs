@@ -247,3 +247,53 @@ fn digest_policies() {
         LoginStep::Fail { .. }
     ));
 }
+
+/// Each operational key negotiated by value: the answer for a value in
+/// its domain, and Reject for one outside it (RFC 7143 §6.2.1, §13).
+#[test]
+fn operational_keys_are_answered_by_their_rules() {
+    let lim = Limits::default();
+    let answer = |key: &str, val: &str| {
+        let mut l = TargetLogin::new(Limits::default(), 1);
+        let mut out = Vec::new();
+        assert!(l.negotiate(key, val, &mut out).is_ok());
+        let pairs = text::parse(&out).unwrap();
+        assert!(pairs.len() <= 1, "{pairs:?}");
+        pairs.into_iter().next().map(|(k, v)| {
+            assert_eq!(k, key);
+            v
+        })
+    };
+    let some = |s: &str| Some(s.to_string());
+    let yn = |b: bool| some(if b { "Yes" } else { "No" });
+    assert_eq!(answer("MaxConnections", "4"), some("1"));
+    assert_eq!(answer("MaxConnections", "0"), some("Reject"));
+    assert_eq!(answer("InitialR2T", "No"), yn(lim.initial_r2t));
+    assert_eq!(answer("InitialR2T", "Yes"), some("Yes"));
+    assert_eq!(answer("ImmediateData", "Yes"), yn(lim.immediate_data));
+    assert_eq!(answer("ImmediateData", "Maybe"), some("Reject"));
+    assert_eq!(answer("DataPDUInOrder", "No"), some("Yes"));
+    assert_eq!(answer("DataSequenceInOrder", "No"), some("Yes"));
+    assert_eq!(answer("MaxRecvDataSegmentLength", "8192"), None);
+    assert_eq!(answer("MaxRecvDataSegmentLength", "100"), some("Reject"));
+    assert_eq!(
+        answer("MaxRecvDataSegmentLength", "16777216"),
+        some("Reject")
+    );
+    let mb = lim.max_burst.to_string();
+    assert_eq!(answer("MaxBurstLength", "16777215"), some(&mb));
+    assert_eq!(answer("FirstBurstLength", "512"), some("512"));
+    let t2w = lim.time2wait.to_string();
+    assert_eq!(answer("DefaultTime2Wait", "0"), some(&t2w));
+    assert_eq!(answer("DefaultTime2Retain", "3601"), some("Reject"));
+    let r2t = 16.min(lim.max_outstanding_r2t).to_string();
+    assert_eq!(answer("MaxOutstandingR2T", "0x10"), some(&r2t));
+    assert_eq!(answer("ErrorRecoveryLevel", "2"), some("0"));
+    assert_eq!(answer("ErrorRecoveryLevel", "3"), some("Reject"));
+    assert_eq!(answer("IFMarker", "Yes"), some("No"));
+    assert_eq!(answer("OFMarker", "x"), some("Reject"));
+    assert_eq!(answer("iSCSIProtocolLevel", "0x1f"), some("1"));
+    assert_eq!(answer("iSCSIProtocolLevel", "0"), some("0"));
+    assert_eq!(answer("iSCSIProtocolLevel", "32"), some("Reject"));
+    assert_eq!(answer("X-vendor.Key", "1"), some("NotUnderstood"));
+}
