@@ -24,6 +24,7 @@
 //! DataSN counting from 0 in each sequence.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use bufpool::{Chain, LandBuf, Placed, WriteData};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -111,6 +112,9 @@ pub enum CloseReason {
     DataDigestError,
     /// TARGET COLD RESET: every connection is dropped (RFC 7143 §11.5.1).
     ColdReset,
+    /// A NOP-In ping went unanswered past the keepalive timeout
+    /// ([`Session::poll_keepalive`]).
+    PingUnanswered,
 }
 
 impl std::fmt::Display for CloseReason {
@@ -118,6 +122,7 @@ impl std::fmt::Display for CloseReason {
         f.write_str(match self {
             CloseReason::DataDigestError => "data digest error",
             CloseReason::ColdReset => "target cold reset",
+            CloseReason::PingUnanswered => "NOP-In ping unanswered",
         })
     }
 }
@@ -339,6 +344,10 @@ pub struct Session {
     text_in: Continuation,
     text_out: Option<(Itt, Vec<u8>, usize, u32)>,
     ping: Option<u32>,
+    /// When the outstanding ping went out.
+    ping_sent: Option<Instant>,
+    /// When bytes last came from the initiator ([`Session::note_received`]).
+    last_rx: Option<Instant>,
     closing: bool,
     rejects: u64,
     /// Commands aborted while the driver was executing them (ABORT TASK,
@@ -391,6 +400,8 @@ impl Session {
             text_in: Continuation::default(),
             text_out: None,
             ping: None,
+            ping_sent: None,
+            last_rx: None,
             closing: false,
             rejects: 0,
             aborting: HashMap::new(),
@@ -1074,6 +1085,38 @@ impl Session {
     /// True while a ping is unanswered.
     pub fn ping_outstanding(&self) -> bool {
         self.ping.is_some()
+    }
+
+    /// Notes that bytes came from the initiator at `now` (the keepalive
+    /// timer measures silence from there).
+    pub fn note_received(&mut self, now: Instant) {
+        self.last_rx = Some(now);
+    }
+
+    /// The keepalive timer (RFC 7143 §11.19, NOP-In as a ping), with the
+    /// time passed in so that tests drive it: with no command in flight
+    /// and nothing received for `interval` (never when it is zero), a
+    /// NOP-In ping goes out; a ping unanswered for longer than `timeout`
+    /// ends the connection. The driver calls it from its periodic tick;
+    /// `interval` and `timeout` are read then, so a changed setting
+    /// applies to running sessions.
+    pub fn poll_keepalive(
+        &mut self,
+        now: Instant,
+        interval: Duration,
+        timeout: Duration,
+        out: &mut Outbox,
+    ) -> Result<(), CloseReason> {
+        let since = |t: Option<Instant>| now.saturating_duration_since(t.unwrap_or(now));
+        if self.ping_outstanding() {
+            if since(self.ping_sent) > timeout {
+                return Err(CloseReason::PingUnanswered);
+            }
+        } else if !interval.is_zero() && since(self.last_rx) > interval && self.in_flight() == 0 {
+            self.ping(out);
+            self.ping_sent = Some(now);
+        }
+        Ok(())
     }
 
     fn text(&mut self, t: TextReq, raw: RawPdu, host: &dyn Host, out: &mut Outbox) {

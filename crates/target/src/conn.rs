@@ -907,12 +907,12 @@ impl Conn {
         let (tx, mut rx) = mpsc::unbounded_channel::<Done>();
         let mut events = Vec::new();
         let mut last_rx = Instant::now();
+        session.note_received(last_rx);
         // When the connection last finished handling what it was woken for
         // (bytes read, answers sent, commands finished by I/O threads): it
         // busy-polls until `shared.busy_poll` after that.
         let mut last_work = last_rx;
         let mut worked = false;
-        let mut ping_sent = Instant::now();
         // Stats publishing and NOP-In pings: every PUBLISH_EVERY while the
         // connection works, every IDLE_TICK once it has been idle that long
         // (each wake-up costs tens of microseconds on a VM: 64 idle sessions
@@ -1021,6 +1021,7 @@ impl Conn {
                 r = self.stream.readable(), if want_read => match self.read_ready(r, ReadVia::Tokio) {
                     Ok(true) => {
                         last_rx = Instant::now();
+                        session.note_received(last_rx);
                         worked = true;
                     }
                     Ok(false) => {}
@@ -1063,20 +1064,15 @@ impl Conn {
                     let next = if now - last_work >= IDLE_TICK { IDLE_TICK } else { PUBLISH_EVERY };
                     tick.as_mut().reset((now + next).into());
                     stats.publish();
-                    if session.ping_outstanding() {
-                        if ping_sent.elapsed() > shared.nop_timeout {
-                            return Closed::PingUnanswered;
-                        }
-                    } else if !shared.nop_interval.is_zero() && last_rx.elapsed() > shared.nop_interval
-                        && session.in_flight() == 0 {
-                        session.ping(&mut self.out);
-                        ping_sent = Instant::now();
+                    if let Err(why) = session.poll_keepalive(now, shared.nop_interval, shared.nop_timeout, &mut self.out) {
+                        return Closed::Session(why);
                     }
                 }
                 // Last: every other source is looked at between two polls.
                 r = poll_socket(&self.stream, poll_until), if busy_poll => match self.read_ready(r, ReadVia::Recv) {
                     Ok(true) => {
                         last_rx = Instant::now();
+                        session.note_received(last_rx);
                         worked = true;
                     }
                     Ok(false) => {}
@@ -1213,8 +1209,6 @@ enum Closed {
     ShuttingDown,
     /// The target ended the session (reinstated elsewhere, access revoked).
     EndedByTarget,
-    /// A NOP-In ping went unanswered.
-    PingUnanswered,
 }
 
 impl std::fmt::Display for Closed {
@@ -1231,7 +1225,6 @@ impl std::fmt::Display for Closed {
             Closed::EndedByTarget => {
                 f.write_str("session ended by the target (reinstated or access revoked)")
             }
-            Closed::PingUnanswered => f.write_str("NOP-In ping unanswered"),
         }
     }
 }

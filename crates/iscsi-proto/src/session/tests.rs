@@ -716,3 +716,70 @@ fn reused_write_states_start_clean() {
     }
     assert_eq!(s.spare_writes.len(), 3);
 }
+
+/// The keepalive timer, driven with made-up times: silence past the
+/// interval sends one NOP-In ping (none while commands are in flight, none
+/// with the interval zero); the answer clears it; a ping unanswered past
+/// the timeout ends the connection.
+#[test]
+fn keepalive_pings_after_silence_and_gives_up_after_the_timeout() {
+    use std::time::{Duration, Instant};
+    let (interval, timeout) = (Duration::from_secs(10), Duration::from_secs(30));
+    let mut s = session(false);
+    let mut out = Outbox::new();
+    let t0 = Instant::now();
+    s.note_received(t0);
+    let at = |secs: u64| t0 + Duration::from_secs(secs);
+    assert!(s.poll_keepalive(at(5), interval, timeout, &mut out).is_ok());
+    assert!(sent(&mut out).is_empty(), "not silent long enough");
+    assert!(s
+        .poll_keepalive(at(11), Duration::ZERO, timeout, &mut out)
+        .is_ok());
+    assert!(sent(&mut out).is_empty(), "keepalive off");
+    // A command in flight: no ping however long the silence.
+    run(&mut s, cmd(1, 10, 0x28, 1, 512, &[]), &mut out);
+    assert_eq!(s.in_flight(), 1);
+    sent(&mut out);
+    assert!(s
+        .poll_keepalive(at(11), interval, timeout, &mut out)
+        .is_ok());
+    assert!(sent(&mut out).is_empty(), "a command is in flight");
+    s.complete(Itt(1), Completion::default(), &mut out);
+    sent(&mut out);
+    assert!(s
+        .poll_keepalive(at(11), interval, timeout, &mut out)
+        .is_ok());
+    let Pdu::NopIn(p) = sent(&mut out)[0].0 else {
+        panic!("a ping after 11 s of silence")
+    };
+    assert!(s.ping_outstanding());
+    // One ping at a time; answered in time, it is forgotten.
+    assert!(s
+        .poll_keepalive(at(30), interval, timeout, &mut out)
+        .is_ok());
+    assert!(sent(&mut out).is_empty());
+    let answer = NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: Itt(RESERVED_TAG),
+        ttt: p.ttt,
+        cmd_sn: Sn(101),
+        exp_stat_sn: Sn(101),
+    };
+    s.note_received(at(31));
+    run(&mut s, raw(answer.encode(0), &[]), &mut out);
+    assert!(!s.ping_outstanding());
+    // Silent again: a new ping at 42 s, unanswered; at 72 s it is not
+    // yet past the timeout, at 73 s it is.
+    assert!(s
+        .poll_keepalive(at(42), interval, timeout, &mut out)
+        .is_ok());
+    assert!(matches!(sent(&mut out)[0].0, Pdu::NopIn(_)));
+    assert!(s
+        .poll_keepalive(at(72), interval, timeout, &mut out)
+        .is_ok());
+    assert_eq!(
+        s.poll_keepalive(at(73), interval, timeout, &mut out),
+        Err(CloseReason::PingUnanswered)
+    );
+}
