@@ -64,6 +64,7 @@ pub use lu::{
 };
 pub use peers::TargetLus;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
+pub use volume::GeometryError;
 pub use xcopy::{
     MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
 };

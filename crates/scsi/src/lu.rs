@@ -81,32 +81,10 @@ pub const MAX_SERIAL_LEN: usize = 200;
 /// Why a logical unit could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum LuError {
-    /// The block size is neither 512 nor 4096.
-    #[error("block size {0} is not supported (512 or 4096)")]
-    BlockSize(u32),
-    /// The physical block size is not the block size times a power of two
-    /// (at most 2^[`MAX_LBPPB_EXPONENT`]).
-    #[error(
-        "physical block size {physical} is not a power-of-two multiple of the block size \
-         {block_size} (at most 2^{MAX_LBPPB_EXPONENT} times it)"
-    )]
-    PhysicalBlockSize {
-        /// The configured physical block size.
-        physical: u32,
-        /// The configured (logical) block size.
-        block_size: u32,
-    },
-    /// The backend size is not a whole number of blocks.
-    #[error("backend size {size} is not a multiple of the block size {block_size}")]
-    Unaligned {
-        /// Backend size in bytes.
-        size: u64,
-        /// Configured block size.
-        block_size: u32,
-    },
-    /// The backend holds no block at all.
-    #[error("backend size is zero")]
-    Empty,
+    /// The block sizes or the backend's size do not make a volume
+    /// ([`volume::GeometryError`]).
+    #[error(transparent)]
+    Geometry(#[from] GeometryError),
     /// An identification string is too long, empty or not printable ASCII.
     #[error("{field} {value:?}: {reason}")]
     Identifier {
@@ -364,21 +342,7 @@ impl LogicalUnit {
             cfg.physical_block_size,
             cfg.read_only,
             cfg.thin,
-        )
-        .map_err(|e| match e {
-            GeometryError::BlockSize(bs) => LuError::BlockSize(bs),
-            GeometryError::PhysicalBlockSize {
-                physical,
-                block_size,
-            } => LuError::PhysicalBlockSize {
-                physical,
-                block_size,
-            },
-            GeometryError::Empty => LuError::Empty,
-            GeometryError::Unaligned { size, block_size } => {
-                LuError::Unaligned { size, block_size }
-            }
-        })?;
+        )?;
         check_ascii("vendor", &cfg.vendor, 8)?;
         check_ascii("product", &cfg.product, 16)?;
         check_ascii("revision", &cfg.revision, 4)?;

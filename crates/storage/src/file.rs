@@ -441,11 +441,7 @@ fn memory_filesystem(f: &File) -> bool {
 
 impl BlockBackend for FileBackend {
     fn caps(&self) -> Caps {
-        let write_cache = if self.write_back.load(Ordering::Relaxed) {
-            WriteCache::WriteBack
-        } else {
-            WriteCache::WriteThrough
-        };
+        let write_cache = WriteCache::from_write_back(self.write_back.load(Ordering::Relaxed));
         Caps {
             may_block: !self.in_memory,
             inline_write_max: INLINE_WRITE_MAX,

@@ -68,6 +68,17 @@ pub enum WriteCache {
     WriteBack,
 }
 
+impl WriteCache {
+    /// `WriteBack` when `write_back`, else `WriteThrough`.
+    pub fn from_write_back(write_back: bool) -> WriteCache {
+        if write_back {
+            WriteCache::WriteBack
+        } else {
+            WriteCache::WriteThrough
+        }
+    }
+}
+
 /// What [`Ownership::on_resized_elsewhere`] calls with the new size in
 /// bytes.
 pub type SizeChanged = Box<dyn Fn(u64) + Send + Sync>;

@@ -13,18 +13,18 @@ fn construction_checks() {
     c.block_size = 1024;
     assert!(matches!(
         LogicalUnit::new(mem(1 << 20), c),
-        Err(LuError::BlockSize(1024))
+        Err(LuError::Geometry(GeometryError::BlockSize(1024)))
     ));
     assert!(matches!(
         LogicalUnit::new(mem(1000), cfg()),
-        Err(LuError::Unaligned {
+        Err(LuError::Geometry(GeometryError::Unaligned {
             size: 1000,
             block_size: 512
-        })
+        }))
     ));
     assert!(matches!(
         LogicalUnit::new(mem(0), cfg()),
-        Err(LuError::Empty)
+        Err(LuError::Geometry(GeometryError::Empty))
     ));
     for (field, bad) in [
         ("vendor", "VENDOR_TOO_LONG"),

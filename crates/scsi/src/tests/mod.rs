@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use bufpool::WriteData;
 use storage::{BlockBackend, MemBackend, WriteCache};
+use volume::GeometryError;
 
 use crate::cdb::op;
 use crate::{status, Asc, Command, LogicalUnit, LuConfig, NexusId, Outcome, SenseKey};

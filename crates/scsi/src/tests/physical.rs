@@ -159,7 +159,7 @@ fn physical_block_size_is_validated() {
     ] {
         let e = new(pbs, bs).unwrap_err();
         assert!(
-            matches!(e, LuError::PhysicalBlockSize { physical, block_size } if physical == pbs && block_size == bs),
+            matches!(e, LuError::Geometry(GeometryError::PhysicalBlockSize { physical, block_size }) if physical == pbs && block_size == bs),
             "{pbs}/{bs}: {e}"
         );
         assert!(e.to_string().contains("power-of-two multiple"), "{e}");

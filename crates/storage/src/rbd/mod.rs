@@ -473,11 +473,7 @@ impl BlockBackend for RbdBackend {
     /// operation: all or nothing. So an atomic write may be as large as an
     /// object, starting on an object boundary.
     fn caps(&self) -> Caps {
-        let write_cache = if self.write_back.load(Ordering::Relaxed) {
-            WriteCache::WriteBack
-        } else {
-            WriteCache::WriteThrough
-        };
+        let write_cache = WriteCache::from_write_back(self.write_back.load(Ordering::Relaxed));
         Caps {
             can_deallocate: true,
             discard_granularity: self.obj_size,
