@@ -93,12 +93,12 @@ impl WriteData {
         self.segments().next().unwrap_or(&[])
     }
 
-    /// The first segment as shared bytes (empty when there is none).
-    pub fn first_bytes(&self) -> Bytes {
+    /// The first segment as shared bytes (`None` when there is none).
+    pub fn first_bytes(&self) -> Option<&Bytes> {
         match self {
-            WriteData::Owned(b) => b.clone(),
-            WriteData::Segments(c) => c.parts().0.clone(),
-            WriteData::None | WriteData::Placed(_) => Bytes::new(),
+            WriteData::Owned(b) => Some(b),
+            WriteData::Segments(c) => Some(c.parts().0),
+            WriteData::None | WriteData::Placed(_) => None,
         }
     }
 

@@ -76,7 +76,6 @@ fn write(lu: &LogicalUnit, data: &[u8], lba: u64, fua: bool) -> Result<(), Sense
 fn flush_for_fua(lu: &LogicalUnit, fua: bool) -> Result<(), Sense> {
     if fua && lu.vol.backend().caps().write_cache == WriteCache::WriteBack {
         lu.vol
-            .backend()
             .flush()
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }

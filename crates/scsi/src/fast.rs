@@ -188,7 +188,7 @@ impl LogicalUnit {
                 return None;
             }
             FastKind::Write {
-                data: d.first_bytes().slice(..bytes),
+                data: d.first_bytes()?.slice(..bytes),
                 fua,
             }
         } else {

@@ -412,12 +412,12 @@ impl LogicalUnit {
 
     /// Logical block size in bytes.
     pub fn block_size(&self) -> u32 {
-        self.cfg.block_size
+        self.vol.block_size()
     }
 
     /// Physical block size in bytes ([`LuConfig::physical_block_size`]).
     pub fn physical_block_size(&self) -> u32 {
-        self.cfg.block_size << self.vol.lbppb_shift()
+        self.vol.physical_block_size()
     }
 
     /// Capacity in logical blocks.

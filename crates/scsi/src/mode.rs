@@ -159,7 +159,7 @@ pub fn sense(lu: &LogicalUnit, cdb: &[u8]) -> Outcome {
             d.extend_from_slice(&p);
         }
     }
-    let dsp = DPOFUA | if lu.cfg.read_only { WP } else { 0 };
+    let dsp = DPOFUA | if lu.vol.read_only() { WP } else { 0 };
     if ten {
         let mdl = (d.len() - 2) as u16;
         d[0..2].copy_from_slice(&mdl.to_be_bytes());

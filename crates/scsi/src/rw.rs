@@ -262,19 +262,11 @@ pub fn write(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outcome,
     Ok(Outcome::good())
 }
 
-/// The sense data of a volume I/O that failed: the refusals as the checks
-/// above answer them, a failed read as UNRECOVERED READ ERROR, a failed
-/// write or flush as WRITE ERROR (or NOT READY when another gateway owns
-/// the medium: `backend_error`).
+/// The sense data of a volume I/O that failed: a failed read as
+/// UNRECOVERED READ ERROR, a failed write or flush as WRITE ERROR (or NOT
+/// READY when another gateway owns the medium: `backend_error`).
 fn io_sense(e: volume::IoError) -> Sense {
     match e {
-        volume::IoError::Refused(volume::Refusal::OutOfRange) => Sense::lba_out_of_range(),
-        volume::IoError::Refused(volume::Refusal::WriteProtected) => {
-            Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED)
-        }
-        volume::IoError::Refused(volume::Refusal::TooLong) => {
-            Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB)
-        }
         volume::IoError::Read(e) => backend_error(&e, Asc::UNRECOVERED_READ_ERROR),
         volume::IoError::Write(e) => backend_error(&e, Asc::WRITE_ERROR),
     }
@@ -366,7 +358,6 @@ pub fn synchronize_cache(lu: &LogicalUnit, cdb: &[u8]) -> Result<Outcome, Sense>
     let f = fields(cdb)?;
     lu.check_range(f.lba, f.len)?;
     lu.vol
-        .backend()
         .flush()
         .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     Ok(Outcome::good())

@@ -423,7 +423,7 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         if !fits(dst, s.dst_lba, dbs) {
             return Err(aborted(Asc::NO_ADDITIONAL_SENSE, s.at + 20));
         }
-        if dst.cfg.read_only {
+        if dst.vol.read_only() {
             return Err(aborted(Asc::WRITE_PROTECTED, s.at + 6));
         }
         jobs.push(Job {

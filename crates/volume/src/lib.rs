@@ -95,22 +95,14 @@ pub enum Refusal {
     WriteProtected,
 }
 
-/// Why an I/O of the volume failed.
+/// Why an I/O of the volume failed (the caller made the checks before).
 #[derive(Debug)]
 pub enum IoError {
-    /// Refused before the medium was touched.
-    Refused(Refusal),
     /// The medium failed a read.
     Read(io::Error),
     /// The medium failed a write or a flush (a flush that a FUA read needs
     /// first fails this way too).
     Write(io::Error),
-}
-
-impl From<Refusal> for IoError {
-    fn from(r: Refusal) -> Self {
-        IoError::Refused(r)
-    }
 }
 
 /// A volume over a backend (module docs).
