@@ -18,6 +18,7 @@
 //!   The side-by-side script probes before and after every sample to know
 //!   which placement a sample ran in.
 
+use scsi_sense::{status, Asc, Sense, SenseKey};
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -212,8 +213,7 @@ impl NullConn {
                     tsih: 1,
                     itt: r.itt,
                     sn: self.sn(true),
-                    status_class: 0,
-                    status_detail: 0,
+                    status: iscsi_wire::pdu::LoginStatus::SUCCESS,
                 };
                 self.out.push(&resp.encode(t.len()), &t, dg);
             }
@@ -386,7 +386,7 @@ impl NullConn {
                     match cdb[2] {
                         0x00 => d = vec![0, 0, 0, 2, 0x00, 0x80],
                         0x80 => d = [&[0, 0x80, 0, 8][..], b"NULL0001"].concat(),
-                        _ => return self.status(c.itt, 2, &invalid_field()),
+                        _ => return self.status(c.itt, status::CHECK_CONDITION, &invalid_field()),
                     }
                 }
                 self.data(&c, &d);
@@ -408,15 +408,15 @@ impl NullConn {
             0x5a => self.data(&c, &[0, 6, 0, 0, 0, 0, 0, 0]),
             _ => self.status(
                 c.itt,
-                2,
-                &[0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0],
+                status::CHECK_CONDITION,
+                &Sense::invalid_opcode().to_bytes(),
             ),
         }
     }
 }
 
-fn invalid_field() -> [u8; 18] {
-    [0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0]
+fn invalid_field() -> Vec<u8> {
+    Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB).to_bytes()
 }
 
 fn loopback(a: LoopArgs) -> Result<()> {

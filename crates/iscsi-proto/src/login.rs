@@ -63,24 +63,7 @@ pub trait TargetDirectory {
 }
 
 /// Login status classes and details (RFC 7143 §11.13.5).
-pub mod status {
-    pub const SUCCESS: (u8, u8) = (0, 0);
-    pub const INITIATOR_ERROR: (u8, u8) = (2, 0);
-    pub const AUTH_FAILED: (u8, u8) = (2, 1);
-    pub const FORBIDDEN: (u8, u8) = (2, 2);
-    pub const NOT_FOUND: (u8, u8) = (2, 3);
-    pub const TARGET_REMOVED: (u8, u8) = (2, 4);
-    pub const UNSUPPORTED_VERSION: (u8, u8) = (2, 5);
-    pub const TOO_MANY_CONNECTIONS: (u8, u8) = (2, 6);
-    pub const MISSING_PARAMETER: (u8, u8) = (2, 7);
-    pub const CANT_INCLUDE_IN_SESSION: (u8, u8) = (2, 8);
-    pub const SESSION_TYPE_UNSUPPORTED: (u8, u8) = (2, 9);
-    pub const SESSION_DOES_NOT_EXIST: (u8, u8) = (2, 10);
-    pub const INVALID_DURING_LOGIN: (u8, u8) = (2, 11);
-    pub const TARGET_ERROR: (u8, u8) = (3, 0);
-    pub const SERVICE_UNAVAILABLE: (u8, u8) = (3, 1);
-    pub const OUT_OF_RESOURCES: (u8, u8) = (3, 2);
-}
+pub use iscsi_wire::pdu::LoginStatus;
 
 /// What a completed login established.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,7 +125,7 @@ pub struct TargetLogin {
     requests: u32,
 }
 
-struct Fail((u8, u8), String);
+struct Fail(LoginStatus, String);
 
 impl TargetLogin {
     /// Login state for a connection that arrived on a portal of group `tpgt`.
@@ -197,7 +180,7 @@ impl TargetLogin {
         }
     }
 
-    fn response(&mut self, req: &LoginReq, transit: bool, code: (u8, u8)) -> LoginResp {
+    fn response(&mut self, req: &LoginReq, transit: bool, code: LoginStatus) -> LoginResp {
         let stat_sn = self.stat_sn;
         self.stat_sn = self.stat_sn.next();
         LoginResp {
@@ -215,8 +198,7 @@ impl TargetLogin {
                 exp_cmd_sn: self.cmd_sn,
                 max_cmd_sn: self.cmd_sn.plus(self.limits.queue_depth.max(1) - 1),
             },
-            status_class: code.0,
-            status_detail: code.1,
+            status: code,
         }
     }
 
@@ -230,19 +212,19 @@ impl TargetLogin {
         self.requests += 1;
         if self.requests > MAX_LOGIN_REQUESTS {
             return Err(Fail(
-                status::INITIATOR_ERROR,
+                LoginStatus::INITIATOR_ERROR,
                 format!("more than {MAX_LOGIN_REQUESTS} login requests"),
             ));
         }
         if req.version_min > 0 {
             return Err(Fail(
-                status::UNSUPPORTED_VERSION,
+                LoginStatus::UNSUPPORTED_VERSION,
                 format!("version-min {}", req.version_min),
             ));
         }
         if !first && (req.isid != self.isid || req.tsih != self.tsih || req.cid != self.cid) {
             return Err(Fail(
-                status::INVALID_DURING_LOGIN,
+                LoginStatus::INVALID_DURING_LOGIN,
                 "ISID/TSIH/CID changed during login".into(),
             ));
         }
@@ -254,19 +236,19 @@ impl TargetLogin {
         };
         if !expected {
             return Err(Fail(
-                status::INVALID_DURING_LOGIN,
+                LoginStatus::INVALID_DURING_LOGIN,
                 format!("CSG {csg} not valid now"),
             ));
         }
         if req.transit && (req.nsg <= csg || req.nsg == 2) {
             return Err(Fail(
-                status::INVALID_DURING_LOGIN,
+                LoginStatus::INVALID_DURING_LOGIN,
                 format!("transit from {csg} to {}", req.nsg),
             ));
         }
         if req.transit && req.cont {
             return Err(Fail(
-                status::INVALID_DURING_LOGIN,
+                LoginStatus::INVALID_DURING_LOGIN,
                 "T and C both set".into(),
             ));
         }
@@ -279,23 +261,23 @@ impl TargetLogin {
         let whole = match self.cont.push(data, req.cont) {
             Ok(Some(t)) => t,
             Ok(None) => {
-                let resp = self.response(req, false, status::SUCCESS);
+                let resp = self.response(req, false, LoginStatus::SUCCESS);
                 return Ok(LoginStep::Continue {
                     resp,
                     text: Vec::new(),
                 });
             }
-            Err(e) => return Err(Fail(status::INITIATOR_ERROR, e.to_string())),
+            Err(e) => return Err(Fail(LoginStatus::INITIATOR_ERROR, e.to_string())),
         };
         let pairs =
-            text::parse(&whole).map_err(|e| Fail(status::INITIATOR_ERROR, e.to_string()))?;
+            text::parse(&whole).map_err(|e| Fail(LoginStatus::INITIATOR_ERROR, e.to_string()))?;
 
         let mut out = Vec::new();
         let mut security = Vec::new();
         for (k, v) in &pairs {
             if !self.seen.insert(k.clone()) {
                 return Err(Fail(
-                    status::INITIATOR_ERROR,
+                    LoginStatus::INITIATOR_ERROR,
                     format!("key {k} negotiated twice"),
                 ));
             }
@@ -306,7 +288,7 @@ impl TargetLogin {
             }
             if k.starts_with("CHAP_") {
                 return Err(Fail(
-                    status::INITIATOR_ERROR,
+                    LoginStatus::INITIATOR_ERROR,
                     format!("{k} outside the security stage"),
                 ));
             }
@@ -315,7 +297,10 @@ impl TargetLogin {
 
         if first {
             if self.params.initiator_name.is_empty() {
-                return Err(Fail(status::MISSING_PARAMETER, "no InitiatorName".into()));
+                return Err(Fail(
+                    LoginStatus::MISSING_PARAMETER,
+                    "no InitiatorName".into(),
+                ));
             }
             if self.params.session_type == SessionType::Normal {
                 let name = pairs
@@ -323,14 +308,14 @@ impl TargetLogin {
                     .find(|(k, _)| k == "TargetName")
                     .map(|(_, v)| v.as_str());
                 let Some(name) = name else {
-                    return Err(Fail(status::MISSING_PARAMETER, "no TargetName".into()));
+                    return Err(Fail(LoginStatus::MISSING_PARAMETER, "no TargetName".into()));
                 };
                 let Some(t) = dir.find(name, &self.params.initiator_name) else {
-                    return Err(Fail(status::NOT_FOUND, format!("no target {name}")));
+                    return Err(Fail(LoginStatus::NOT_FOUND, format!("no target {name}")));
                 };
                 if !dir.authorize(&t.name, &self.params.initiator_name) {
                     return Err(Fail(
-                        status::FORBIDDEN,
+                        LoginStatus::FORBIDDEN,
                         format!("initiator not allowed on {}", t.name),
                     ));
                 }
@@ -344,10 +329,16 @@ impl TargetLogin {
         if csg == stage::SECURITY {
             self.auth.handle(&security, &mut out)?;
             if req.transit && !self.auth.complete() && !self.auth.in_exchange() {
-                return Err(Fail(status::AUTH_FAILED, "authentication required".into()));
+                return Err(Fail(
+                    LoginStatus::AUTH_FAILED,
+                    "authentication required".into(),
+                ));
             }
         } else if !self.auth.complete() {
-            return Err(Fail(status::AUTH_FAILED, "authentication required".into()));
+            return Err(Fail(
+                LoginStatus::AUTH_FAILED,
+                "authentication required".into(),
+            ));
         }
         if self.params.session_type == SessionType::Normal && !self.sent_tpgt {
             text::push(&mut out, "TargetPortalGroupTag", &self.tpgt.to_string());
@@ -373,7 +364,7 @@ impl TargetLogin {
             }
             // Keep FirstBurstLength within MaxBurstLength (§13.14).
             self.params.first_burst = self.params.first_burst.min(self.params.max_burst);
-            let resp = self.response(req, true, status::SUCCESS);
+            let resp = self.response(req, true, LoginStatus::SUCCESS);
             let outcome = LoginOutcome {
                 params: self.params.clone(),
                 target: self.target.clone(),
@@ -392,7 +383,7 @@ impl TargetLogin {
         if transit {
             self.stage = Stage::Operational;
         }
-        let resp = self.response(req, transit, status::SUCCESS);
+        let resp = self.response(req, transit, LoginStatus::SUCCESS);
         Ok(LoginStep::Continue { resp, text: out })
     }
 
@@ -424,14 +415,20 @@ impl TargetLogin {
         match key {
             "InitiatorName" => {
                 if val.is_empty() || val.len() > 223 {
-                    return Err(Fail(status::INITIATOR_ERROR, "bad InitiatorName".into()));
+                    return Err(Fail(
+                        LoginStatus::INITIATOR_ERROR,
+                        "bad InitiatorName".into(),
+                    ));
                 }
                 p.initiator_name = val.to_string();
             }
             "InitiatorAlias" => p.initiator_alias = Some(val.to_string()),
             "TargetName" => {
                 if val.len() > 223 {
-                    return Err(Fail(status::INITIATOR_ERROR, "TargetName too long".into()));
+                    return Err(Fail(
+                        LoginStatus::INITIATOR_ERROR,
+                        "TargetName too long".into(),
+                    ));
                 }
             }
             "SessionType" => match val {
@@ -439,7 +436,7 @@ impl TargetLogin {
                 "Discovery" => p.session_type = SessionType::Discovery,
                 _ => {
                     return Err(Fail(
-                        status::SESSION_TYPE_UNSUPPORTED,
+                        LoginStatus::SESSION_TYPE_UNSUPPORTED,
                         format!("SessionType {val}"),
                     ))
                 }
@@ -471,7 +468,7 @@ impl TargetLogin {
                     }
                     None => {
                         return Err(Fail(
-                            status::INITIATOR_ERROR,
+                            LoginStatus::INITIATOR_ERROR,
                             format!("{key}={val} not acceptable"),
                         ));
                     }

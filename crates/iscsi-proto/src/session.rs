@@ -32,6 +32,7 @@ use iscsi_wire::outbox::Digests;
 use iscsi_wire::pdu::*;
 use iscsi_wire::text::{self, Continuation};
 use iscsi_wire::{Outbox, RawPdu, Sn};
+use scsi_sense::{status, Asc, Sense, SenseKey};
 
 use crate::params::{Limits, SessionParams, SessionType};
 
@@ -623,15 +624,7 @@ impl Session {
         }
     }
 
-    fn check(
-        &mut self,
-        itt: Itt,
-        lun: Lun,
-        status: u8,
-        sense: &[u8],
-        counted: bool,
-        out: &mut Outbox,
-    ) {
+    fn check(&mut self, itt: Itt, lun: Lun, sense: Sense, counted: bool, out: &mut Outbox) {
         if counted {
             self.in_flight += 1;
         }
@@ -646,8 +639,8 @@ impl Session {
             },
         );
         let c = Completion {
-            status,
-            sense: Some(Bytes::copy_from_slice(sense)),
+            status: status::CHECK_CONDITION,
+            sense: Some(Bytes::from(sense.to_bytes())),
             data_in: Chain::new(),
             data_out_wanted: 0,
         };
@@ -685,24 +678,12 @@ impl Session {
         }
         if c.read && c.write {
             // Bidirectional commands are not supported: INVALID FIELD IN CDB.
-            return self.check(
-                c.itt,
-                c.lun,
-                0x02,
-                &SENSE_INVALID_FIELD_IN_CDB,
-                counted,
-                out,
-            );
+            let sense = Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+            return self.check(c.itt, c.lun, sense, counted, out);
         }
         if c.edtl > self.limits.max_transfer {
-            return self.check(
-                c.itt,
-                c.lun,
-                0x02,
-                &SENSE_INVALID_FIELD_IN_CDB,
-                counted,
-                out,
-            );
+            let sense = Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+            return self.check(c.itt, c.lun, sense, counted, out);
         }
         if counted {
             self.in_flight += 1;
@@ -902,8 +883,10 @@ impl Session {
                 },
             );
             let c = Completion {
-                status: 0x02,
-                sense: Some(Bytes::from_static(&SENSE_DATA_PHASE_ERROR)),
+                status: status::CHECK_CONDITION,
+                sense: Some(Bytes::from(
+                    Sense::new(SenseKey::AbortedCommand, Asc::DATA_PHASE_ERROR).to_bytes(),
+                )),
                 ..Completion::default()
             };
             self.complete(d.itt, c, out);
@@ -1375,15 +1358,6 @@ fn task_lun(t: &Task) -> Lun {
 }
 
 const BHS_LEN_USIZE: usize = 48;
-
-/// Fixed-format sense: ILLEGAL REQUEST, INVALID FIELD IN CDB (24/00).
-const SENSE_INVALID_FIELD_IN_CDB: [u8; 18] = [
-    0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0,
-];
-/// ABORTED COMMAND, DATA PHASE ERROR (4B/00).
-const SENSE_DATA_PHASE_ERROR: [u8; 18] = [
-    0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x4b, 0, 0, 0, 0, 0,
-];
 
 /// The CDB of a command, joined with its extended-CDB AHS (§11.3.5) if any.
 fn extended_cdb(c: &ScsiCommand, ahs: &Bytes) -> Result<Cdb, ()> {

@@ -5,7 +5,7 @@ use iscsi_proto::chap::{self, ChapPolicy, Credential, Secret};
 use iscsi_proto::initiator::{
     InitiatorLogin, LoginConfig, LoginError, LoginProgress, MutualChap, Negotiated,
 };
-use iscsi_proto::login::{status, LoginOutcome, LoginStep, TargetDirectory, TargetInfo};
+use iscsi_proto::login::{LoginOutcome, LoginStatus, LoginStep, TargetDirectory, TargetInfo};
 use iscsi_proto::params::Limits;
 use iscsi_proto::TargetLogin;
 use iscsi_wire::pdu::{Itt, LoginReq};
@@ -65,7 +65,7 @@ fn mutual(c: &mut LoginConfig, secret: &[u8]) {
 #[derive(Debug)]
 enum End {
     Ok(Box<Negotiated>, Box<LoginOutcome>),
-    TargetRefused((u8, u8), String),
+    TargetRefused(LoginStatus, String),
     InitiatorError(#[allow(dead_code)] LoginError),
 }
 
@@ -82,9 +82,7 @@ fn run(cfg: LoginConfig, d: &Dir) -> End {
                 text,
                 outcome,
             } => (resp, text, Some(outcome)),
-            LoginStep::Fail { resp, reason } => {
-                return End::TargetRefused((resp.status_class, resp.status_detail), reason)
-            }
+            LoginStep::Fail { resp, reason } => return End::TargetRefused(resp.status, reason),
         };
         match il.handle(&resp, &rtext) {
             Ok(LoginProgress::Send(r, t)) => (req, body) = (r, t),
@@ -123,7 +121,7 @@ fn wrong_credentials_fail_with_0201() {
     ] {
         match run(c, &dir(false)) {
             End::TargetRefused(code, reason) => {
-                assert_eq!(code, status::AUTH_FAILED, "{reason}");
+                assert_eq!(code, LoginStatus::AUTH_FAILED, "{reason}");
                 assert!(!reason.contains("initiator-secret"), "{reason}");
             }
             e => panic!("{e:?}"),
@@ -142,7 +140,7 @@ fn mutual_failures() {
     mutual(&mut c, TSEC);
     assert!(matches!(
         run(c, &dir(false)),
-        End::TargetRefused(status::AUTH_FAILED, _)
+        End::TargetRefused(LoginStatus::AUTH_FAILED, _)
     ));
     // Identical secrets in both directions: the initiator refuses before
     // answering the challenge.
@@ -160,7 +158,7 @@ fn acl_refusal_is_0202() {
     let c = LoginConfig::new("iqn.i", Some("iqn.t"), [0x80, 0, 0, 0, 0, 1]);
     assert!(matches!(
         run(c, &d),
-        End::TargetRefused(status::FORBIDDEN, _)
+        End::TargetRefused(LoginStatus::FORBIDDEN, _)
     ));
 }
 
@@ -215,12 +213,10 @@ fn good_r() -> String {
     chap::encode_hex(&chap::response(42, &Secret::new(ISEC), &CHALLENGE))
 }
 
-fn code(s: &LoginStep) -> (u8, u8) {
+fn code(s: &LoginStep) -> LoginStatus {
     match s {
-        LoginStep::Fail { resp, .. } | LoginStep::Continue { resp, .. } => {
-            (resp.status_class, resp.status_detail)
-        }
-        LoginStep::Complete { resp, .. } => (resp.status_class, resp.status_detail),
+        LoginStep::Fail { resp, .. } | LoginStep::Continue { resp, .. } => resp.status,
+        LoginStep::Complete { resp, .. } => resp.status,
     }
 }
 
@@ -244,7 +240,7 @@ fn hostile_chap_exchanges_are_refused() {
             matches!(s, LoginStep::Fail { .. }),
             "{why}: accepted: {s:?}"
         );
-        assert_eq!(code(&s).0, 2, "{why}");
+        assert_eq!(code(&s).class, 2, "{why}");
     };
     // The good exchange, for reference: CHAP_A answered with I and C.
     let s = script(&d, &[(0, false, first()), (0, false, a5.clone())]);
@@ -423,7 +419,7 @@ fn no_challenge_no_chap() {
     let d = dir(false);
     let _ = tl.handle(&req(0, false), &text::encode(&first()), &d);
     let s = tl.handle(&req(0, false), &text::encode(&[("CHAP_A", "5")]), &d);
-    assert_eq!(code(&s), status::TARGET_ERROR);
+    assert_eq!(code(&s), LoginStatus::TARGET_ERROR);
 }
 
 #[test]

@@ -7,7 +7,8 @@
 mod codes;
 
 pub use codes::{
-    AsyncEvent, IscsiResponse, LogoutReason, LogoutResponse, RejectReason, TaskAttr, TmfResponse,
+    AsyncEvent, IscsiResponse, LoginStatus, LogoutReason, LogoutResponse, RejectReason, TaskAttr,
+    TmfResponse,
 };
 
 use crate::frame::BHS_LEN;
@@ -805,8 +806,7 @@ pub struct LoginResp {
     pub tsih: u16,
     pub itt: Itt,
     pub sn: SnTriple,
-    pub status_class: u8,
-    pub status_detail: u8,
+    pub status: LoginStatus,
 }
 
 impl LoginResp {
@@ -824,8 +824,7 @@ impl LoginResp {
             tsih: u16_at(b, 14),
             itt: itt(b),
             sn: SnTriple::get(b),
-            status_class: b[36],
-            status_detail: b[37],
+            status: LoginStatus::new(b[36], b[37]),
         }
     }
 
@@ -841,8 +840,8 @@ impl LoginResp {
         put16(&mut b, 14, self.tsih);
         put32(&mut b, 16, self.itt.0);
         self.sn.put(&mut b);
-        b[36] = self.status_class;
-        b[37] = self.status_detail;
+        b[36] = self.status.class;
+        b[37] = self.status.detail;
         b
     }
 }

@@ -27,7 +27,7 @@
 //! | `mode`   | MODE SENSE / MODE SELECT (Caching, Control pages)           |
 //! | `ua`     | unit attention conditions per I_T nexus                     |
 //! | [`pr`]   | RESERVE / RELEASE, PERSISTENT RESERVE IN / OUT (SPC-4 §5.9) |
-//! | [`sense`]| sense keys, ASC/ASCQ table, fixed and descriptor formats    |
+//! | [`sense`]| (the `scsi-sense` crate) status codes, sense keys, ASC/ASCQ, fixed and descriptor formats |
 //!
 //! REPORT LUNS is answered by the target (it knows every LUN), not here.
 //!
@@ -36,7 +36,8 @@
 //! nexuses. POWER ON OCCURRED for a nexus's first command is available
 //! ([`LogicalUnit::with_power_on_unit_attention`]) but off by default.
 
-pub mod sense;
+/// Sense data: [`scsi_sense`], shared with the iSCSI session's own refusals.
+pub use scsi_sense as sense;
 
 mod alua;
 mod atomic;
@@ -69,17 +70,7 @@ pub use xcopy::{
     MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
 };
 
-/// SCSI status codes (SAM-5 §5.3).
-pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const CONDITION_MET: u8 = 0x04;
-    pub const BUSY: u8 = 0x08;
-    pub const RESERVATION_CONFLICT: u8 = 0x18;
-    pub const TASK_SET_FULL: u8 = 0x28;
-    pub const ACA_ACTIVE: u8 = 0x30;
-    pub const TASK_ABORTED: u8 = 0x40;
-}
+pub use scsi_sense::status;
 
 #[cfg(test)]
 mod tests;

@@ -477,18 +477,18 @@ pub(crate) fn random_challenge() -> std::io::Result<(u8, [u8; chap::CHALLENGE_LE
 pub(crate) fn refused(
     shared: &crate::server::Shared,
     peer: std::net::SocketAddr,
-    status: (u8, u8),
+    status: iscsi_proto::login::LoginStatus,
     reason: &str,
 ) -> Duration {
-    let auth = status == iscsi_proto::login::status::AUTH_FAILED
-        || status == iscsi_proto::login::status::FORBIDDEN;
+    let auth = status == iscsi_proto::login::LoginStatus::AUTH_FAILED
+        || status == iscsi_proto::login::LoginStatus::FORBIDDEN;
     if !auth {
-        tracing::warn!(%peer, reason, class = status.0, detail = status.1, "login refused");
+        tracing::warn!(%peer, reason, %status, "login refused");
         return Duration::ZERO;
     }
     let (log, delay) = shared.access.failures.record(peer.ip(), Instant::now());
     if log {
-        tracing::warn!(%peer, reason, class = status.0, detail = status.1, "login refused");
+        tracing::warn!(%peer, reason, %status, "login refused");
     }
     delay
 }
@@ -500,7 +500,7 @@ pub(crate) fn session_refused(
     shared: &crate::server::Shared,
     outcome: &iscsi_proto::LoginOutcome,
     tpgt: u16,
-) -> Option<(u8, u8)> {
+) -> Option<iscsi_proto::login::LoginStatus> {
     if outcome.params.session_type != iscsi_proto::SessionType::Normal {
         return None;
     }
@@ -516,7 +516,7 @@ pub(crate) fn session_refused(
         || shared
             .access
             .session_fits(target, reg.keys().map(|k| k.target.as_str()));
-    (!fits).then_some(iscsi_proto::login::status::OUT_OF_RESOURCES)
+    (!fits).then_some(iscsi_proto::login::LoginStatus::OUT_OF_RESOURCES)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use bufpool::WriteData;
 use bytes::{BufMut, BytesMut};
-use iscsi_proto::login::{status as login_status, LoginStep, TargetLogin};
+use iscsi_proto::login::{LoginStatus, LoginStep, TargetLogin};
 use iscsi_proto::session::{CloseReason, Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
 use iscsi_wire::frame::{data_segment_len, frame_len, header_len, split_pdu, FrameLimits, BHS_LEN};
@@ -644,7 +644,7 @@ impl Conn {
                 .map_err(|e| io::Error::other(e.to_string()))?;
             if opcode(&raw.bhs) != Opcode::LoginReq {
                 // Only Login Requests are valid before full feature phase.
-                let r = login_reject(&raw.bhs, login_status::INVALID_DURING_LOGIN);
+                let r = login_reject(&raw.bhs, LoginStatus::INVALID_DURING_LOGIN);
                 self.push_login(&r, &[]);
                 self.flush().await?;
                 return Ok(None);
@@ -663,8 +663,8 @@ impl Conn {
                     .map(|(_, e)| e.cid);
                 let code = match cid {
                     Some(c) if c == req.cid => None,
-                    Some(_) => Some(login_status::TOO_MANY_CONNECTIONS),
-                    None => Some(login_status::SESSION_DOES_NOT_EXIST),
+                    Some(_) => Some(LoginStatus::TOO_MANY_CONNECTIONS),
+                    None => Some(LoginStatus::SESSION_DOES_NOT_EXIST),
                 };
                 if let Some(code) = code {
                     self.push_login(&login_reject(&raw.bhs, code), &[]);
@@ -719,10 +719,10 @@ impl Conn {
                         crate::access::refused(
                             shared,
                             self.peer,
-                            login_status::AUTH_FAILED,
+                            LoginStatus::AUTH_FAILED,
                             "too many failed CHAP responses: refused without checking",
                         );
-                        self.push_login(&login_reject(&raw.bhs, login_status::AUTH_FAILED), &[]);
+                        self.push_login(&login_reject(&raw.bhs, LoginStatus::AUTH_FAILED), &[]);
                         self.flush().await?;
                         return Ok(None);
                     }
@@ -750,7 +750,7 @@ impl Conn {
                     self.flush().await?;
                 }
                 LoginStep::Fail { resp, reason } => {
-                    let code = (resp.status_class, resp.status_detail);
+                    let code = resp.status;
                     let delay = crate::access::refused(shared, self.peer, code, &reason);
                     tokio::time::sleep(delay).await;
                     self.push_login(&resp, &[]);
@@ -786,7 +786,7 @@ impl Conn {
                                 key = Some(k);
                             }
                             None => {
-                                let code = login_status::SESSION_DOES_NOT_EXIST;
+                                let code = LoginStatus::SESSION_DOES_NOT_EXIST;
                                 crate::access::refused(shared, self.peer, code, "no such session");
                                 self.push_login(&login_reject(&raw.bhs, code), &[]);
                                 self.flush().await?;
@@ -1342,7 +1342,7 @@ fn execute(
     });
 }
 
-fn login_reject(bhs: &[u8; 48], code: (u8, u8)) -> LoginResp {
+fn login_reject(bhs: &[u8; 48], code: LoginStatus) -> LoginResp {
     let req = LoginReq::decode(bhs);
     LoginResp {
         transit: false,
@@ -1359,7 +1359,6 @@ fn login_reject(bhs: &[u8; 48], code: (u8, u8)) -> LoginResp {
             exp_cmd_sn: req.cmd_sn,
             max_cmd_sn: req.cmd_sn,
         },
-        status_class: code.0,
-        status_detail: code.1,
+        status: code,
     }
 }

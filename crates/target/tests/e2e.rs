@@ -73,7 +73,7 @@ fn discovery_lists_both_portals() {
             ("SessionType", "Discovery"),
         ],
     );
-    assert_eq!(r.status_class, 0);
+    assert_eq!(r.status.class, 0);
     let t = TextReq {
         immediate: true,
         final_: true,
@@ -107,7 +107,7 @@ fn login_failures_and_reinstatement() {
         [0x80, 0, 0, 0, 0, 4],
         &[("InitiatorName", "iqn.x"), ("TargetName", "iqn.nope")],
     );
-    assert_eq!((r.status_class, r.status_detail), (2, 3));
+    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(2, 3));
     assert!(c.recv().is_none(), "connection closed after a failed login");
 
     let mut a = Client::connect(addrs[0]);

@@ -42,11 +42,11 @@ fn normal_keys() -> Vec<(&'static str, String)> {
 }
 
 /// Sends one login PDU; returns the status of the answer (None: closed).
-fn login_status(c: &mut Client, body: &[u8]) -> Option<(u8, u8)> {
+fn login_status(c: &mut Client, body: &[u8]) -> Option<LoginStatus> {
     c.send(login_req(false, true).encode(body.len()), body);
     let r = c.recv_within(Duration::from_secs(5))?;
     let resp = LoginResp::decode(&r.bhs);
-    Some((resp.status_class, resp.status_detail))
+    Some(resp.status)
 }
 
 #[test]
@@ -117,7 +117,7 @@ fn malformed_text_keys_fail_the_login() {
     for (what, body) in cases {
         let mut c = Client::connect(a[0]);
         let st = login_status(&mut c, &body);
-        assert!(matches!(st, Some((2, _))), "{what}: {st:?}");
+        assert!(matches!(st, Some(LoginStatus { class: 2, .. })), "{what}: {st:?}");
         assert!(
             c.closed_within(Duration::from_secs(3)),
             "{what}: not closed"
@@ -130,16 +130,16 @@ fn malformed_text_keys_fail_the_login() {
     let (p1, p2) = big.split_at(8000);
     c.send(login_req(true, false).encode(p1.len()), p1);
     let r = c.recv().expect("continue answer");
-    assert_eq!(LoginResp::decode(&r.bhs).status_class, 0);
+    assert_eq!(LoginResp::decode(&r.bhs).status.class, 0);
     let st = login_status(&mut c, p2);
-    assert!(matches!(st, Some((2, _))), "value over 8192: {st:?}");
+    assert!(matches!(st, Some(LoginStatus { class: 2, .. })), "value over 8192: {st:?}");
     // Endless C-bit continuation: refused after a bounded number.
     let mut c = Client::connect(a[0]);
     let mut failed = false;
     for _ in 0..300 {
         c.send(login_req(true, false).encode(4), b"a=b\0");
         match c.recv_within(Duration::from_secs(3)) {
-            Some(r) if LoginResp::decode(&r.bhs).status_class == 0 => {}
+            Some(r) if LoginResp::decode(&r.bhs).status.class == 0 => {}
             _ => {
                 failed = true;
                 break;
@@ -158,7 +158,7 @@ fn commands_before_login_and_in_discovery() {
     let r = c.recv().expect("an answer");
     assert_eq!(opcode(&r.bhs), Opcode::LoginResp);
     let resp = LoginResp::decode(&r.bhs);
-    assert_eq!((resp.status_class, resp.status_detail), (2, 0x0b));
+    assert_eq!(resp.status, iscsi_wire::pdu::LoginStatus::new(2, 0x0b));
     assert_eq!(resp.itt, itt);
     assert!(c.closed_within(Duration::from_secs(3)));
     // In a discovery session: Reject, and the session goes on.
@@ -170,7 +170,7 @@ fn commands_before_login_and_in_discovery() {
             ("SessionType", "Discovery"),
         ],
     );
-    assert_eq!(r.status_class, 0);
+    assert_eq!(r.status.class, 0);
     d.cmd_sn = r.sn.exp_cmd_sn;
     d.cmd(&rw10(0x28, 0, 1), 512, true, false, true, &[]);
     let r = d.recv().expect("reject");
@@ -564,7 +564,7 @@ fn login_with(
     ];
     keys.extend_from_slice(extra);
     let r = c.login(isid, &keys);
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(0, 0));
     (c, r.tsih)
 }
 
@@ -614,22 +614,22 @@ fn reinstate_mid_write(portal: std::net::SocketAddr) {
     other.cmd_sn = old.cmd_sn;
     let r = relogin(&mut other, isid, tsih, 1);
     assert_eq!(
-        (r.status_class, r.status_detail),
-        iscsi_proto::login::status::TOO_MANY_CONNECTIONS
+        r.status,
+        iscsi_proto::login::LoginStatus::TOO_MANY_CONNECTIONS
     );
     // No such session.
     let mut other = Client::connect(a[0]);
     let r = relogin(&mut other, isid, tsih.wrapping_add(100), 0);
     assert_eq!(
-        (r.status_class, r.status_detail),
-        iscsi_proto::login::status::SESSION_DOES_NOT_EXIST
+        r.status,
+        iscsi_proto::login::LoginStatus::SESSION_DOES_NOT_EXIST
     );
 
     // The initiator logs in again with the same ISID, TSIH and CID.
     let mut new = Client::connect(a[0]);
     new.cmd_sn = old.cmd_sn;
     let r = relogin(&mut new, isid, tsih, 0);
-    assert_eq!((r.status_class, r.status_detail), (0, 0), "reinstated");
+    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(0, 0), "reinstated");
     assert_eq!(r.tsih, tsih, "the same session");
     // The old connection was ended by the target.
     assert!(
@@ -655,7 +655,7 @@ fn a_connection_closed_mid_write_is_reinstated_within_time2retain() {
     let mut new = Client::connect(a[0]);
     new.cmd_sn = cmd_sn;
     let r = relogin(&mut new, isid, tsih, 0);
-    assert_eq!((r.status_class, r.status_detail), (0, 0), "reinstated");
+    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(0, 0), "reinstated");
     assert_eq!(r.tsih, tsih);
     session_goes_on(&mut new, 0x3c);
 }
@@ -675,12 +675,12 @@ fn with_time2retain_0_a_closed_connections_session_is_gone() {
     let mut again = Client::connect(a[0]);
     let r = relogin(&mut again, isid, tsih, 0);
     assert_eq!(
-        (r.status_class, r.status_detail),
-        iscsi_proto::login::status::SESSION_DOES_NOT_EXIST
+        r.status,
+        iscsi_proto::login::LoginStatus::SESSION_DOES_NOT_EXIST
     );
     let mut fresh = Client::connect(a[0]);
     let r = relogin(&mut fresh, isid, 0, 0);
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(0, 0));
     assert_ne!(r.tsih, 0);
 }
 
@@ -707,7 +707,7 @@ fn a_failed_session_is_discarded_after_time2wait_plus_time2retain() {
     let mut late = Client::connect(a[0]);
     let r = relogin(&mut late, isid, tsih, 0);
     assert_eq!(
-        (r.status_class, r.status_detail),
-        iscsi_proto::login::status::SESSION_DOES_NOT_EXIST
+        r.status,
+        iscsi_proto::login::LoginStatus::SESSION_DOES_NOT_EXIST
     );
 }

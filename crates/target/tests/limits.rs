@@ -111,11 +111,7 @@ fn session_limits_refuse_with_0302() {
             ("TargetName", IQN),
         ],
     );
-    assert_eq!(
-        (r.status_class, r.status_detail),
-        (3, 2),
-        "out of resources"
-    );
+    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(3, 2), "out of resources");
     // Reinstating an existing session is not a new one.
     let mut c = Client::connect(a[0]);
     c.login_normal([0x80, 0, 0, 0, 0x57, 0], &[]);
@@ -129,7 +125,7 @@ fn session_limits_refuse_with_0302() {
             ("SessionType", "Discovery"),
         ],
     );
-    assert_eq!(r.status_class, 0);
+    assert_eq!(r.status.class, 0);
     let _ = Opcode::NopIn;
 }
 
@@ -146,7 +142,7 @@ fn per_target_session_limit() {
         [0x80, 0, 0, 0, 0x59, 2],
         &[("InitiatorName", "iqn.2026-11.test:x"), ("TargetName", IQN)],
     );
-    assert_eq!((r.status_class, r.status_detail), (3, 2));
+    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(3, 2));
     assert!(one.ping());
 }
 

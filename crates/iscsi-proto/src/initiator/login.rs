@@ -9,6 +9,7 @@
 //! our own CHAP_I/CHAP_C, whose answer must prove the target knows the
 //! target secret before we go on.
 
+use iscsi_wire::pdu::LoginStatus;
 use iscsi_wire::pdu::{stage, Itt, LoginReq, LoginResp};
 use iscsi_wire::text;
 use iscsi_wire::Sn;
@@ -80,31 +81,12 @@ impl LoginConfig {
 /// Why a login failed.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LoginError {
-    /// The target refused with this status class and detail.
-    #[error("login refused: status {class:#04x}/{detail:#04x} ({})", describe(*.class, *.detail))]
-    Refused { class: u8, detail: u8 },
+    /// The target refused with this status.
+    #[error("login refused: status {0}")]
+    Refused(LoginStatus),
     /// The target broke the protocol.
     #[error("login protocol error: {0}")]
     Protocol(String),
-}
-
-fn describe(class: u8, detail: u8) -> &'static str {
-    match (class, detail) {
-        (1, _) => "target moved",
-        (2, 1) => "authentication failed",
-        (2, 2) => "authorization failure",
-        (2, 3) => "target not found",
-        (2, 4) => "target removed",
-        (2, 6) => "too many connections",
-        (2, 7) => "missing parameter",
-        (2, 9) => "session type not supported",
-        (2, 10) => "session does not exist",
-        (2, _) => "initiator error",
-        (3, 1) => "service unavailable",
-        (3, 2) => "out of resources",
-        (3, _) => "target error",
-        _ => "unknown status",
-    }
 }
 
 /// What login established.
@@ -284,11 +266,8 @@ impl InitiatorLogin {
 
     /// Handles a Login Response with its text.
     pub fn handle(&mut self, resp: &LoginResp, data: &[u8]) -> Result<LoginProgress, LoginError> {
-        if resp.status_class != 0 {
-            return Err(LoginError::Refused {
-                class: resp.status_class,
-                detail: resp.status_detail,
-            });
+        if !resp.status.is_success() {
+            return Err(LoginError::Refused(resp.status));
         }
         if resp.itt != self.itt || resp.isid != self.cfg.isid {
             return Err(LoginError::Protocol(

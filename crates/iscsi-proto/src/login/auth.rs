@@ -19,7 +19,7 @@
 use crate::chap::{self, ChapPolicy, CHALLENGE_LEN};
 use iscsi_wire::text;
 
-use super::{status, Fail};
+use super::{Fail, LoginStatus};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum State {
@@ -44,7 +44,7 @@ pub(super) struct Auth {
 }
 
 fn fail<T>(why: impl Into<String>) -> Result<T, Fail> {
-    Err(Fail(status::AUTH_FAILED, why.into()))
+    Err(Fail(LoginStatus::AUTH_FAILED, why.into()))
 }
 
 /// A peer-supplied string made safe to log: quoted, at most 64 bytes.
@@ -99,7 +99,7 @@ impl Auth {
         if let Some(v) = get("AuthMethod") {
             if self.state != State::Open {
                 return Err(Fail(
-                    status::INITIATOR_ERROR,
+                    LoginStatus::INITIATOR_ERROR,
                     "AuthMethod negotiated again".into(),
                 ));
             }
@@ -138,7 +138,7 @@ impl Auth {
                 }
                 let Some((id, challenge)) = self.seed.take() else {
                     return Err(Fail(
-                        status::TARGET_ERROR,
+                        LoginStatus::TARGET_ERROR,
                         "no CHAP challenge available".into(),
                     ));
                 };

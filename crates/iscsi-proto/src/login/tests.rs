@@ -71,7 +71,7 @@ fn operational_only_login_completes() {
     };
     assert!(resp.transit);
     assert_eq!((resp.csg, resp.nsg), (1, 3));
-    assert_eq!(resp.status_class, 0);
+    assert_eq!(resp.status.class, 0);
     // Login does not consume a CmdSN.
     assert_eq!(resp.sn.exp_cmd_sn, Sn(1000));
     assert_eq!(resp.sn.stat_sn, Sn(55));
@@ -115,21 +115,21 @@ fn security_then_operational() {
 
 #[test]
 fn refusals_carry_the_right_status() {
-    let cases: Vec<(Vec<u8>, LoginReq, (u8, u8))> = vec![
+    let cases: Vec<(Vec<u8>, LoginReq, LoginStatus)> = vec![
         (
             keys(&[("TargetName", "iqn.2026-11.t:x")]),
             req(1, 3, true),
-            status::MISSING_PARAMETER,
+            LoginStatus::MISSING_PARAMETER,
         ),
         (
             keys(&[("InitiatorName", "iqn.i")]),
             req(1, 3, true),
-            status::MISSING_PARAMETER,
+            LoginStatus::MISSING_PARAMETER,
         ),
         (
             keys(&[("InitiatorName", "iqn.i"), ("TargetName", "iqn.nope")]),
             req(1, 3, true),
-            status::NOT_FOUND,
+            LoginStatus::NOT_FOUND,
         ),
         (
             keys(&[
@@ -138,7 +138,7 @@ fn refusals_carry_the_right_status() {
                 ("TargetName", "iqn.2026-11.t:x"),
             ]),
             req(1, 3, true),
-            status::INITIATOR_ERROR,
+            LoginStatus::INITIATOR_ERROR,
         ),
         (
             keys(&[
@@ -147,29 +147,24 @@ fn refusals_carry_the_right_status() {
                 ("AuthMethod", "CHAP"),
             ]),
             req(0, 1, true),
-            status::AUTH_FAILED,
+            LoginStatus::AUTH_FAILED,
         ),
         (
             b"InitiatorName\0".to_vec(),
             req(1, 3, true),
-            status::INITIATOR_ERROR,
+            LoginStatus::INITIATOR_ERROR,
         ),
         (
             keys(&[("InitiatorName", "iqn.i"), ("SessionType", "Bogus")]),
             req(1, 3, true),
-            status::SESSION_TYPE_UNSUPPORTED,
+            LoginStatus::SESSION_TYPE_UNSUPPORTED,
         ),
     ];
     for (k, r, want) in cases {
         let mut l = TargetLogin::new(Limits::default(), 1);
         match l.handle(&r, &k, &Dir) {
             LoginStep::Fail { resp, .. } => {
-                assert_eq!(
-                    (resp.status_class, resp.status_detail),
-                    want,
-                    "{:?}",
-                    String::from_utf8_lossy(&k)
-                )
+                assert_eq!(resp.status, want, "{:?}", String::from_utf8_lossy(&k))
             }
             other => panic!("accepted {:?}: {other:?}", String::from_utf8_lossy(&k)),
         }
@@ -178,7 +173,7 @@ fn refusals_carry_the_right_status() {
     let mut r = req(1, 3, true);
     r.version_min = 1;
     assert!(
-        matches!(l.handle(&r, &libiscsi_keys(), &Dir), LoginStep::Fail { resp, .. } if resp.status_detail == 5)
+        matches!(l.handle(&r, &libiscsi_keys(), &Dir), LoginStep::Fail { resp, .. } if resp.status.detail == 5)
     );
     let mut l = TargetLogin::new(Limits::default(), 1);
     assert!(matches!(

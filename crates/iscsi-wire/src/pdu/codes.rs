@@ -2,8 +2,7 @@
 //! (§11.3.1), the iSCSI response of a SCSI Response (§11.4.3), task
 //! management responses (§11.6.1), asynchronous events (§11.9.1), logout
 //! reasons and responses (§11.14.1, §11.15.1) and reject reasons
-//! (§11.17.1). Login status classes and details (§11.13.5) are named in
-//! `iscsi_proto::login::status`.
+//! (§11.17.1), and the two-byte login status (§11.13.5, [`LoginStatus`]).
 //!
 //! Each decodes from any byte: a value the RFC does not name is kept as
 //! `Other(byte)` and encodes back to the same byte, so a header from the
@@ -176,6 +175,85 @@ code! {
     }
 }
 
+/// A Login Response's status: its class and detail (§11.13.5). Class 0 is
+/// success, 1 redirection, 2 an initiator error, 3 a target error; every
+/// pair decodes, named or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LoginStatus {
+    /// Status-Class.
+    pub class: u8,
+    /// Status-Detail.
+    pub detail: u8,
+}
+
+impl LoginStatus {
+    pub const SUCCESS: Self = Self::new(0, 0);
+    pub const INITIATOR_ERROR: Self = Self::new(2, 0);
+    pub const AUTH_FAILED: Self = Self::new(2, 1);
+    pub const FORBIDDEN: Self = Self::new(2, 2);
+    pub const NOT_FOUND: Self = Self::new(2, 3);
+    pub const TARGET_REMOVED: Self = Self::new(2, 4);
+    pub const UNSUPPORTED_VERSION: Self = Self::new(2, 5);
+    pub const TOO_MANY_CONNECTIONS: Self = Self::new(2, 6);
+    pub const MISSING_PARAMETER: Self = Self::new(2, 7);
+    pub const CANT_INCLUDE_IN_SESSION: Self = Self::new(2, 8);
+    pub const SESSION_TYPE_UNSUPPORTED: Self = Self::new(2, 9);
+    pub const SESSION_DOES_NOT_EXIST: Self = Self::new(2, 10);
+    pub const INVALID_DURING_LOGIN: Self = Self::new(2, 11);
+    pub const TARGET_ERROR: Self = Self::new(3, 0);
+    pub const SERVICE_UNAVAILABLE: Self = Self::new(3, 1);
+    pub const OUT_OF_RESOURCES: Self = Self::new(3, 2);
+
+    /// The status with this class and detail.
+    pub const fn new(class: u8, detail: u8) -> Self {
+        LoginStatus { class, detail }
+    }
+
+    /// Class 0: the login step succeeded.
+    pub const fn is_success(self) -> bool {
+        self.class == 0
+    }
+
+    /// What the status means (§11.13.5's table), by class where the detail
+    /// is not one the RFC names.
+    pub const fn describe(self) -> &'static str {
+        match (self.class, self.detail) {
+            (0, _) => "success",
+            (1, 1) => "target moved temporarily",
+            (1, 2) => "target moved permanently",
+            (1, _) => "target moved",
+            (2, 1) => "authentication failed",
+            (2, 2) => "authorization failure",
+            (2, 3) => "target not found",
+            (2, 4) => "target removed",
+            (2, 5) => "unsupported version",
+            (2, 6) => "too many connections",
+            (2, 7) => "missing parameter",
+            (2, 8) => "can't include in session",
+            (2, 9) => "session type not supported",
+            (2, 10) => "session does not exist",
+            (2, 11) => "invalid request during login",
+            (2, _) => "initiator error",
+            (3, 1) => "service unavailable",
+            (3, 2) => "out of resources",
+            (3, _) => "target error",
+            _ => "unknown status",
+        }
+    }
+}
+
+impl std::fmt::Display for LoginStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:02x}{:02x} ({})",
+            self.class,
+            self.detail,
+            self.describe()
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +269,18 @@ mod tests {
             assert_eq!(u8::from(LogoutResponse::from(b)), b);
             assert_eq!(u8::from(RejectReason::from(b)), b);
         }
+    }
+
+    #[test]
+    fn login_status_names_and_shows_class_and_detail() {
+        assert_eq!(LoginStatus::new(2, 1), LoginStatus::AUTH_FAILED);
+        assert!(LoginStatus::SUCCESS.is_success() && !LoginStatus::OUT_OF_RESOURCES.is_success());
+        assert_eq!(
+            LoginStatus::AUTH_FAILED.to_string(),
+            "0201 (authentication failed)"
+        );
+        assert_eq!(LoginStatus::new(2, 0x7f).describe(), "initiator error");
+        assert_eq!(LoginStatus::new(9, 9).describe(), "unknown status");
     }
 
     #[test]

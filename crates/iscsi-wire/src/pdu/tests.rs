@@ -49,8 +49,7 @@ fn login_response_vector() {
             exp_cmd_sn: Sn(2),
             max_cmd_sn: Sn(129),
         },
-        status_class: 2,
-        status_detail: 3,
+        status: LoginStatus::NOT_FOUND,
     };
     let b = r.encode(10);
     assert_eq!(

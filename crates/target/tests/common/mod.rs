@@ -139,7 +139,7 @@ impl Client {
         ];
         keys.extend_from_slice(extra);
         let r = self.login(isid, &keys);
-        assert_eq!((r.status_class, r.status_detail), (0, 0));
+        assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(0, 0));
         assert!(r.transit && r.nsg == 3);
         assert_ne!(r.tsih, 0);
     }

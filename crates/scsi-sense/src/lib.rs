@@ -12,6 +12,22 @@
 //! §4.5.2.4.2) are set for INVALID FIELD IN CDB and INVALID FIELD IN
 //! PARAMETER LIST so that an initiator can tell which byte and bit it got
 //! wrong.
+//!
+//! This is the one place sense bytes are built: the SCSI personality's
+//! command failures and the iSCSI session's own (a bidirectional command, a
+//! transfer past the session's limit, a data phase error) alike.
+
+/// SCSI status codes (SAM-5 §5.3).
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const CONDITION_MET: u8 = 0x04;
+    pub const BUSY: u8 = 0x08;
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+    pub const TASK_SET_FULL: u8 = 0x28;
+    pub const ACA_ACTIVE: u8 = 0x30;
+    pub const TASK_ABORTED: u8 = 0x40;
+}
 
 /// A sense key (SPC-4 §4.5.6, table 45).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -151,6 +167,9 @@ asc_table! {
     INQUIRY_DATA_CHANGED = (0x3F, 0x03), "INQUIRY DATA HAS CHANGED";
     /// 44/00: an internal failure of the target.
     INTERNAL_TARGET_FAILURE = (0x44, 0x00), "INTERNAL TARGET FAILURE";
+    /// 4B/00: the transport's data phase went wrong (data out of order or past the
+    /// expected length, which iSCSI at ERL 0 cannot recover).
+    DATA_PHASE_ERROR = (0x4B, 0x00), "DATA PHASE ERROR";
     /// 55/03: the copy manager has no resources for another copy now.
     INSUFFICIENT_RESOURCES = (0x55, 0x03), "INSUFFICIENT RESOURCES";
     /// 55/04: no room for another persistent reservation registration.
