@@ -17,20 +17,12 @@
 //! (and faulted in) a fresh 1 MiB buffer.
 
 mod chain;
-mod filemap;
-mod gate;
-mod known;
-mod place;
-mod store;
+mod land;
 mod stream;
-mod sums;
 mod write;
-pub use chain::{Chain, FileRange, SegmentSums};
-pub use filemap::FileMap;
-pub use gate::{Pin, WriteGate, WriteToken};
-pub use place::{Held, LandBuf, Placed, Release};
+pub use chain::{Chain, SegmentSums};
+pub use land::LandBuf;
 pub use stream::copy_streaming;
-pub use sums::{BlockSums, FileSums, MAX_SUM_BLOCKS, SUM_BLOCK, SUM_CHUNK};
 pub use write::WriteData;
 
 use std::cell::RefCell;
@@ -114,25 +106,6 @@ pub fn give(b: Bytes) {
             p.free[c].push(m);
         }
     });
-}
-
-/// A file of its own in `dir`, already unlinked (tests of file ranges
-/// and mappings).
-#[cfg(test)]
-fn unlinked_file(dir: &std::path::Path, tag: &str) -> std::io::Result<std::fs::File> {
-    let p = dir.join(format!(
-        "bufpool-{tag}-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&p)?;
-    let _ = std::fs::remove_file(&p);
-    Ok(f)
 }
 
 #[cfg(test)]

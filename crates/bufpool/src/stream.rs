@@ -10,7 +10,7 @@
 //! same store the file backend's guarded copy makes into its mapping
 //! (`store.rs`), for plain memory that cannot fault.
 
-use crate::store::NT_STORE_MIN;
+use filemap::NT_STORE_MIN;
 
 /// Copies `src` into `dst` (of the same length), by non-temporal stores
 /// when it is at least [`NT_STORE_MIN`] bytes on x86-64 (the threshold of

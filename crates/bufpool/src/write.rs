@@ -13,14 +13,16 @@
 //!   was received into it): a medium that keeps data in memory may keep the
 //!   buffer itself instead of copying it.
 //! * [`WriteData::Placed`]: the bytes were received straight into their
-//!   place on the medium (a file on tmpfs, see [`crate::Placed`]); only
+//!   place on the medium (a file on tmpfs, see [`filemap::Placed`]); only
 //!   their durability is left to do.
 
 use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::{Chain, Placed};
+use filemap::Placed;
+
+use crate::Chain;
 
 /// A command's data-out (module docs).
 #[derive(Debug, Default)]

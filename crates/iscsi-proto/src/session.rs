@@ -26,8 +26,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use bufpool::{Chain, LandBuf, Placed, WriteData};
+use bufpool::{Chain, LandBuf, WriteData};
 use bytes::{BufMut, Bytes, BytesMut};
+use filemap::Placed;
 use iscsi_wire::outbox::Digests;
 use iscsi_wire::pdu::*;
 use iscsi_wire::text::{self, Continuation};
@@ -165,7 +166,7 @@ pub trait Host {
     /// (the default): receive it into a buffer. Only a CDB whose transfer
     /// length is exactly `len` may be placed. Asked only for commands the
     /// session will hand to the driver as they are, data digests off.
-    fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<bufpool::Placed> {
+    fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<filemap::Placed> {
         let _ = (lun, cdb, len);
         None
     }

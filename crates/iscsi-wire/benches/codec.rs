@@ -125,9 +125,9 @@ fn codec(c: &mut Criterion) {
         });
     }
     // A RAM LUN's 1 MiB chunk read whole: every byte, against folding its
-    // 256 recorded block CRCs (bufpool::BlockSums).
+    // 256 recorded block CRCs (filemap::BlockSums).
     let chunk = bytes::Bytes::from(vec![0x5au8; 1 << 20]);
-    let sums = bufpool::BlockSums::new(chunk.as_ptr(), chunk.len());
+    let sums = filemap::BlockSums::new(chunk.as_ptr(), chunk.len());
     iscsi_wire::digest::crc32c_summed(&chunk, &sums);
     g.throughput(Throughput::Bytes(chunk.len() as u64));
     g.bench_function("1 MiB, every byte", |b| {

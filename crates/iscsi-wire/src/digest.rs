@@ -16,8 +16,8 @@
 
 use std::sync::LazyLock;
 
-use bufpool::{BlockSums, FileSums, SUM_BLOCK, SUM_CHUNK};
 use crc_fast::{CrcAlgorithm, Digest};
+use filemap::{BlockSums, FileSums, SUM_BLOCK, SUM_CHUNK};
 
 /// CRC32C (Castagnoli, as iSCSI uses it) of `data`.
 #[inline]
@@ -167,7 +167,7 @@ fn crc32c_summed_at(data: &[u8], at: usize, sums: &BlockSums) -> u32 {
 /// caller must hold the file's writers off the range ([`FileSums`]).
 ///
 /// Allocates nothing and takes no lock, so it may run over a file's
-/// mapping under `bufpool::FileRange::read_pinned`; the fold tables are
+/// mapping under `filemap::FileRange::read_pinned`; the fold tables are
 /// made on first use, so call [`prepare_folding`] before that.
 pub fn crc32c_file_summed(data: &[u8], offset: u64, sums: &FileSums) -> u32 {
     let mut crc: Option<u32> = None;

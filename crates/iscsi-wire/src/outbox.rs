@@ -7,7 +7,7 @@
 //! as `IoSlice`s for one `writev`/`sendmsg`, and [`Outbox::advance`] drops
 //! what the kernel took.
 //!
-//! A data segment may also be a range of a file ([`bufpool::FileRange`], a
+//! A data segment may also be a range of a file ([`filemap::FileRange`], a
 //! zero-copy read of a file LUN in memory). It is queued in its place in the
 //! stream, never read here: [`Outbox::io_slices`] stops in front of it, and
 //! once everything before it has gone, [`Outbox::front_file`] hands it to
@@ -18,7 +18,7 @@
 //!
 //! Under a data digest the digest must cover exactly the bytes that go
 //! out, and it is computed here, when the PDU is queued. A mapped range
-//! whose file has a write gate ([`bufpool::WriteGate`]) is *pinned*: the
+//! whose file has a write gate ([`filemap::WriteGate`]) is *pinned*: the
 //! digest is computed over the file's pages in place, and the range is
 //! sent from them like any mapped range; the pin guards the range (holds
 //! the file's writers off it) while the digest is computed and again from
@@ -32,7 +32,7 @@
 //! only for the length of a digest computation or a `writev`, never while
 //! the connection waits for the network. The digest computed in place
 //! records the CRCs of the range's 4 KiB blocks in the file's
-//! [`bufpool::FileSums`] (the guarding pin is what makes that sound), and
+//! [`filemap::FileSums`] (the guarding pin is what makes that sound), and
 //! is folded from them the next time instead of read off every byte.
 //! Any other range under a data digest is read into memory when queued.
 //!
@@ -40,13 +40,14 @@
 //! is not held back: [`Outbox::io_slices`] yields its bytes in the mapping
 //! like any other slice, for the kernel to copy in the same `writev` as
 //! the headers around it. Those bytes are only ever handed to the kernel,
-//! never read here (see [`bufpool::FileMap`]).
+//! never read here (see [`filemap::FileMap`]).
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-use bufpool::{Chain, FileRange, Pin};
+use bufpool::Chain;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use filemap::{FileRange, Pin};
 
 use crate::digest::{
     crc32c, crc32c_combine, crc32c_file_summed, crc32c_parts, crc32c_summed, pad_len,
@@ -59,7 +60,7 @@ use crate::frame::BHS_LEN;
 const COPY_THRESHOLD: usize = 2048;
 
 /// Mapped ranges under a data digest from this size fold it from the
-/// file's block CRCs ([`bufpool::FileSums`]); shorter ones are read whole.
+/// file's block CRCs ([`filemap::FileSums`]); shorter ones are read whole.
 /// Looking the sums up costs a `statx(2)` (500 ns here, the CRC of about
 /// 20 KiB at 106 ns per 4 KiB), and a short range has few blocks to save.
 const FILE_SUMS_MIN: usize = 64 * 1024;
@@ -116,7 +117,7 @@ fn tail(len: usize, crc: u32) -> ([u8; 8], usize) {
 /// The data digest of `r` (and its padding) computed over the file's
 /// mapping, which `pin` guards; `None` when the file was cut short. The
 /// whole blocks' CRCs come from the file's sums where known, and are
-/// recorded there where not ([`bufpool::FileSums`]: the pin is what makes
+/// recorded there where not ([`filemap::FileSums`]: the pin is what makes
 /// recording them sound).
 fn digest_in_place(r: &FileRange, pin: &Pin) -> Option<u32> {
     let mut crc = 0;
@@ -158,7 +159,7 @@ fn padded(crc: u32, len: usize) -> u32 {
 }
 
 /// The data digest of `data` (and its padding), folded from the block
-/// CRCs its segments carry ([`bufpool::BlockSums`]) where they do.
+/// CRCs its segments carry ([`filemap::BlockSums`]) where they do.
 fn summed_digest(data: &Chain) -> u32 {
     let mut crc = None;
     for (b, sums) in data.summed_segments() {
@@ -316,7 +317,7 @@ impl Outbox {
             }
         }
         if dg.data || r.len() <= COPY_THRESHOLD {
-            match r.read() {
+            match r.read(bufpool::take(r.len())) {
                 Ok(b) => self.push_bytes(bhs, b, dg),
                 Err(_) => self.broken = true,
             }
@@ -374,7 +375,7 @@ impl Outbox {
                 continue;
             }
             // Spoiled while queued: send a copy, with its digest.
-            let Ok(b) = r.read() else {
+            let Ok(b) = r.read(bufpool::take(r.len())) else {
                 self.broken = true;
                 return i;
             };
@@ -506,7 +507,7 @@ impl Outbox {
                         // between the two halves (module docs).
                         r.advance(n);
                         debug_assert!(pin.is_guarding());
-                        match r.read() {
+                        match r.read(bufpool::take(r.len())) {
                             Ok(b) => {
                                 *front = Seg::Mem(b);
                                 self.pinned -= 1;
@@ -533,7 +534,7 @@ impl Outbox {
                     v.extend_from_slice(&t[usize::from(*at)..usize::from(*n)])
                 }
                 Seg::File(r) | Seg::Pinned { r, .. } => {
-                    v.extend_from_slice(&r.read().unwrap_or_default())
+                    v.extend_from_slice(&r.read(bufpool::take(r.len())).unwrap_or_default())
                 }
             }
         }
@@ -572,7 +573,7 @@ mod tests {
 
     #[test]
     fn summed_segments_carry_the_digest_of_their_bytes() {
-        use bufpool::{BlockSums, SUM_BLOCK};
+        use filemap::{BlockSums, SUM_BLOCK};
         let dg = Digests {
             header: true,
             data: true,
@@ -700,7 +701,10 @@ mod tests {
             let mut sent = Vec::new();
             while !got.is_empty() {
                 if let Some(r) = got.front_file() {
-                    let piece = r.slice(0, r.len().min(9999)).read().unwrap();
+                    let piece = r
+                        .slice(0, r.len().min(9999))
+                        .read(bytes::BytesMut::new())
+                        .unwrap();
                     sent.extend_from_slice(&piece);
                     got.advance(piece.len());
                     continue;
@@ -723,7 +727,7 @@ mod tests {
         use std::io::{Read, Write};
         let whole: Vec<u8> = (0..70001u32).map(|i| (i * 11) as u8).collect();
         let file = temp_file(&whole);
-        let map = std::sync::Arc::new(bufpool::FileMap::new(&file, whole.len()).unwrap());
+        let map = std::sync::Arc::new(filemap::FileMap::new(&file, whole.len()).unwrap());
         let dg = Digests {
             header: true,
             data: false,
@@ -732,7 +736,7 @@ mod tests {
         assert!(
             r.clone()
                 .with_map(std::sync::Arc::new(
-                    bufpool::FileMap::new(&file, whole.len() - 1).unwrap()
+                    filemap::FileMap::new(&file, whole.len() - 1).unwrap()
                 ))
                 .is_none(),
             "a mapping too short is not used"
@@ -805,10 +809,10 @@ mod tests {
 
     /// A file holding `whole`, mapped writable with a write gate, and the
     /// range of all of it sent from that mapping.
-    fn gated(whole: &[u8]) -> (Arc<std::fs::File>, Arc<bufpool::WriteGate>, FileRange) {
+    fn gated(whole: &[u8]) -> (Arc<std::fs::File>, Arc<filemap::WriteGate>, FileRange) {
         let file = temp_file(whole);
-        let gate = Arc::new(bufpool::WriteGate::new());
-        let map = bufpool::FileMap::writable(file.clone(), whole.len())
+        let gate = Arc::new(filemap::WriteGate::new());
+        let map = filemap::FileMap::writable(file.clone(), whole.len())
             .unwrap()
             .with_gate(gate.clone());
         let r = FileRange::new(file.clone(), 0, whole.len())
@@ -849,7 +853,7 @@ mod tests {
     #[test]
     fn pinned_ranges_fold_their_digest_from_the_files_block_crcs() {
         use std::os::unix::fs::FileExt;
-        let mib = bufpool::SUM_CHUNK;
+        let mib = filemap::SUM_CHUNK;
         let mut whole: Vec<u8> = (0..3 * mib as u32 + 1001)
             .map(|i| (i * 7 + (i >> 13)) as u8)
             .collect();

@@ -34,7 +34,7 @@
 //! command completes with the range, not the bytes, and the connection
 //! sends it: when every page of it is in the page cache, from the backend's
 //! mapping of the file in the same `writev` as its header (the kernel
-//! copies the bytes as it sends them; [`bufpool::FileMap`]), otherwise with
+//! copies the bytes as it sends them; [`filemap::FileMap`]), otherwise with
 //! `sendfile(2)`, after which (on loopback) the receiver copies them out of
 //! the very page cache pages later still. Either way the bytes are read
 //! after the command's range lock is released.
@@ -65,7 +65,7 @@
 //! * With DataDigest the CRC must cover the bytes sent. The connection's
 //!   send queue computes it over the file's pages in place and keeps the
 //!   file's writers off the range while it does and while the kernel
-//!   copies the bytes (`bufpool::WriteGate`, `iscsi_wire::outbox`); a range
+//!   copies the bytes (`filemap::WriteGate`, `iscsi_wire::outbox`); a range
 //!   written while it waits in between is read afresh with its digest.
 //!   Where no such guard is possible the range is read into memory when
 //!   queued.
@@ -213,7 +213,7 @@ impl LogicalUnit {
     /// digests the sender must make the digest cover the bytes it sends
     /// (module docs). Costs nothing measurable for small
     /// reads and for backends that cannot splice.
-    pub fn zero_copy_read(&self, cmd: &Command<'_>) -> Option<bufpool::FileRange> {
+    pub fn zero_copy_read(&self, cmd: &Command<'_>) -> Option<filemap::FileRange> {
         let fast = self.vol.backend().fast()?;
         if !fast.can_splice() || self.vol.locks().exclusive_seen() {
             return None;
@@ -241,12 +241,12 @@ impl LogicalUnit {
     /// The place on the medium that a WRITE(10/16) of exactly `len` bytes
     /// can receive its data-out into (module docs, "Writes received in
     /// place"), admitted as [`Self::admit_fast`] admits it and holding its
-    /// shared range lock until the [`bufpool::Placed`] is dropped. `None`:
+    /// shared range lock until the [`filemap::Placed`] is dropped. `None`:
     /// receive the data as usual. `cmd.data_out` is not looked at (the
     /// data is still to come). The caller must not use it with data
     /// digests, and must answer the command with [`Self::finish_placed`]
     /// once all of its data is in.
-    pub fn place_write(&self, cmd: &Command<'_>, len: usize) -> Option<bufpool::Placed> {
+    pub fn place_write(&self, cmd: &Command<'_>, len: usize) -> Option<filemap::Placed> {
         // Once an exclusive holder has been seen, never: a write landing
         // over the network could otherwise keep COMPARE AND WRITE (and the
         // commands queued behind it) waiting as long as its initiator
@@ -277,7 +277,7 @@ impl LogicalUnit {
     /// place [`Self::place_write`] gave it: GOOD once the data is as
     /// stable as the unit promises (FUA, write-through), WRITE ERROR when
     /// part of it could not be written. Releases the range lock.
-    pub fn finish_placed(&self, cdb: &[u8], placed: bufpool::Placed) -> Outcome {
+    pub fn finish_placed(&self, cdb: &[u8], placed: filemap::Placed) -> Outcome {
         let failed = placed
             .error()
             .map(|e| backend_error(e, Asc::WRITE_ERROR))

@@ -9,17 +9,17 @@
 //! A file in memory (tmpfs, ramfs) is also mapped: large reads are sent
 //! from the mapping, small reads of pages known to be there (written
 //! through this backend, or found at open) copied out of it
-//! (`bufpool::FileMap::load`: 0.61 µs for a cold 4 KiB block against
+//! (`filemap::FileMap::load`: 0.61 µs for a cold 4 KiB block against
 //! 0.95 µs by `pread`),
 //! large writes received into it, and smaller writes
-//! stored into it from user space (`bufpool::FileMap::store`, which
+//! stored into it from user space (`filemap::FileMap::store`, which
 //! survives a page gone from under it: the rest goes by `pwrite`), at half
 //! the cost of `pwrite` (from 256 KiB by non-temporal stores, which do not
 //! read the destination's cache lines first: the 1 MiB writes that data
 //! digests keep from being received in place). Memory is such a file's medium, so a store is as
 //! stable as an `O_DSYNC` write. Stores do not update the file's mtime.
 //! Every write, whichever way it goes, first passes the file's
-//! [`bufpool::WriteGate`], so that a read under a data digest can compute
+//! [`filemap::WriteGate`], so that a read under a data digest can compute
 //! the digest over the mapping and be sent from it with no write in
 //! between.
 //!
@@ -88,13 +88,13 @@ pub struct FileBackend {
     /// threads queued here sleep, where on the inode lock they spin.
     large_writes: Mutex<()>,
     /// A file in memory mapped whole, from which large reads of written
-    /// pages are sent ([`FastPaths::splice_source`], [`bufpool::FileMap`]);
+    /// pages are sent ([`FastPaths::splice_source`], [`filemap::FileMap`]);
     /// replaced when the LUN is resized.
-    map: RwLock<Option<Arc<bufpool::FileMap>>>,
+    map: RwLock<Option<Arc<filemap::FileMap>>>,
     /// Every write to the file announces itself here, so that a read under
     /// a data digest can compute it over the mapping and be sent from it
-    /// with no write in between ([`bufpool::WriteGate`]).
-    gate: Arc<bufpool::WriteGate>,
+    /// with no write in between ([`filemap::WriteGate`]).
+    gate: Arc<filemap::WriteGate>,
 }
 
 /// A mapping of the first `size` bytes of `f`, if it can be made (if not,
@@ -105,11 +105,11 @@ pub struct FileBackend {
 fn map_file(
     f: &Arc<File>,
     size: u64,
-    gate: &Arc<bufpool::WriteGate>,
-) -> Option<Arc<bufpool::FileMap>> {
+    gate: &Arc<filemap::WriteGate>,
+) -> Option<Arc<filemap::FileMap>> {
     let len = usize::try_from(size).ok()?;
-    let m = bufpool::FileMap::writable(f.clone(), len)
-        .or_else(|_| bufpool::FileMap::new(f, len))
+    let m = filemap::FileMap::writable(f.clone(), len)
+        .or_else(|_| filemap::FileMap::new(f, len))
         .ok()?;
     mark_data(f, size, &m);
     Some(Arc::new(m.with_gate(gate.clone())))
@@ -120,7 +120,7 @@ fn map_file(
 /// written before the mapping was made are copied from it too
 /// ([`FileBackend::read_bytes`]). Called before anything else can write
 /// the file through this backend (at open, and on resize under the gate).
-fn mark_data(f: &File, size: u64, m: &bufpool::FileMap) {
+fn mark_data(f: &File, size: u64, m: &filemap::FileMap) {
     let mut at = 0;
     while at < size {
         // A filesystem that cannot tell (or any error): nothing more is
@@ -232,7 +232,7 @@ impl FileBackend {
             .open(path)?;
         let in_memory = !block_device && memory_filesystem(&plain);
         let plain = Arc::new(plain);
-        let gate = Arc::new(bufpool::WriteGate::new());
+        let gate = Arc::new(filemap::WriteGate::new());
         let map = if in_memory {
             map_file(&plain, size, &gate)
         } else {
@@ -565,12 +565,12 @@ impl FastPaths for FileBackend {
     fn can_splice(&self) -> bool {
         self.in_memory
     }
-    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
+    fn splice_source(&self, offset: u64, len: usize) -> Option<filemap::FileRange> {
         if !self.in_memory {
             return None;
         }
         check_range(self.size.load(Ordering::Relaxed), offset, len).ok()?;
-        let r = bufpool::FileRange::new(self.plain.clone(), offset, len)?;
+        let r = filemap::FileRange::new(self.plain.clone(), offset, len)?;
         // Written pages go from the mapping; a range with a hole goes by
         // sendfile, which reads holes as the zero page where a read through
         // the mapping would allocate them.
@@ -581,7 +581,7 @@ impl FastPaths for FileBackend {
             _ => Some(r),
         }
     }
-    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
+    fn place_write(&self, offset: u64, len: usize) -> Option<filemap::Placed> {
         if !self.in_memory {
             return None;
         }
@@ -936,7 +936,11 @@ mod tests {
             .splice_source(4096, 8192)
             .expect("tmpfs ranges are spliced");
         assert_eq!((r.offset(), r.len()), (4096, 8192));
-        assert!(r.read().unwrap().iter().all(|&b| b == 3));
+        assert!(r
+            .read(bytes::BytesMut::new())
+            .unwrap()
+            .iter()
+            .all(|&b| b == 3));
         assert!(r.is_mapped(), "written pages are sent from the mapping");
         assert!(f.splice_source((1 << 20) - 4096, 8192).is_none());
         // A range with a hole goes by sendfile, and asking did not fill it.
@@ -948,11 +952,15 @@ mod tests {
         f.write_at(&[4u8; 65536], 1 << 20, false).unwrap();
         let grown = f.splice_source(1 << 20, 65536).unwrap();
         assert!(grown.is_mapped());
-        assert!(grown.read().unwrap().iter().all(|&b| b == 4));
+        assert!(grown
+            .read(bytes::BytesMut::new())
+            .unwrap()
+            .iter()
+            .all(|&b| b == 4));
     }
 
     /// Every way the backend changes a file's bytes passes its gate, and so
-    /// forgets the block CRCs recorded for them (`bufpool::FileSums`): a
+    /// forgets the block CRCs recorded for them (`filemap::FileSums`): a
     /// path that bypassed the gate would leave a digest folded from stale
     /// CRCs.
     #[test]
@@ -970,8 +978,8 @@ mod tests {
             }
         };
         let known = |at: u64| {
-            let s = sums.chunk(at / bufpool::SUM_CHUNK as u64).unwrap();
-            s.get((at % bufpool::SUM_CHUNK as u64) as usize / 4096)
+            let s = sums.chunk(at / filemap::SUM_CHUNK as u64).unwrap();
+            s.get((at % filemap::SUM_CHUNK as u64) as usize / 4096)
                 .is_some()
         };
         know_all();

@@ -256,7 +256,7 @@ pub trait FastPaths: Send + Sync {
     /// the kernel when it sends them, after this returns: the caller
     /// decides when that is acceptable (data digests, writes in flight;
     /// see `target::conn`).
-    fn splice_source(&self, offset: u64, len: usize) -> Option<bufpool::FileRange> {
+    fn splice_source(&self, offset: u64, len: usize) -> Option<filemap::FileRange> {
         let _ = (offset, len);
         None
     }
@@ -270,7 +270,7 @@ pub trait FastPaths: Send + Sync {
     /// the caller decides when that is acceptable (`scsi::fast`: the
     /// command admitted, no data digest) and makes them stable with
     /// [`BlockBackend::write`] of the [`WriteData::Placed`].
-    fn place_write(&self, offset: u64, len: usize) -> Option<bufpool::Placed> {
+    fn place_write(&self, offset: u64, len: usize) -> Option<filemap::Placed> {
         let _ = (offset, len);
         None
     }

@@ -40,8 +40,9 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 
-use bufpool::{BlockSums, Chain};
+use bufpool::Chain;
 use bytes::{Bytes, BytesMut};
+use filemap::BlockSums;
 use parking_lot::{Mutex, RwLock};
 
 use crate::{
@@ -860,8 +861,8 @@ mod tests {
                         if let Some(s) = &*c.read() {
                             for i in 0..s.sums.blocks() {
                                 if let Some(v) = s.sums.get(i) {
-                                    let at = i * bufpool::SUM_BLOCK;
-                                    prop_assert_eq!(v, crc32c(&s.data[at..at + bufpool::SUM_BLOCK]));
+                                    let at = i * filemap::SUM_BLOCK;
+                                    prop_assert_eq!(v, crc32c(&s.data[at..at + filemap::SUM_BLOCK]));
                                 }
                             }
                         }

@@ -78,7 +78,7 @@ impl Host for ConnHost<'_> {
             .map_or(0, |lu| lu.plan(cdb).data_out)
     }
 
-    fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<bufpool::Placed> {
+    fn place_write(&self, lun: Lun, cdb: &[u8], len: u32) -> Option<filemap::Placed> {
         let lu = self.lus?.get(lun)?;
         crate::lunmap::place_write(lu, cdb, len, self.origin)
     }
@@ -1159,7 +1159,7 @@ const SENDFILE_MAX: usize = 1 << 20;
 
 /// Sends what the socket takes of `r` from the page cache, without
 /// waiting; `Ok(0)` means the file ended before the range did.
-fn send_file(stream: &TcpStream, r: &bufpool::FileRange) -> io::Result<usize> {
+fn send_file(stream: &TcpStream, r: &filemap::FileRange) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
     let mut off = libc::off_t::try_from(r.offset())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;

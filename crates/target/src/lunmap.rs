@@ -445,7 +445,7 @@ pub fn run_on_lu(lu: &LogicalUnit, req: &ExecRequest, o: &Origin) -> Completion 
 /// Where a WRITE of `cdb`, `len` bytes of data-out, from the session of
 /// `o` may be received straight into its place on the medium
 /// (`scsi::fast`, writes received in place).
-pub fn place_write(lu: &LogicalUnit, cdb: &[u8], len: u32, o: &Origin) -> Option<bufpool::Placed> {
+pub fn place_write(lu: &LogicalUnit, cdb: &[u8], len: u32, o: &Origin) -> Option<filemap::Placed> {
     lu.place_write(&bare_command(cdb, len, o), len as usize)
 }
 
@@ -454,7 +454,7 @@ pub fn place_write(lu: &LogicalUnit, cdb: &[u8], len: u32, o: &Origin) -> Option
 pub fn finish_placed(
     lu: &LogicalUnit,
     cdb: &[u8],
-    placed: bufpool::Placed,
+    placed: filemap::Placed,
     data_out_wanted: u32,
 ) -> Completion {
     completion(lu.finish_placed(cdb, placed), data_out_wanted)

@@ -117,7 +117,10 @@ fn malformed_text_keys_fail_the_login() {
     for (what, body) in cases {
         let mut c = Client::connect(a[0]);
         let st = login_status(&mut c, &body);
-        assert!(matches!(st, Some(LoginStatus { class: 2, .. })), "{what}: {st:?}");
+        assert!(
+            matches!(st, Some(LoginStatus { class: 2, .. })),
+            "{what}: {st:?}"
+        );
         assert!(
             c.closed_within(Duration::from_secs(3)),
             "{what}: not closed"
@@ -132,7 +135,10 @@ fn malformed_text_keys_fail_the_login() {
     let r = c.recv().expect("continue answer");
     assert_eq!(LoginResp::decode(&r.bhs).status.class, 0);
     let st = login_status(&mut c, p2);
-    assert!(matches!(st, Some(LoginStatus { class: 2, .. })), "value over 8192: {st:?}");
+    assert!(
+        matches!(st, Some(LoginStatus { class: 2, .. })),
+        "value over 8192: {st:?}"
+    );
     // Endless C-bit continuation: refused after a bounded number.
     let mut c = Client::connect(a[0]);
     let mut failed = false;
@@ -629,7 +635,11 @@ fn reinstate_mid_write(portal: std::net::SocketAddr) {
     let mut new = Client::connect(a[0]);
     new.cmd_sn = old.cmd_sn;
     let r = relogin(&mut new, isid, tsih, 0);
-    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(0, 0), "reinstated");
+    assert_eq!(
+        r.status,
+        iscsi_wire::pdu::LoginStatus::new(0, 0),
+        "reinstated"
+    );
     assert_eq!(r.tsih, tsih, "the same session");
     // The old connection was ended by the target.
     assert!(
@@ -655,7 +665,11 @@ fn a_connection_closed_mid_write_is_reinstated_within_time2retain() {
     let mut new = Client::connect(a[0]);
     new.cmd_sn = cmd_sn;
     let r = relogin(&mut new, isid, tsih, 0);
-    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(0, 0), "reinstated");
+    assert_eq!(
+        r.status,
+        iscsi_wire::pdu::LoginStatus::new(0, 0),
+        "reinstated"
+    );
     assert_eq!(r.tsih, tsih);
     session_goes_on(&mut new, 0x3c);
 }

@@ -111,7 +111,11 @@ fn session_limits_refuse_with_0302() {
             ("TargetName", IQN),
         ],
     );
-    assert_eq!(r.status, iscsi_wire::pdu::LoginStatus::new(3, 2), "out of resources");
+    assert_eq!(
+        r.status,
+        iscsi_wire::pdu::LoginStatus::new(3, 2),
+        "out of resources"
+    );
     // Reinstating an existing session is not a new one.
     let mut c = Client::connect(a[0]);
     c.login_normal([0x80, 0, 0, 0, 0x57, 0], &[]);

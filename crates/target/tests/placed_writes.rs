@@ -143,7 +143,7 @@ fn placed_writes_hold_exactly_what_was_written_for_every_negotiation() {
 }
 
 /// Small writes go into the file's mapping by a store that recovers from a
-/// missing page (`bufpool::FileMap::store`). The file cut short behind the
+/// missing page (`filemap::FileMap::store`). The file cut short behind the
 /// target's back: writes past its new end, and across it, still complete
 /// with GOOD (what the store could not take goes by `pwrite`, which extends
 /// the file again), read back right, and the target lives on.

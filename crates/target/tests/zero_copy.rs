@@ -4,7 +4,7 @@
 //! shrinks under a read never yields GOOD status with short or made-up
 //! data; and under data digests (computed over the file's pages in place,
 //! `iscsi_wire::outbox`, or folded from a RAM LUN's cached block CRCs,
-//! `bufpool::BlockSums`), writes from another session racing the reads
+//! `filemap::BlockSums`), writes from another session racing the reads
 //! never make a digest wrong.
 
 mod common;
@@ -114,7 +114,7 @@ fn large_reads_carry_the_files_bytes_with_and_without_digests() {
         let at = 64 * 512;
         // Put back by another program's write, which does not pass the
         // file's gate: the next round's digests must not be folded from
-        // block CRCs recorded before it (`bufpool::FileSums::check`).
+        // block CRCs recorded before it (`filemap::FileSums::check`).
         std::fs::write(&path, &data).unwrap();
         assert_eq!(std::fs::read(&path).unwrap()[at], data[at]);
     }

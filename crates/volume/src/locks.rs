@@ -189,20 +189,20 @@ impl LbaLocks {
 }
 
 impl OwnedShared {
-    /// The same lock as a [`bufpool::Held`], for a write received straight
-    /// into its place ([`bufpool::Placed::holding`]).
-    pub fn into_held(self) -> bufpool::Held {
+    /// The same lock as a [`filemap::Held`], for a write received straight
+    /// into its place ([`filemap::Placed::holding`]).
+    pub fn into_held(self) -> filemap::Held {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again: its handle on the
         // locks moves into the `Held`, which unlocks the mask on drop.
         let locks = unsafe { std::ptr::read(&me.locks) };
-        bufpool::Held::new(locks, me.mask)
+        filemap::Held::new(locks, me.mask)
     }
 }
 
-/// A [`bufpool::Held`] made by [`OwnedShared::into_held`]: `token` is the
+/// A [`filemap::Held`] made by [`OwnedShared::into_held`]: `token` is the
 /// mask of stripes held shared.
-impl bufpool::Release for LbaLocks {
+impl filemap::Release for LbaLocks {
     fn release(&self, token: u64) {
         self.unlock_shared_mask(token);
     }

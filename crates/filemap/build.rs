@@ -1,0 +1,7 @@
+//! Build script: see `build/shm_cfg.rs`.
+
+include!("../../build/shm_cfg.rs");
+
+fn main() {
+    shm_cfg();
+}
