@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use target::config::LunConfig;
+use server::config::LunConfig;
 
 use crate::http::{check, Endpoint};
 
@@ -34,7 +34,7 @@ pub struct EndpointArgs {
 
 impl EndpointArgs {
     pub fn endpoint(&self) -> Result<Endpoint> {
-        use target::admin::auth;
+        use admin_api::auth;
         let dir = self.state_dir.clone().unwrap_or_else(auth::default_dir);
         let Some(url) = &self.url else {
             let path = self

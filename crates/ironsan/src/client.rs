@@ -359,7 +359,7 @@ pub fn check_plot_path(p: &std::path::Path) -> Result<()> {
 }
 
 pub fn size_arg(opt: &str, s: &str) -> Result<u64> {
-    target::size::parse_size(&s.to_lowercase().replace("ib", ""))
+    server::size::parse_size(&s.to_lowercase().replace("ib", ""))
         .map_err(|e| anyhow::anyhow!("{opt}: {e}"))
 }
 

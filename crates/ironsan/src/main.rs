@@ -15,10 +15,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use target::config::{
+use server::config::{
     Config, CredConfig, DigestConfig, LunConfig, TargetConfig, DEFAULT_LISTEN, DEFAULT_TARGET,
 };
-use target::Server;
+use server::Server;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -134,7 +134,7 @@ struct ServeArgs {
     gateway: Option<(u16, u16)>,
     /// Another gateway of the same LUs: its ALUA group and its relative port ids (repeatable).
     #[arg(long = "gateway-peer", value_name = "GROUP=PORT[,PORT...]", value_parser = parse_peer)]
-    gateway_peer: Vec<target::config::GatewayPeerConfig>,
+    gateway_peer: Vec<server::config::GatewayPeerConfig>,
     /// A TOML configuration file (see docs/CONFIG.md); flags above override its values.
     /// Changes made through the admin API are written back to it.
     #[arg(long, value_name = "FILE")]
@@ -174,7 +174,7 @@ fn parse_gateway(s: &str) -> Result<(u16, u16), String> {
     }
 }
 
-fn parse_peer(s: &str) -> Result<target::config::GatewayPeerConfig, String> {
+fn parse_peer(s: &str) -> Result<server::config::GatewayPeerConfig, String> {
     let (g, ports) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: expected GROUP=PORT[,PORT...]"))?;
@@ -183,7 +183,7 @@ fn parse_peer(s: &str) -> Result<target::config::GatewayPeerConfig, String> {
             .parse::<u16>()
             .map_err(|_| format!("{v:?}: expected 1..=65535"))
     };
-    Ok(target::config::GatewayPeerConfig {
+    Ok(server::config::GatewayPeerConfig {
         group: num(g)?,
         ports: ports.split(',').map(num).collect::<Result<_, _>>()?,
     })
@@ -222,7 +222,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
                 l.block_size = bs;
             }
             if a.write_back {
-                l.write_cache = target::config::CacheConfig::Back;
+                l.write_cache = server::config::CacheConfig::Back;
             }
             luns.push(l);
         }
@@ -247,7 +247,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
         cfg.state_dir = Some(d.clone());
     }
     if let Some((group, first_portal_tag)) = a.gateway {
-        cfg.gateway = Some(target::config::GatewayConfig {
+        cfg.gateway = Some(server::config::GatewayConfig {
             group,
             first_portal_tag,
             peer: a.gateway_peer.clone(),
@@ -264,7 +264,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
         cfg.admin.token_file = Some(f.clone());
         cfg.admin.token = None;
     } else if let Ok(t) = std::env::var("IRONSAN_ADMIN_TOKEN") {
-        cfg.admin.token = Some(target::config::SecretString(t));
+        cfg.admin.token = Some(server::config::SecretString(t));
         cfg.admin.token_file = None;
     }
     if a.admin_metrics_open {
@@ -368,8 +368,8 @@ fn admin_options(
     cfg: &Config,
     listen: SocketAddr,
     config_path: Option<PathBuf>,
-) -> Result<target::admin::AdminOptions> {
-    use target::admin::auth;
+) -> Result<admin_api::AdminOptions> {
+    use admin_api::auth;
     let dir = cfg
         .admin
         .dir
@@ -393,13 +393,13 @@ fn admin_options(
             t
         }
     };
-    Ok(target::admin::AdminOptions {
+    Ok(admin_api::AdminOptions {
         listen,
         token,
         socket: Some(dir.join(auth::SOCKET_FILE)),
         allowed_hosts: cfg.admin.allowed_hosts.clone(),
         metrics_open: cfg.admin.metrics_open,
-        paths: target::admin::paths::PathPolicy::from_config(cfg, &dir),
+        paths: admin_api::paths::PathPolicy::from_config(cfg, &dir),
         config_path,
     })
 }
@@ -420,7 +420,7 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
 }
 
 /// Raises the soft limit on open files to the hard one: every connection
-/// is a descriptor, and admission control (target::admission) needs room
+/// is a descriptor, and admission control (server::admission) needs room
 /// to accept and evict a flood of idle sockets.
 fn raise_open_files() {
     let mut r = libc::rlimit {
@@ -453,7 +453,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         if let Some(listen) = cfg.admin.listen {
             let opts = admin_options(&cfg, listen, a.config.clone())?;
             let socket = opts.socket.clone();
-            let admin = target::admin::Admin::bind(opts, server.control())
+            let admin = admin_api::Admin::bind(opts, server.control())
                 .await
                 .map_err(anyhow::Error::msg)?;
             let at = admin.local_addr().context("admin endpoint address")?;
@@ -472,26 +472,26 @@ fn serve(a: ServeArgs) -> Result<()> {
         for t in &cfg.target {
             for (i, l) in t.lun.iter().enumerate() {
                 let what = match l.backend {
-                    target::config::BackendKind::Mem => {
+                    server::config::BackendKind::Mem => {
                         "RAM (volatile: for tests and benchmarks, lost at exit)".to_string()
                     }
-                    target::config::BackendKind::Null => {
+                    server::config::BackendKind::Null => {
                         "null (reads zeros, discards writes)".to_string()
                     }
-                    target::config::BackendKind::Rbd => format!(
+                    server::config::BackendKind::Rbd => format!(
                         "rbd {}/{}",
                         l.pool.as_deref().unwrap_or_default(),
                         l.image.as_deref().unwrap_or_default()
                     ),
-                    target::config::BackendKind::File => format!(
+                    server::config::BackendKind::File => format!(
                         "file {} ({})",
                         l.path
                             .as_deref()
                             .map(|p| p.display().to_string())
                             .unwrap_or_default(),
                         match l.write_cache {
-                            target::config::CacheConfig::Through => "write-through",
-                            target::config::CacheConfig::Back => "write-back",
+                            server::config::CacheConfig::Through => "write-through",
+                            server::config::CacheConfig::Back => "write-back",
                         }
                     ),
                 };

@@ -22,7 +22,7 @@ const TOKEN_FILE: &str = "bench.token";
 /// The shared token from --token-file, --token (warned about: `ps` shows
 /// it) or IRONSAN_BENCH_TOKEN; `None` when none is given.
 fn given_token(a: &BenchArgs) -> Result<Option<String>> {
-    use target::admin::auth;
+    use admin_api::auth;
     if let Some(f) = &a.token_file {
         return auth::read_token_file(f)
             .map(Some)
@@ -48,9 +48,9 @@ pub fn server(a: &BenchArgs, addr: SocketAddr) -> Result<()> {
     let token = match given_token(a)? {
         Some(t) => t,
         None => {
-            let path = target::admin::auth::default_dir().join(TOKEN_FILE);
-            let (t, _) = target::admin::auth::load_or_create_token_file(&path)
-                .map_err(anyhow::Error::msg)?;
+            let path = admin_api::auth::default_dir().join(TOKEN_FILE);
+            let (t, _) =
+                admin_api::auth::load_or_create_token_file(&path).map_err(anyhow::Error::msg)?;
             eprintln!(
                 "ironsan bench: coordinators must present the token in {} (--token-file or IRONSAN_BENCH_TOKEN; on this host they read it there)",
                 path.display()
@@ -107,8 +107,8 @@ pub fn coordinator(a: &BenchArgs, base: JobSpec) -> Result<()> {
     let token = match given_token(a)? {
         Some(t) => Some(t),
         None => {
-            let path = target::admin::auth::default_dir().join(TOKEN_FILE);
-            target::admin::auth::read_token_file(&path).ok()
+            let path = admin_api::auth::default_dir().join(TOKEN_FILE);
+            admin_api::auth::read_token_file(&path).ok()
         }
     };
     let m = coordinator::run(&nodes, &specs, token.as_deref(), t, |ios, bytes| {

@@ -974,7 +974,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
             let config = a
                 .config
                 .as_deref()
-                .map(target::Config::from_file)
+                .map(server::Config::from_file)
                 .transpose()?;
             let ips: Vec<std::net::IpAddr> = match &config {
                 Some(c) => c.listen.iter().map(|s| s.ip()).collect(),
@@ -989,7 +989,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
                     c.target.iter().flat_map(|t| {
                         t.lun
                             .iter()
-                            .filter(|l| l.backend == target::config::BackendKind::File)
+                            .filter(|l| l.backend == server::config::BackendKind::File)
                             .filter_map(|l| l.path.clone())
                     })
                 }))

@@ -131,7 +131,7 @@ impl AccessState {
 
 /// Decides SET TARGET PORT GROUPS when the states are not this process's
 /// alone to set: a gateway whose groups follow who owns storage shared
-/// with other gateways (`target::gateway`, docs/GATEWAYS.md).
+/// with other gateways (`server::gateway`, docs/GATEWAYS.md).
 pub trait AluaOwner: Send + Sync + std::fmt::Debug {
     /// Makes the requested `(group id, state)` changes hold (the ids are
     /// those of existing groups, each once), setting states with

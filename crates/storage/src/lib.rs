@@ -255,7 +255,7 @@ pub trait FastPaths: Send + Sync {
     /// never waits on a device on the event loop. The bytes are read by
     /// the kernel when it sends them, after this returns: the caller
     /// decides when that is acceptable (data digests, writes in flight;
-    /// see `target::conn`).
+    /// see `server::conn`).
     fn splice_source(&self, offset: u64, len: usize) -> Option<filemap::FileRange> {
         let _ = (offset, len);
         None

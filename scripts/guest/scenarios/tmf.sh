@@ -53,10 +53,10 @@ d=$(wait_lun "$P0" 0 20) || fail "no disk after login"
 n=${d#/dev/}
 echo 4 > /sys/block/$n/device/timeout
 before=$(host log "function=AbortTask" | cut -d' ' -f2)
-logins=$(host log "target::conn: login" | cut -d' ' -f2)
+logins=$(host log "server::conn: login" | cut -d' ' -f2)
 slow_write 24000 8
 aborts=$(host log "function=AbortTask" | cut -d' ' -f2)
-logins2=$(host log "target::conn: login" | cut -d' ' -f2)
+logins2=$(host log "server::conn: login" | cut -d' ' -f2)
 info "abort timeout: the writes took $took ms; ABORT TASKs at the target $before -> $aborts, logins $logins -> $logins2; kernel: $(dmesg | grep -iE 'abort|reset|conn error|recover' | tail -4 | tr '\n' '|')"
 if [ $rc -ne 0 ]; then fail "the write failed: $(cat /tmp/dd.err | tr '\n' '|')"
 elif [ "${aborts:-0}" -le "${before:-0}" ]; then fail "no ABORT TASK reached the target"

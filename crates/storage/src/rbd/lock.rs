@@ -1,5 +1,5 @@
 //! The image's exclusive lock and metadata, for gateways that share one
-//! image (see `target::gateway` and docs/GATEWAYS.md).
+//! image (see `server::gateway` and docs/GATEWAYS.md).
 //!
 //! RBD's exclusive-lock image feature lets one client at a time write. A
 //! client that takes the lock with `rbd_lock_acquire` holds it under

@@ -8,7 +8,7 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::stats::{LunCounters, Snapshot};
+use server::stats::{LunCounters, Snapshot};
 
 /// Seconds of history kept.
 pub const HISTORY: usize = 300;
@@ -126,12 +126,12 @@ mod tests {
     #[test]
     fn rates_from_deltas() {
         let mut a = LunCounters::default();
-        a.record(crate::stats::IoKind::Read, 4096, 0, 100_000);
+        a.record(server::stats::IoKind::Read, 4096, 0, 100_000);
         let mut b = a.clone();
         for _ in 0..1000 {
-            b.record(crate::stats::IoKind::Read, 4096, 0, 200_000);
+            b.record(server::stats::IoKind::Read, 4096, 0, 200_000);
         }
-        b.record(crate::stats::IoKind::Write, 1_000_000, 2, 1_000_000);
+        b.record(server::stats::IoKind::Write, 1_000_000, 2, 1_000_000);
         let r = rate(Some(&a), &b, 2.0, 5);
         assert_eq!(r.read_iops, 500.0);
         assert_eq!(r.write_iops, 0.5);

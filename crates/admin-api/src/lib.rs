@@ -58,10 +58,10 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::config::LunConfig;
-use crate::control::{Control, ControlError};
-use crate::size::parse_size;
-use crate::stats::LunCounters;
+use server::config::LunConfig;
+use server::control::{Control, ControlError};
+use server::size::parse_size;
+use server::stats::LunCounters;
 
 pub use rates::{Rate, HISTORY};
 
@@ -401,15 +401,15 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
     }
 }
 
-impl IntoResponse for ControlError {
-    fn into_response(self) -> Response {
-        let code = match self {
-            ControlError::NotFound(_) => StatusCode::NOT_FOUND,
-            ControlError::Conflict(_) => StatusCode::CONFLICT,
-            ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
-        };
-        err(code, self)
-    }
+/// The answer to a change the server refused: 404, 409 or 400 with the
+/// reason.
+fn refused(e: ControlError) -> Response {
+    let code = match e {
+        ControlError::NotFound(_) => StatusCode::NOT_FOUND,
+        ControlError::Conflict(_) => StatusCode::CONFLICT,
+        ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
+    };
+    err(code, e)
 }
 
 /// Applies `edit` to the configuration file, validates it and writes it;
@@ -482,12 +482,12 @@ async fn add_lun(
         Some(n) => n,
         None => match st.ctl.free_lun(&target) {
             Ok(n) => n,
-            Err(e) => return e.into_response(),
+            Err(e) => return refused(e),
         },
     };
     c.number = Some(n);
     if let Err(e) = st.ctl.target_exists(&target) {
-        return e.into_response();
+        return refused(e);
     }
     // Paths under policy; a new file is created here and removed again
     // if the LUN does not go into service.
@@ -497,7 +497,7 @@ async fn add_lun(
     };
     let lu = match st.ctl.build_lun(&target, n, &c) {
         Ok(lu) => lu,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused(e),
     };
     let persisted = match persist(&st, |d| persist::add_lun(d, &target, n, &c)) {
         Ok(p) => p,
@@ -512,14 +512,14 @@ async fn add_lun(
             )
                 .into_response()
         }
-        Err(e) => e.into_response(),
+        Err(e) => refused(e),
     }
 }
 
 async fn remove_lun(State(st): St, Path((target, lun)): Path<(String, u16)>) -> Response {
     let _g = st.change.lock().await;
     if let Err(e) = st.ctl.lun(&target, lun) {
-        return e.into_response();
+        return refused(e);
     }
     let persisted = match persist(&st, |d| persist::remove_lun(d, &target, lun)) {
         Ok(p) => p,
@@ -527,7 +527,7 @@ async fn remove_lun(State(st): St, Path((target, lun)): Path<(String, u16)>) -> 
     };
     match st.ctl.remove_lun(&target, lun) {
         Ok(()) => Json(json!({ "removed": lun, "persisted": persisted })).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refused(e),
     }
 }
 
@@ -552,14 +552,14 @@ async fn resize_lun(
         Err(e) => return err(StatusCode::BAD_REQUEST, e),
     };
     if let Err(e) = st.ctl.lun(&target, lun) {
-        return e.into_response();
+        return refused(e);
     }
     // Resize first (the backend may refuse), then write the file. If the
     // file cannot be written the new size stays in effect (it is not
     // undone: sessions were told already) and the answer is an error.
     let v = match st.ctl.resize_lun(&target, lun, bytes, r.shrink) {
         Ok(v) => v,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused(e),
     };
     match persist(&st, |d| persist::resize_lun(d, &target, lun, &r.size)) {
         Ok(p) => Json(json!({ "lun": v, "persisted": p })).into_response(),
@@ -583,7 +583,7 @@ async fn add_portal(State(st): St, Body(r): Body<PortalReq>) -> Response {
     // file cannot be written the portal is removed again.
     let p = match st.ctl.add_portal(r.addr, r.alua_group).await {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused(e),
     };
     // Its position in the file's `listen` (the runtime list is in the same
     // order); at the next start its tag is that position.
@@ -610,13 +610,12 @@ async fn remove_portal(State(st): St, Path(key): Path<String>) -> Response {
     let _g = st.change.lock().await;
     let (index, p) = match st.ctl.find_portal(&key) {
         Ok(x) => x,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused(e),
     };
     if st.ctl.portals().len() == 1 {
-        return ControlError::Conflict(
+        return refused(ControlError::Conflict(
             "the last portal cannot be removed: add another first".into(),
-        )
-        .into_response();
+        ));
     }
     let addr: SocketAddr = match p.addr.parse() {
         Ok(a) => a,
@@ -628,7 +627,7 @@ async fn remove_portal(State(st): St, Path(key): Path<String>) -> Response {
     };
     match st.ctl.remove_portal(p.tpgt) {
         Ok(v) => Json(json!({ "removed": v, "persisted": persisted })).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refused(e),
     }
 }
 
@@ -652,8 +651,9 @@ async fn set_alua(State(st): St, Path(group): Path<u16>, Body(r): Body<AluaReq>)
         .map(|t| t.alua.iter().map(|a| (a.group, a.state.clone())).collect())
         .unwrap_or_default();
     if !before.iter().any(|(g, _)| *g == group) {
-        return ControlError::NotFound(format!("no ALUA target port group {group}"))
-            .into_response();
+        return refused(ControlError::NotFound(format!(
+            "no ALUA target port group {group}"
+        )));
     }
     // Members by position in `listen` (the runtime list is in file order).
     let portals = st.ctl.portals();
@@ -681,7 +681,7 @@ async fn set_alua(State(st): St, Path(group): Path<u16>, Body(r): Body<AluaReq>)
     match st.ctl.set_alua(group, state) {
         Ok(()) => Json(json!({ "group": group, "state": state.name(), "persisted": persisted }))
             .into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refused(e),
     }
 }
 

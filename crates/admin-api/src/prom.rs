@@ -6,8 +6,8 @@ use std::fmt::Write;
 
 use hdrhistogram::Histogram;
 
-use crate::control::TargetView;
-use crate::stats::{LunCounters, Snapshot};
+use server::control::TargetView;
+use server::stats::{LunCounters, Snapshot};
 
 /// Latency bucket bounds, seconds.
 const BUCKETS: [f64; 16] = [
@@ -15,9 +15,9 @@ const BUCKETS: [f64; 16] = [
     0.05, 0.1, 0.25, 1.0, 10.0,
 ];
 
-/// The admission and CHAP throttle counters (crate::admission), appended
+/// The admission and CHAP throttle counters (server::admission), appended
 /// to `text`.
-pub fn render_admission(text: &mut String, c: &crate::admission::AdmissionCounters) {
+pub fn render_admission(text: &mut String, c: &server::admission::AdmissionCounters) {
     use std::sync::atomic::Ordering::Relaxed;
     let mut o = Out {
         text: std::mem::take(text),
@@ -246,7 +246,7 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
     type Ev = (
         &'static str,
         &'static str,
-        fn(&crate::stats::PortalEvents) -> u64,
+        fn(&server::stats::PortalEvents) -> u64,
     );
     let events: [Ev; 4] = [
         ("connections_total", "TCP connections accepted.", |e| {
@@ -293,7 +293,7 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{ConnStats, SessionInfo, StatsRegistry};
+    use server::stats::{ConnStats, SessionInfo, StatsRegistry};
     use std::time::{Duration, Instant};
 
     #[test]
@@ -305,8 +305,11 @@ mod tests {
     fn renders_valid_exposition() {
         let reg = StatsRegistry::new();
         let s = reg.register(SessionInfo {
+            id: 7,
             initiator: "iqn.x:\"i\"".into(),
-            ..crate::stats::tests::info(7, "iqn.t:a", 1)
+            target: "iqn.t:a".into(),
+            tpgt: 1,
+            ..SessionInfo::default()
         });
         let mut c = ConnStats::new(Some(s));
         let t0 = Instant::now() - Duration::from_micros(300);

@@ -165,7 +165,7 @@ impl LunCounters {
 }
 
 /// What the session list shows of a session: fixed at login.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct SessionInfo {
     /// Unique while the server runs.
     pub id: u64,

@@ -9,9 +9,9 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use common::admin::{http, start};
+use common::{http, start};
 use initiator::{scsi, Connection, DataDir, Error, LoginConfig, Url};
-use target::Config;
+use server::Config;
 
 const IQN: &str = "iqn.2026-11.io.ironsan:acl";
 const HOST_A: &str = "iqn.2026-11.io.example:host-a";

@@ -3,8 +3,6 @@
 //! helpers for sending what a well-behaved initiator would not.
 #![allow(dead_code)]
 
-pub mod admin;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -13,7 +11,7 @@ use bytes::BytesMut;
 use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits, RawPdu};
 use iscsi_wire::pdu::*;
 use iscsi_wire::{text, Sn};
-use target::{Config, Server};
+use server::{Config, Server};
 
 pub const IQN: &str = "iqn.2026-11.io.ironsan:e2e";
 

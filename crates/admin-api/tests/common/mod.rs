@@ -1,13 +1,15 @@
 //! A server with its admin endpoint, on a runtime of its own, and a
 //! minimal HTTP/1.1 client for the admin API.
 
+#![allow(dead_code)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 
-use target::admin::paths::PathPolicy;
-use target::admin::{Admin, AdminOptions};
-use target::{Config, Server};
+use admin_api::paths::PathPolicy;
+use admin_api::{Admin, AdminOptions};
+use server::{Config, Server};
 
 /// The token of the servers `start` runs (unless told another).
 pub const TOKEN: &str = "test-token-0123456789";

@@ -8,9 +8,9 @@ mod common;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::admin::{http, start};
+use common::{http, start};
 use initiator::{scsi, Connection, DataDir, LoginConfig};
-use target::Config;
+use server::Config;
 
 const IQN: &str = "iqn.2026-11.io.ironsan:portals";
 const HOST: &str = "iqn.2026-11.io.example:host";
@@ -212,9 +212,9 @@ fn removed_portal_stops_listening_and_leaves_send_targets() {
     assert_eq!(
         g,
         vec![
-            (1, vec![1], target::config::AluaStateConfig::ActiveOptimized),
-            (2, vec![3], target::config::AluaStateConfig::ActiveOptimized),
-            (3, vec![2], target::config::AluaStateConfig::Standby),
+            (1, vec![1], server::config::AluaStateConfig::ActiveOptimized),
+            (2, vec![3], server::config::AluaStateConfig::ActiveOptimized),
+            (3, vec![2], server::config::AluaStateConfig::Standby),
         ]
     );
 }

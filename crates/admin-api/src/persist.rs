@@ -10,8 +10,8 @@ use std::path::Path;
 
 use toml_edit::{value, Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table};
 
-use crate::config::{BackendKind, CacheConfig, Config, CredConfig, LunConfig};
-use crate::control_acl::ChapScope;
+use server::config::{BackendKind, CacheConfig, Config, CredConfig, LunConfig};
+use server::control_acl::ChapScope;
 
 /// An edit that cannot be made to the file.
 pub type EditError = String;
@@ -218,7 +218,7 @@ pub fn set_chap(
 fn listen_array(doc: &mut DocumentMut) -> Result<&mut Array, EditError> {
     if doc.get("listen").is_none() {
         let mut a = Array::new();
-        a.push(crate::config::DEFAULT_LISTEN);
+        a.push(server::config::DEFAULT_LISTEN);
         doc.insert("listen", value(a));
     }
     Ok(doc
@@ -496,7 +496,7 @@ size = "2M"
         assert_eq!(c.alua.group.len(), 2);
         assert_eq!(
             c.alua.group[1].state,
-            crate::config::AluaStateConfig::Standby
+            server::config::AluaStateConfig::Standby
         );
         // With groups listed, a new portal joins the named group.
         add_portal(&mut d, "127.0.0.1:3262", 3, 1).unwrap();
@@ -505,7 +505,7 @@ size = "2M"
         set_alua(&mut d, &[(2, "unavailable".into(), vec![])]).unwrap();
         assert_eq!(
             validate(&d).unwrap().alua.group[1].state,
-            crate::config::AluaStateConfig::Unavailable
+            server::config::AluaStateConfig::Unavailable
         );
         // ... or a group of its own.
         add_portal(&mut d, "127.0.0.1:3263", 4, 9).unwrap();
@@ -649,7 +649,7 @@ size = "2M"
         add_portal(&mut d, "127.0.0.1:3999", 2, 2).unwrap();
         let c = validate(&d).unwrap();
         assert_eq!(c.listen.len(), 2);
-        assert_eq!(c.listen[0].to_string(), crate::config::DEFAULT_LISTEN);
+        assert_eq!(c.listen[0].to_string(), server::config::DEFAULT_LISTEN);
     }
 
     #[test]

@@ -10,10 +10,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{persist, Body, Params, St};
-use crate::config::CredConfig;
-use crate::control::ControlError;
-use crate::control_acl::{AclEntry, AclView, ChapRole, ChapScope};
+use crate::{persist, Body, Params, St};
+use server::config::CredConfig;
+use server::control::ControlError;
+use server::control_acl::{AclEntry, AclView, ChapRole, ChapScope};
 
 /// Query flags of the changing requests (others, such as the console's
 /// `token`, are ignored).
@@ -40,15 +40,15 @@ pub(super) struct AddReq {
 pub(super) async fn get_acl(State(st): St, Path(target): Path<String>) -> Response {
     match st.ctl.acl(&target) {
         Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => crate::refused(e),
     }
 }
 
-fn answer(st: &super::AdminState, v: AclView, persisted: bool, drop: Option<bool>) -> Response {
+fn answer(st: &crate::AdminState, v: AclView, persisted: bool, drop: Option<bool>) -> Response {
     let dropped = match drop {
         Some(all) => match st.ctl.drop_sessions(&v.target, all) {
             Ok(n) => n,
-            Err(e) => return e.into_response(),
+            Err(e) => return crate::refused(e),
         },
         None => 0,
     };
@@ -56,22 +56,22 @@ fn answer(st: &super::AdminState, v: AclView, persisted: bool, drop: Option<bool
 }
 
 async fn change_acl(
-    st: &super::AdminState,
+    st: &crate::AdminState,
     target: &str,
     lists: Result<(Vec<String>, Vec<String>), ControlError>,
     flags: &ChangeFlags,
 ) -> Response {
     let (names, nets) = match lists {
         Ok(l) => l,
-        Err(e) => return e.into_response(),
+        Err(e) => return crate::refused(e),
     };
-    let persisted = match super::persist(st, |d| persist::set_acl(d, target, &names, &nets)) {
+    let persisted = match crate::persist(st, |d| persist::set_acl(d, target, &names, &nets)) {
         Ok(p) => p,
         Err(r) => return *r,
     };
     match st.ctl.set_acl(target, names, nets) {
         Ok(v) => answer(st, v, persisted, flags.drop_sessions.then_some(false)),
-        Err(e) => e.into_response(),
+        Err(e) => crate::refused(e),
     }
 }
 
@@ -86,7 +86,7 @@ pub(super) async fn add_acl(
         (Some(i), None) => AclEntry::Initiator(i),
         (None, Some(n)) => AclEntry::Network(n),
         _ => {
-            return super::err(
+            return crate::err(
                 StatusCode::BAD_REQUEST,
                 "give exactly one of \"initiator\" (an iSCSI name) and \"network\" (CIDR)",
             )
@@ -112,7 +112,7 @@ pub(super) async fn remove_acl(
 }
 
 async fn put(
-    st: &super::AdminState,
+    st: &crate::AdminState,
     scope: ChapScope<'_>,
     role: ChapRole,
     mut c: CredConfig,
@@ -125,44 +125,44 @@ async fn put(
     if let Some(f) = c.secret_file.clone() {
         match st.paths.secret_path(&f) {
             Ok(p) => c.secret_file = Some(p),
-            Err(m) => return super::err(StatusCode::BAD_REQUEST, m),
+            Err(m) => return crate::err(StatusCode::BAD_REQUEST, m),
         }
         if c.secret.is_none() && c.resolve("secret_file").is_err() {
-            return super::err(StatusCode::BAD_REQUEST, st.paths.secret_refusal());
+            return crate::err(StatusCode::BAD_REQUEST, st.paths.secret_refusal());
         }
     }
     let cred = match st.ctl.check_chap(scope, role, &c) {
         Ok(c) => c,
-        Err(e) => return e.into_response(),
+        Err(e) => return crate::refused(e),
     };
-    let persisted = match super::persist(st, |d| persist::set_chap(d, scope, role.key(), Some(&c)))
+    let persisted = match crate::persist(st, |d| persist::set_chap(d, scope, role.key(), Some(&c)))
     {
         Ok(p) => p,
         Err(r) => return *r,
     };
     match st.ctl.set_chap(scope, role, Some(cred)) {
         Ok(v) => answer(st, v, persisted, drop_all(scope, flags)),
-        Err(e) => e.into_response(),
+        Err(e) => crate::refused(e),
     }
 }
 
 async fn delete(
-    st: &super::AdminState,
+    st: &crate::AdminState,
     scope: ChapScope<'_>,
     role: ChapRole,
     flags: &ChangeFlags,
 ) -> Response {
     let _g = st.change.lock().await;
     if let Err(e) = st.ctl.chap_view(scope) {
-        return e.into_response();
+        return crate::refused(e);
     }
-    let persisted = match super::persist(st, |d| persist::set_chap(d, scope, role.key(), None)) {
+    let persisted = match crate::persist(st, |d| persist::set_chap(d, scope, role.key(), None)) {
         Ok(p) => p,
         Err(r) => return *r,
     };
     match st.ctl.set_chap(scope, role, None) {
         Ok(v) => answer(st, v, persisted, drop_all(scope, flags)),
-        Err(e) => e.into_response(),
+        Err(e) => crate::refused(e),
     }
 }
 
@@ -223,7 +223,7 @@ fn role_of(s: &str) -> Option<ChapRole> {
 }
 
 fn no_such_role() -> Response {
-    super::err(
+    crate::err(
         StatusCode::NOT_FOUND,
         "/api/discovery/chap or /api/discovery/mutual_chap",
     )
@@ -232,7 +232,7 @@ fn no_such_role() -> Response {
 pub(super) async fn get_discovery(State(st): St) -> Response {
     match st.ctl.chap_view(ChapScope::Discovery) {
         Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => crate::refused(e),
     }
 }
 

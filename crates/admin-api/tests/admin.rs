@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::admin::{http, start};
+use common::{http, start};
 use initiator::{scsi, Connection, DataDir, LoginConfig};
-use target::Config;
+use server::Config;
 
 const IQN: &str = "iqn.2026-11.io.ironsan:admin";
 
@@ -182,7 +182,7 @@ fn alua_states_change_through_the_api() {
     assert!(t.contains("\"state\":\"standby\""), "{t}");
     assert_eq!(
         Config::from_file(&path).unwrap().alua.group[0].state,
-        target::config::AluaStateConfig::Standby
+        server::config::AluaStateConfig::Standby
     );
     assert_eq!(
         http(

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::os::unix::fs::symlink;
 use std::os::unix::net::UnixStream;
 
-use common::admin::{answer, http, raw, start, TOKEN};
+use common::{answer, http, raw, start, TOKEN};
 
 const IQN: &str = "iqn.2026-12.io.ironsan:auth";
 
@@ -313,15 +313,15 @@ fn the_metrics_may_be_opened_read_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = config(dir.path(), "");
     // metrics_open comes from the options the runner passes: run one here.
-    let cfg = target::Config::from_file(&path).unwrap();
+    let cfg = server::Config::from_file(&path).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let s = target::Server::bind(cfg).await.unwrap();
-        let admin = target::admin::Admin::bind(
-            target::admin::AdminOptions {
+        let s = server::Server::bind(cfg).await.unwrap();
+        let admin = admin_api::Admin::bind(
+            admin_api::AdminOptions {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 token: TOKEN.into(),
                 socket: None,
@@ -353,8 +353,8 @@ fn the_metrics_may_be_opened_read_only() {
         assert_eq!(m.0, 200);
         assert_eq!(t.0, 401, "only /metrics is open");
         // A short token is refused at start.
-        let e = target::admin::Admin::bind(
-            target::admin::AdminOptions {
+        let e = admin_api::Admin::bind(
+            admin_api::AdminOptions {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 token: "short".into(),
                 socket: None,

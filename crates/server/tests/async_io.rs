@@ -134,7 +134,7 @@ fn reads_and_writes_complete_from_the_backend_thread() {
             let cfg = config(LUN, "");
             // The same groups as the target's (one active/optimized per portal).
             let pg = Arc::new(scsi::PortGroups::new(cfg.port_groups(), false).unwrap());
-            let s = target::Server::bind(cfg).await.unwrap();
+            let s = server::Server::bind(cfg).await.unwrap();
             let lu = LogicalUnit::new(b2, lu_config())
                 .unwrap()
                 .with_port_groups(pg);

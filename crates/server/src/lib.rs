@@ -1,12 +1,15 @@
-//! The ironsan iSCSI target: configuration, portals, connection drivers.
+//! The ironsan server's data plane: configuration, portals, connection
+//! drivers, sessions and LUN tables.
 //!
 //! The protocol ([`iscsi_proto`]) and SCSI ([`scsi`]) crates make every
 //! decision; this crate moves bytes between them and sockets, runs backend
 //! I/O where it cannot block the event loop, and keeps the registry of
 //! sessions (for TSIH assignment and session reinstatement, RFC 7143 §6.3.5).
+//! A running server is changed only through [`control::Control`], the
+//! handle the control plane (the `admin-api` crate) drives; this crate does
+//! not know that crate.
 
 mod access;
-pub mod admin;
 pub mod admission;
 pub mod config;
 mod conn;

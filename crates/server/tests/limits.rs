@@ -138,7 +138,7 @@ fn per_target_session_limit() {
     let text = format!(
         "listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\nmax_sessions = 1\n{LUN}\n"
     );
-    let (a, _s) = start(target::Config::from_toml(&text).unwrap());
+    let (a, _s) = start(server::Config::from_toml(&text).unwrap());
     let mut one = Client::connect(a[0]);
     one.login_normal([0x80, 0, 0, 0, 0x59, 1], &[]);
     let mut two = Client::connect(a[0]);
@@ -200,7 +200,7 @@ fn connections_use_the_configured_congestion_control() {
 fn a_bad_congestion_control_name_is_refused_at_start() {
     let text =
         format!("[limits]\ntcp_congestion = \"no such\"\n[[target]]\nname = \"{IQN}\"\n{LUN}");
-    let e = target::Config::from_toml(&text).unwrap_err().to_string();
+    let e = server::Config::from_toml(&text).unwrap_err().to_string();
     assert!(e.contains("tcp_congestion"), "{e}");
     // A well-formed name the kernel does not have: refused when the server
     // starts, not at its first connection.
@@ -210,7 +210,7 @@ fn a_bad_congestion_control_name_is_refused_at_start() {
         .build()
         .unwrap();
     let e = rt
-        .block_on(target::Server::bind(cfg))
+        .block_on(server::Server::bind(cfg))
         .map(|_| ())
         .unwrap_err();
     assert!(
@@ -265,7 +265,7 @@ fn connections_serve_without_busy_polling_too() {
     let (a, _s) = start(config(LUN, "[limits]\nbusy_poll_us = 0"));
     io_time(a[0], 200, 9);
     let text = format!("[limits]\nbusy_poll_us = 10001\n[[target]]\nname = \"{IQN}\"\n{LUN}");
-    let e = target::Config::from_toml(&text).unwrap_err().to_string();
+    let e = server::Config::from_toml(&text).unwrap_err().to_string();
     assert!(e.contains("busy_poll_us"), "{e}");
 }
 

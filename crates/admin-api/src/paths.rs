@@ -13,7 +13,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use crate::config::{BackendKind, Config, LunConfig};
+use server::config::{BackendKind, Config, LunConfig};
 
 /// The roots and the rule on existing files.
 #[derive(Clone, Debug, Default)]
@@ -58,7 +58,7 @@ impl PathPolicy {
             Some(r) => r.clone(),
             None => {
                 let own = admin_dir.join("luns");
-                let _ = super::auth::ensure_dir(&own);
+                let _ = crate::auth::ensure_dir(&own);
                 let mut r = vec![own];
                 for l in cfg.target.iter().flat_map(|t| &t.lun) {
                     if l.backend != BackendKind::File {

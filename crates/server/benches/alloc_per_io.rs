@@ -3,7 +3,7 @@
 //! LU (and on a file LU on /dev/shm, whose small reads are copied out of
 //! its mapping) and the send queue, driven in a loop by the initiator state
 //! machine (no sockets). Only allocations made inside the target's calls
-//! are counted. Run: `cargo bench -p target --bench alloc_per_io`.
+//! are counted. Run: `cargo bench -p server --bench alloc_per_io`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
