@@ -133,11 +133,51 @@ const COUNTERS: [Counter; 7] = [
     ),
 ];
 
+/// Labels and counters of one row of a counter family.
+type Rows<'a> = Vec<(String, &'a LunCounters)>;
+
 /// Renders `snap` (and the LUN sizes of `targets`).
 pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
     let mut o = Out {
         text: String::with_capacity(16 * 1024),
     };
+    server_gauges(&mut o, snap, targets);
+    let lun_labels: Rows<'_> = snap
+        .luns
+        .iter()
+        .map(|((t, l), c)| (format!("target=\"{}\",lun=\"{l}\"", escape(t)), c))
+        .collect();
+    let sess_labels: Rows<'_> = snap
+        .sessions
+        .iter()
+        .map(|s| {
+            (
+                format!(
+                    "session=\"{}\",initiator=\"{}\",isid=\"{}\",target=\"{}\",portal=\"{}\"",
+                    s.info.id,
+                    escape(&s.info.initiator),
+                    s.info.isid,
+                    escape(&s.info.target),
+                    escape(&s.info.portal)
+                ),
+                &s.total,
+            )
+        })
+        .collect();
+    let portal_labels: Rows<'_> = snap
+        .portals
+        .iter()
+        .map(|(tpgt, c)| (format!("tpgt=\"{tpgt}\""), c))
+        .collect();
+    counters(&mut o, &lun_labels, &sess_labels, &portal_labels);
+    latency_histograms(&mut o, &lun_labels);
+    session_gauges(&mut o, snap, &sess_labels);
+    portal_events(&mut o, snap);
+    o.text
+}
+
+/// Uptime, sessions and LUN sizes.
+fn server_gauges(o: &mut Out, snap: &Snapshot, targets: &[TargetView]) {
     o.family(
         "ironsan_uptime_seconds",
         "gauge",
@@ -163,37 +203,14 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
             o.sample("ironsan_lun_size_bytes", &lab, l.size_bytes);
         }
     }
-    let lun_labels: Vec<(String, &LunCounters)> = snap
-        .luns
-        .iter()
-        .map(|((t, l), c)| (format!("target=\"{}\",lun=\"{l}\"", escape(t)), c))
-        .collect();
-    let sess_labels: Vec<(String, &LunCounters)> = snap
-        .sessions
-        .iter()
-        .map(|s| {
-            (
-                format!(
-                    "session=\"{}\",initiator=\"{}\",isid=\"{}\",target=\"{}\",portal=\"{}\"",
-                    s.info.id,
-                    escape(&s.info.initiator),
-                    s.info.isid,
-                    escape(&s.info.target),
-                    escape(&s.info.portal)
-                ),
-                &s.total,
-            )
-        })
-        .collect();
-    let portal_labels: Vec<(String, &LunCounters)> = snap
-        .portals
-        .iter()
-        .map(|(tpgt, c)| (format!("tpgt=\"{tpgt}\""), c))
-        .collect();
+}
+
+/// The command counters per LUN, per session and per portal.
+fn counters(o: &mut Out, lun_labels: &Rows<'_>, sess_labels: &Rows<'_>, portal_labels: &Rows<'_>) {
     for (scope, rows) in [
-        ("lun", &lun_labels),
-        ("session", &sess_labels),
-        ("portal", &portal_labels),
+        ("lun", lun_labels),
+        ("session", sess_labels),
+        ("portal", portal_labels),
     ] {
         for (suffix, help, f) in COUNTERS {
             let name = format!("ironsan_{scope}_{suffix}");
@@ -203,6 +220,10 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
             }
         }
     }
+}
+
+/// READ and WRITE latency histograms per LUN.
+fn latency_histograms(o: &mut Out, lun_labels: &Rows<'_>) {
     for (dir, help) in [("read", "READ latency"), ("write", "WRITE latency")] {
         let name = format!("ironsan_lun_{dir}_latency_seconds");
         o.family(
@@ -210,7 +231,7 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
             "histogram",
             &format!("{help} at the target, from the command's arrival to its status leaving."),
         );
-        for (lab, c) in &lun_labels {
+        for (lab, c) in lun_labels {
             let (h, sum) = if dir == "read" {
                 (&c.read_hist, c.read_lat_ns)
             } else {
@@ -219,12 +240,16 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
             o.histogram(&name, lab, h, sum);
         }
     }
+}
+
+/// Commands in flight and rejects per session.
+fn session_gauges(o: &mut Out, snap: &Snapshot, sess_labels: &Rows<'_>) {
     o.family(
         "ironsan_session_in_flight",
         "gauge",
         "Commands received and not yet answered (queue depth in use).",
     );
-    for (s, (lab, _)) in snap.sessions.iter().zip(&sess_labels) {
+    for (s, (lab, _)) in snap.sessions.iter().zip(sess_labels) {
         o.sample("ironsan_session_in_flight", lab, s.in_flight);
     }
     o.family(
@@ -232,7 +257,7 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
         "gauge",
         "The most commands in flight since login.",
     );
-    for (s, (lab, _)) in snap.sessions.iter().zip(&sess_labels) {
+    for (s, (lab, _)) in snap.sessions.iter().zip(sess_labels) {
         o.sample("ironsan_session_in_flight_max", lab, s.max_in_flight);
     }
     o.family(
@@ -240,9 +265,13 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
         "counter",
         "Reject PDUs sent to the session.",
     );
-    for (s, (lab, _)) in snap.sessions.iter().zip(&sess_labels) {
+    for (s, (lab, _)) in snap.sessions.iter().zip(sess_labels) {
         o.sample("ironsan_session_rejects_total", lab, s.rejects);
     }
+}
+
+/// Connections, logins, failures, drops and rejects per portal.
+fn portal_events(o: &mut Out, snap: &Snapshot) {
     type Ev = (
         &'static str,
         &'static str,
@@ -287,7 +316,6 @@ pub fn render(snap: &Snapshot, targets: &[TargetView]) -> String {
             n,
         );
     }
-    o.text
 }
 
 #[cfg(test)]

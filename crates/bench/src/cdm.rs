@@ -320,7 +320,7 @@ fn os_text() -> String {
 }
 
 /// The results in CrystalDiskMark 8's text export layout: the banner, the
-/// [Read] and [Write] blocks with MB/s, IOPS and mean latency, then the
+/// `[Read]` and `[Write]` blocks with MB/s, IOPS and mean latency, then the
 /// profile, test size and passes, measuring time and interval, date and
 /// OS.
 pub fn export(target: &str, o: &Options, rows: &[Row]) -> String {

@@ -51,22 +51,14 @@ pub const USAGE: &str = "usage: ironsan gpfsperf create|read|write|mixrw seq|ran
   -readratio P percent of records read by mixrw (default 50)
   -dio         O_DIRECT for files and block devices";
 
-/// Parses `64k`, `1m`, `3072M`, `1g`, `4096` (powers of 1024).
+/// Parses `64k`, `1m`, `3072M`, `1g`, `4096` (powers of 1024, as
+/// gpfsperf's `-r` and `-n` take them; the `parse-size` crate's binary
+/// units, as `server::size`).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t.strip_suffix("ib").or(t.strip_suffix('b')).unwrap_or(&t);
-    let (num, shift) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 10),
-        Some('m') => (&t[..t.len() - 1], 20),
-        Some('g') => (&t[..t.len() - 1], 30),
-        Some('t') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (try 4096, 64k, 1m, 3g)"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .map_err(|e| format!("{s:?} is not a size ({e}; try 4096, 64k, 1m, 3g)"))
 }
 
 fn value<'a>(it: &mut impl Iterator<Item = &'a String>, opt: &str) -> Result<&'a String, String> {

@@ -177,7 +177,8 @@ fn logfrac(ns: f64, lo: f64, hi: f64) -> f64 {
     ((ns.max(lo)).ln() - lo.ln()) / (hi.ln() - lo.ln())
 }
 
-/// The SVG document.
+/// The SVG document: IOPS over time, completion latency over time, and the
+/// latency histogram.
 pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
     let mut s = String::new();
     let h = TOP + 3.0 * (PANEL_H + GAP) + 20.0;
@@ -200,92 +201,128 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
             .collect::<Vec<_>>()
             .join(" "))
     );
-    // Drop a last second that is only the tail of I/Os completing after
-    // the deadline (a sliver of a second gives a meaningless rate).
-    let full = r.elapsed.as_secs_f64();
-    let keep = r
-        .series
-        .iter()
-        .enumerate()
-        .take_while(|(i, _)| full - *i as f64 >= 0.25 || *i == 0)
-        .count();
-    let secs = &r.series[..keep];
-    let n = secs.len();
-    let full = full.min(n as f64).max(0.25);
-    let frac_of = |i: usize| {
-        // A point in the middle of each second.
-        ((i as f64 + 0.5) / full.max(n as f64).max(1.0)).min(1.0)
-    };
+    let t = Timeline::new(r);
+    let mut all: Histogram<u64> = r.read.lat.clone();
+    let _ = all.add(&r.write.lat);
+    let (lo, hi) = latency_range(&all);
+    iops_panel(&mut s, &t);
+    latency_panel(&mut s, &t, lo, hi);
+    histogram_panel(&mut s, &all, lo, hi);
+    s += "</svg>\n";
+    s
+}
 
-    // 1. IOPS over time.
+/// The run's seconds as the time axes draw them.
+struct Timeline<'a> {
+    secs: &'a [crate::run::Second],
+    /// The run's length in seconds (at least 0.25).
+    full: f64,
+}
+
+impl<'a> Timeline<'a> {
+    fn new(r: &'a RunResult) -> Self {
+        // Drop a last second that is only the tail of I/Os completing after
+        // the deadline (a sliver of a second gives a meaningless rate).
+        let full = r.elapsed.as_secs_f64();
+        let keep = r
+            .series
+            .iter()
+            .enumerate()
+            .take_while(|(i, _)| full - *i as f64 >= 0.25 || *i == 0)
+            .count();
+        let secs = &r.series[..keep];
+        Timeline {
+            secs,
+            full: full.min(secs.len() as f64).max(0.25),
+        }
+    }
+
+    /// Where second `i` sits on the time axis: in its middle.
+    fn frac(&self, i: usize) -> f64 {
+        ((i as f64 + 0.5) / self.full.max(self.secs.len() as f64).max(1.0)).min(1.0)
+    }
+
+    /// `ios` in second `i` as a rate (the last second may be partial).
+    fn rate(&self, ios: u64, i: usize) -> f64 {
+        let len = (self.full - i as f64).clamp(0.05, 1.0);
+        ios as f64 / len
+    }
+
+    /// Seconds the time axis spans.
+    fn seconds(&self) -> usize {
+        self.full.max(1.0).ceil() as usize
+    }
+}
+
+/// Decades of latency (ns) that hold every recorded value.
+fn latency_range(all: &Histogram<u64>) -> (f64, f64) {
+    if all.is_empty() {
+        return (1e3, 1e6);
+    }
+    let lo = 10f64.powf((all.min().max(1) as f64).log10().floor());
+    let hi = 10f64.powf((all.max().max(10) as f64).log10().ceil());
+    (lo, hi.max(lo * 10.0))
+}
+
+/// Panel 1: IOPS over time, reads and writes.
+fn iops_panel(s: &mut String, t: &Timeline<'_>) {
     let p = Panel { y0: TOP + 20.0 };
-    p.frame(&mut s, "IOPS over time", "IOPS", "time");
+    p.frame(s, "IOPS over time", "IOPS", "time");
+    let secs = t.secs;
     let has_w = secs.iter().any(|x| x.write_ios > 0);
     let has_r = secs.iter().any(|x| x.read_ios > 0);
-    let secs_len = full.max(1.0);
-    let rate = |ios: u64, i: usize| {
-        // The last second may be partial.
-        let len = (full - i as f64).clamp(0.05, 1.0);
-        ios as f64 / len
-    };
     let top = nice_max(
         secs.iter()
             .enumerate()
-            .map(|(i, x)| rate(x.read_ios, i).max(rate(x.write_ios, i)))
+            .map(|(i, x)| t.rate(x.read_ios, i).max(t.rate(x.write_ios, i)))
             .fold(0.0, f64::max),
     );
     let steps = ticks(top);
     for k in 0..=steps {
         let f = k as f64 / steps as f64;
-        p.ytick(&mut s, f, &human(top * f));
+        p.ytick(s, f, &human(top * f));
     }
-    time_ticks(&p, &mut s, secs_len.ceil() as usize);
+    time_ticks(&p, s, t.seconds());
     let mut legend = Vec::new();
     if has_r {
         let pts: Vec<_> = secs
             .iter()
             .enumerate()
-            .map(|(i, x)| (frac_of(i), rate(x.read_ios, i) / top))
+            .map(|(i, x)| (t.frac(i), t.rate(x.read_ios, i) / top))
             .collect();
-        p.line(&mut s, &pts, READ);
+        p.line(s, &pts, READ);
         legend.push(("read", READ));
     }
     if has_w {
         let pts: Vec<_> = secs
             .iter()
             .enumerate()
-            .map(|(i, x)| (frac_of(i), rate(x.write_ios, i) / top))
+            .map(|(i, x)| (t.frac(i), t.rate(x.write_ios, i) / top))
             .collect();
-        p.line(&mut s, &pts, WRITE);
+        p.line(s, &pts, WRITE);
         legend.push(("write", WRITE));
     }
-    p.legend(&mut s, &legend);
+    p.legend(s, &legend);
+}
 
-    // 2. Latency percentiles over time (log scale).
-    let mut all: Histogram<u64> = r.read.lat.clone();
-    let _ = all.add(&r.write.lat);
+/// Panel 2: p50, p99 and max completion latency per second (log scale).
+fn latency_panel(s: &mut String, t: &Timeline<'_>, lo: f64, hi: f64) {
     let p = Panel {
         y0: TOP + 20.0 + PANEL_H + GAP,
     };
     p.frame(
-        &mut s,
+        s,
         "Completion latency over time (p50, p99, max)",
         "latency (log)",
         "time",
     );
-    let (lo, hi) = if all.is_empty() {
-        (1e3, 1e6)
-    } else {
-        let lo = 10f64.powf((all.min().max(1) as f64).log10().floor());
-        let hi = 10f64.powf((all.max().max(10) as f64).log10().ceil());
-        (lo, hi.max(lo * 10.0))
-    };
     let mut d = lo;
     while d <= hi * 1.001 {
-        p.ytick(&mut s, logfrac(d, lo, hi), &usec(d));
+        p.ytick(s, logfrac(d, lo, hi), &usec(d));
         d *= 10.0;
     }
-    time_ticks(&p, &mut s, secs_len.ceil() as usize);
+    time_ticks(&p, s, t.seconds());
+    let secs = t.secs;
     for (q, color, label) in [(0.5, READ, "p50"), (0.99, P99, "p99"), (1.0, "#888", "max")] {
         let pts: Vec<_> = secs
             .iter()
@@ -297,20 +334,22 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
                 } else {
                     x.lat.value_at_quantile(q)
                 };
-                (frac_of(i), logfrac(v as f64, lo, hi))
+                (t.frac(i), logfrac(v as f64, lo, hi))
             })
             .collect();
-        p.line(&mut s, &pts, color);
+        p.line(s, &pts, color);
         let _ = label;
     }
-    p.legend(&mut s, &[("p50", READ), ("p99", P99), ("max", "#888")]);
+    p.legend(s, &[("p50", READ), ("p99", P99), ("max", "#888")]);
+}
 
-    // 3. Latency histogram: share of I/Os per log-spaced bucket (8 per decade).
+/// Panel 3: the share of I/Os per log-spaced latency bucket (8 per decade).
+fn histogram_panel(s: &mut String, all: &Histogram<u64>, lo: f64, hi: f64) {
     let p = Panel {
         y0: TOP + 20.0 + 2.0 * (PANEL_H + GAP),
     };
     p.frame(
-        &mut s,
+        s,
         &format!(
             "Latency histogram ({} I/Os; p50 {}, p99 {}, p99.9 {})",
             all.len(),
@@ -346,11 +385,11 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
     let steps = ticks(ymax);
     for k in 0..=steps {
         let f = k as f64 / steps as f64;
-        p.ytick(&mut s, f, &format!("{:.0}%", ymax * 100.0 * f));
+        p.ytick(s, f, &format!("{:.0}%", ymax * 100.0 * f));
     }
     let mut d = lo;
     while d <= hi * 1.001 {
-        p.xtick(&mut s, logfrac(d, lo, hi), &usec(d));
+        p.xtick(s, logfrac(d, lo, hi), &usec(d));
         d *= 10.0;
     }
     let bw = (W - LEFT - RIGHT) / nb as f64;
@@ -369,6 +408,4 @@ pub fn svg(spec: &JobSpec, r: &RunResult) -> String {
             *c as f64 * 100.0 / total
         );
     }
-    s += "</svg>\n";
-    s
 }

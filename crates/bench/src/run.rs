@@ -630,29 +630,10 @@ fn job(
     let mut started: Vec<(Instant, Op, u64)> = vec![(Instant::now(), Op::Read, 0); depth];
     let mut free: Vec<usize> = (0..depth).rev().collect();
     let mut done: Vec<Done> = Vec::with_capacity(depth);
-    let mut out = JobOut {
-        read: DirStats::new(),
-        write: DirStats::new(),
-        trim: DirStats::new(),
-        series: Vec::new(),
-        paths: Vec::new(),
-        errors: Vec::new(),
-        verified: 0,
-        unit_attentions: Vec::new(),
-        counters: Counters::default(),
-    };
+    let mut out = JobOut::new();
     let mut ids = vshared.check;
     let mut seq: u64 = u64::from(index) << 48;
-    // Without --runtime the jobs (of every node) together do the region's
-    // whole blocks once: job i of n does blocks [b*i/n, b*(i+1)/n).
-    let byte_budget = if spec.runtime.is_none() {
-        let blocks = u128::from(region / u64::from(spec.bs));
-        let share = |i: u32| blocks * u128::from(i) / u128::from(jobs);
-        // At most `blocks`, which fits in u64.
-        (share(index + 1) - share(index)) as u64 * u64::from(spec.bs)
-    } else {
-        u64::MAX
-    };
+    let byte_budget = byte_budget(spec, region, index, jobs);
     let mut issued: u64 = 0;
     barrier.wait();
     let t0 = Instant::now();
@@ -714,96 +695,150 @@ fn job(
             inflight -= 1;
             free.push(d.slot);
             let (start, op, offset) = started[d.slot];
-            let st = match op {
-                Op::Read => &mut out.read,
-                Op::Write => &mut out.write,
-                Op::Trim => &mut out.trim,
-            };
             if spec.verify && op == Op::Read && d.result.is_ok() {
                 let data = d.data.as_deref().unwrap_or(&[]);
-                if data.len() < spec.bs as usize {
-                    return Err(format!(
-                        "verify: the read at byte offset {offset} returned {} of {} bytes",
-                        data.len(),
-                        spec.bs
-                    ));
-                }
-                let before = ids;
-                verify::check(&data[..spec.bs as usize], offset, &mut ids)
-                    .map_err(|m| m.describe(vshared.target_bs))?;
-                if let (RunIdCheck::Learn(None), RunIdCheck::Learn(Some(id))) = (before, ids) {
-                    // Every job must have read the same run's blocks.
-                    if let Err(other) = vshared.learned.compare_exchange(
-                        0,
-                        id,
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    ) {
-                        if other != id {
-                            return Err(format!(
-                                "verify failed at byte offset {offset}: blocks of two runs \
-                                 found, run id {other:#018x} and {id:#018x} (give --verify-id \
-                                 to say which is expected)"
-                            ));
-                        }
-                    }
-                }
+                verify_read(spec, vshared, data, offset, &mut ids)?;
                 out.verified += u64::from(spec.bs);
             }
             if start < measure_from {
                 continue;
             }
-            match d.result {
-                Ok(()) => {
-                    st.ios += 1;
-                    st.bytes += u64::from(spec.bs);
-                    let ns = now
-                        .duration_since(start)
-                        .as_nanos()
-                        .min(u128::from(u64::MAX)) as u64;
-                    st.lat.saturating_record(ns.max(1));
-                    // The I/Os still in flight at the deadline complete
-                    // after it: they count in the run's last second, not
-                    // in a second of their own.
-                    let sec =
-                        (now.duration_since(measure_from).as_secs() as usize).min(last_second);
-                    while out.series.len() <= sec {
-                        out.series.push(Second::new());
-                    }
-                    let e = &mut out.series[sec];
-                    e.lat.saturating_record(ns.max(1));
-                    let (ios, bytes) = match op {
-                        Op::Read => (&mut e.read_ios, &mut e.read_bytes),
-                        Op::Write => (&mut e.write_ios, &mut e.write_bytes),
-                        Op::Trim => (&mut e.trim_ios, &mut e.trim_bytes),
-                    };
-                    *ios += 1;
-                    *bytes += u64::from(spec.bs);
-                    if let Some(p) = progress {
-                        p.ios.fetch_add(1, Ordering::Relaxed);
-                        p.bytes.fetch_add(u64::from(spec.bs), Ordering::Relaxed);
-                    }
-                }
-                Err(e) => {
-                    st.errors += 1;
-                    if out.errors.len() < 10 {
-                        out.errors.push(format!(
-                            "{} at byte {offset}: {e}",
-                            match op {
-                                Op::Read => "read",
-                                Op::Write => "write",
-                                Op::Trim => "trim",
-                            }
-                        ));
-                    }
-                }
-            }
+            let ns = now
+                .duration_since(start)
+                .as_nanos()
+                .min(u128::from(u64::MAX)) as u64;
+            // The I/Os still in flight at the deadline complete after it:
+            // they count in the run's last second, not in a second of
+            // their own.
+            let sec = (now.duration_since(measure_from).as_secs() as usize).min(last_second);
+            out.record(op, offset, spec.bs, d.result, ns, sec, progress);
         }
     }
     let took = Instant::now().saturating_duration_since(measure_from);
     out.paths = engine.path_stats();
     out.unit_attentions = engine.unit_attentions();
     Ok((out, took))
+}
+
+/// The bytes job `index` of `jobs` does without --runtime: together the
+/// jobs (of every node) do the region's whole blocks once, job i of n the
+/// blocks [b*i/n, b*(i+1)/n). With --runtime, no limit.
+fn byte_budget(spec: &JobSpec, region: u64, index: u32, jobs: u32) -> u64 {
+    if spec.runtime.is_some() {
+        return u64::MAX;
+    }
+    let blocks = u128::from(region / u64::from(spec.bs));
+    let share = |i: u32| blocks * u128::from(i) / u128::from(jobs);
+    // At most `blocks`, which fits in u64.
+    (share(index + 1) - share(index)) as u64 * u64::from(spec.bs)
+}
+
+/// --verify: checks a block read at `offset` (its stamp, and that every job
+/// reads the same run's blocks).
+fn verify_read(
+    spec: &JobSpec,
+    vshared: &VerifyShared,
+    data: &[u8],
+    offset: u64,
+    ids: &mut RunIdCheck,
+) -> Result<(), String> {
+    if data.len() < spec.bs as usize {
+        return Err(format!(
+            "verify: the read at byte offset {offset} returned {} of {} bytes",
+            data.len(),
+            spec.bs
+        ));
+    }
+    let before = *ids;
+    verify::check(&data[..spec.bs as usize], offset, ids)
+        .map_err(|m| m.describe(vshared.target_bs))?;
+    if let (RunIdCheck::Learn(None), RunIdCheck::Learn(Some(id))) = (before, *ids) {
+        // Every job must have read the same run's blocks.
+        if let Err(other) =
+            vshared
+                .learned
+                .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            if other != id {
+                return Err(format!(
+                    "verify failed at byte offset {offset}: blocks of two runs \
+                     found, run id {other:#018x} and {id:#018x} (give --verify-id \
+                     to say which is expected)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl JobOut {
+    fn new() -> Self {
+        JobOut {
+            read: DirStats::new(),
+            write: DirStats::new(),
+            trim: DirStats::new(),
+            series: Vec::new(),
+            paths: Vec::new(),
+            errors: Vec::new(),
+            verified: 0,
+            unit_attentions: Vec::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Counts one measured completion of `bs` bytes at `offset`, `ns` after
+    /// it was submitted, in second `sec` of the run.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        op: Op,
+        offset: u64,
+        bs: u32,
+        result: Result<(), String>,
+        ns: u64,
+        sec: usize,
+        progress: Option<&Progress>,
+    ) {
+        let st = match op {
+            Op::Read => &mut self.read,
+            Op::Write => &mut self.write,
+            Op::Trim => &mut self.trim,
+        };
+        match result {
+            Ok(()) => {
+                st.ios += 1;
+                st.bytes += u64::from(bs);
+                st.lat.saturating_record(ns.max(1));
+                while self.series.len() <= sec {
+                    self.series.push(Second::new());
+                }
+                let e = &mut self.series[sec];
+                e.lat.saturating_record(ns.max(1));
+                let (ios, bytes) = match op {
+                    Op::Read => (&mut e.read_ios, &mut e.read_bytes),
+                    Op::Write => (&mut e.write_ios, &mut e.write_bytes),
+                    Op::Trim => (&mut e.trim_ios, &mut e.trim_bytes),
+                };
+                *ios += 1;
+                *bytes += u64::from(bs);
+                if let Some(p) = progress {
+                    p.ios.fetch_add(1, Ordering::Relaxed);
+                    p.bytes.fetch_add(u64::from(bs), Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                st.errors += 1;
+                if self.errors.len() < 10 {
+                    let what = match op {
+                        Op::Read => "read",
+                        Op::Write => "write",
+                        Op::Trim => "trim",
+                    };
+                    self.errors.push(format!("{what} at byte {offset}: {e}"));
+                }
+            }
+        }
+    }
 }
 
 /// A deterministic, non-compressible payload.

@@ -318,123 +318,163 @@ fn seg(s: &str) -> String {
         .collect()
 }
 
+/// `admin console`: a one-time login link to the web console.
+fn console(ep: &Endpoint) -> Result<()> {
+    let (code, body) = ep.request("POST", "/api/login-codes", Some("{}"))?;
+    check(code, &body)?;
+    let v: Value = serde_json::from_str(&body).context("login code: not JSON")?;
+    let path = v["path"].as_str().unwrap_or_default();
+    let host = match ep.http_addr() {
+        Some(a) => a.to_string(),
+        None => {
+            let a: std::net::SocketAddr = v["http"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .context("the server did not say where its HTTP endpoint is")?;
+            if a.ip().is_unspecified() {
+                format!("127.0.0.1:{}", a.port())
+            } else {
+                a.to_string()
+            }
+        }
+    };
+    println!("http://{host}{path}");
+    Ok(())
+}
+
+/// `admin list`: targets with their access rules, LUNs and ALUA groups, and the portals.
+fn list(ep: &Endpoint, json_out: bool) -> Result<()> {
+    let mut t = ep.get_json("/api/targets")?;
+    for t in t.as_array_mut().into_iter().flatten() {
+        let name = t["name"].as_str().unwrap_or("").to_string();
+        t["acl"] = ep.get_json(&format!("/api/targets/{}/acl", seg(&name)))?;
+    }
+    let p = ep.get_json("/api/portals")?;
+    let v = json!({ "targets": t, "portals": p });
+    show(json_out, &v, print_list);
+    Ok(())
+}
+
+fn print_list(v: &Value) {
+    for t in v["targets"].as_array().into_iter().flatten() {
+        println!("target {}", t["name"].as_str().unwrap_or(""));
+        let acl = &t["acl"];
+        let n = |k: &str| acl[k].as_array().map_or(0, Vec::len);
+        println!(
+            "  access: {} initiator name(s), {} network(s) allowed (0: any); CHAP {}, mutual CHAP {}",
+            n("initiators"),
+            n("networks"),
+            acl["chap"].as_str().unwrap_or("?"),
+            acl["mutual_chap"].as_str().unwrap_or("?")
+        );
+        for l in t["luns"].as_array().into_iter().flatten() {
+            println!(
+                "  LUN {:<3} {}  {:>12} bytes  {:>4}-byte blocks  {}{}",
+                l["lun"],
+                l["naa"].as_str().unwrap_or(""),
+                l["size_bytes"],
+                l["block_size"],
+                l["product"].as_str().unwrap_or(""),
+                if l["read_only"].as_bool() == Some(true) {
+                    "  read-only"
+                } else {
+                    ""
+                }
+            );
+        }
+        for g in t["alua"].as_array().into_iter().flatten() {
+            println!(
+                "  ALUA group {:<3} {}",
+                g["group"],
+                g["state"].as_str().unwrap_or("")
+            );
+        }
+    }
+    for p in v["portals"].as_array().into_iter().flatten() {
+        println!(
+            "portal {} (TPGT {}, ALUA group {})",
+            p["addr"].as_str().unwrap_or(""),
+            p["tpgt"],
+            p["alua_group"]
+        );
+    }
+}
+
+/// `admin sessions`: one line per session with what it negotiated.
+fn sessions(ep: &Endpoint, json_out: bool) -> Result<()> {
+    let v = ep.get_json("/api/sessions")?;
+    show(json_out, &v, print_sessions);
+    Ok(())
+}
+
+fn print_sessions(v: &Value) {
+    println!(
+        "{:<4} {:<40} {:<12} {:<21} {:<7} {:>8} {:>8} {:>6} {:>6}",
+        "id", "initiator", "ISID", "portal", "digests", "MRDSL", "burst", "window", "inflt"
+    );
+    for s in v.as_array().into_iter().flatten() {
+        let i = &s["info"];
+        let dg = match (i["header_digest"].as_bool(), i["data_digest"].as_bool()) {
+            (Some(true), Some(true)) => "hdr+dat",
+            (Some(true), _) => "hdr",
+            (_, Some(true)) => "data",
+            _ => "none",
+        };
+        println!(
+            "{:<4} {:<40} {:<12} {:<21} {:<7} {:>8} {:>8} {:>6} {:>6}",
+            // JSON values ignore widths: pad their text.
+            i["id"].to_string(),
+            i["initiator"].as_str().unwrap_or(""),
+            i["isid"].as_str().unwrap_or(""),
+            i["portal"].as_str().unwrap_or(""),
+            dg,
+            i["send_max_data_segment"].to_string(),
+            i["max_burst"].to_string(),
+            i["queue_depth"].to_string(),
+            s["in_flight"].to_string()
+        );
+    }
+}
+
+/// The body of `POST /api/targets/{iqn}/luns` for `admin add-lun`.
+fn lun_body(
+    spec: &str,
+    number: Option<u16>,
+    block_size: Option<u32>,
+    write_back: bool,
+    read_only: bool,
+) -> Result<Value> {
+    let mut l = LunConfig::from_spec(spec)?;
+    l.number = number;
+    let mut body = json!({
+        "backend": format!("{:?}", l.backend).to_lowercase(),
+        "block_size": block_size.unwrap_or(l.block_size),
+        "read_only": read_only,
+    });
+    if let Some(s) = &l.size {
+        body["size"] = json!(s);
+    }
+    if let Some(p) = &l.path {
+        body["path"] = json!(p);
+    }
+    if let Some(n) = number {
+        body["number"] = json!(n);
+    }
+    if let Some(p) = l.physical_block_size {
+        body["physical_block_size"] = json!(p);
+    }
+    if write_back {
+        body["write_cache"] = json!("back");
+    }
+    Ok(body)
+}
+
 pub fn run(a: AdminArgs) -> Result<()> {
     let ep = a.ep.endpoint()?;
     match a.cmd {
-        AdminCmd::Console => {
-            let (code, body) = ep.request("POST", "/api/login-codes", Some("{}"))?;
-            check(code, &body)?;
-            let v: Value = serde_json::from_str(&body).context("login code: not JSON")?;
-            let path = v["path"].as_str().unwrap_or_default();
-            let host = match ep.http_addr() {
-                Some(a) => a.to_string(),
-                None => {
-                    let a: std::net::SocketAddr =
-                        v["http"]
-                            .as_str()
-                            .and_then(|s| s.parse().ok())
-                            .context("the server did not say where its HTTP endpoint is")?;
-                    if a.ip().is_unspecified() {
-                        format!("127.0.0.1:{}", a.port())
-                    } else {
-                        a.to_string()
-                    }
-                }
-            };
-            println!("http://{host}{path}");
-        }
-        AdminCmd::List => {
-            let mut t = ep.get_json("/api/targets")?;
-            for t in t.as_array_mut().into_iter().flatten() {
-                let name = t["name"].as_str().unwrap_or("").to_string();
-                t["acl"] = ep.get_json(&format!("/api/targets/{}/acl", seg(&name)))?;
-            }
-            let p = ep.get_json("/api/portals")?;
-            let v = json!({ "targets": t, "portals": p });
-            show(a.json, &v, |v| {
-                for t in v["targets"].as_array().into_iter().flatten() {
-                    println!("target {}", t["name"].as_str().unwrap_or(""));
-                    let acl = &t["acl"];
-                    let n = |k: &str| acl[k].as_array().map_or(0, Vec::len);
-                    println!(
-                        "  access: {} initiator name(s), {} network(s) allowed (0: any); CHAP {}, mutual CHAP {}",
-                        n("initiators"),
-                        n("networks"),
-                        acl["chap"].as_str().unwrap_or("?"),
-                        acl["mutual_chap"].as_str().unwrap_or("?")
-                    );
-                    for l in t["luns"].as_array().into_iter().flatten() {
-                        println!(
-                            "  LUN {:<3} {}  {:>12} bytes  {:>4}-byte blocks  {}{}",
-                            l["lun"],
-                            l["naa"].as_str().unwrap_or(""),
-                            l["size_bytes"],
-                            l["block_size"],
-                            l["product"].as_str().unwrap_or(""),
-                            if l["read_only"].as_bool() == Some(true) {
-                                "  read-only"
-                            } else {
-                                ""
-                            }
-                        );
-                    }
-                    for g in t["alua"].as_array().into_iter().flatten() {
-                        println!(
-                            "  ALUA group {:<3} {}",
-                            g["group"],
-                            g["state"].as_str().unwrap_or("")
-                        );
-                    }
-                }
-                for p in v["portals"].as_array().into_iter().flatten() {
-                    println!(
-                        "portal {} (TPGT {}, ALUA group {})",
-                        p["addr"].as_str().unwrap_or(""),
-                        p["tpgt"],
-                        p["alua_group"]
-                    );
-                }
-            });
-        }
-        AdminCmd::Sessions => {
-            let v = ep.get_json("/api/sessions")?;
-            show(a.json, &v, |v| {
-                println!(
-                    "{:<4} {:<40} {:<12} {:<21} {:<7} {:>8} {:>8} {:>6} {:>6}",
-                    "id",
-                    "initiator",
-                    "ISID",
-                    "portal",
-                    "digests",
-                    "MRDSL",
-                    "burst",
-                    "window",
-                    "inflt"
-                );
-                for s in v.as_array().into_iter().flatten() {
-                    let i = &s["info"];
-                    let dg = match (i["header_digest"].as_bool(), i["data_digest"].as_bool()) {
-                        (Some(true), Some(true)) => "hdr+dat",
-                        (Some(true), _) => "hdr",
-                        (_, Some(true)) => "data",
-                        _ => "none",
-                    };
-                    println!(
-                        "{:<4} {:<40} {:<12} {:<21} {:<7} {:>8} {:>8} {:>6} {:>6}",
-                        // JSON values ignore widths: pad their text.
-                        i["id"].to_string(),
-                        i["initiator"].as_str().unwrap_or(""),
-                        i["isid"].as_str().unwrap_or(""),
-                        i["portal"].as_str().unwrap_or(""),
-                        dg,
-                        i["send_max_data_segment"].to_string(),
-                        i["max_burst"].to_string(),
-                        i["queue_depth"].to_string(),
-                        s["in_flight"].to_string()
-                    );
-                }
-            });
-        }
+        AdminCmd::Console => console(&ep)?,
+        AdminCmd::List => list(&ep, a.json)?,
+        AdminCmd::Sessions => sessions(&ep, a.json)?,
         AdminCmd::AddLun {
             target,
             spec,
@@ -443,28 +483,7 @@ pub fn run(a: AdminArgs) -> Result<()> {
             write_back,
             read_only,
         } => {
-            let mut l = LunConfig::from_spec(&spec)?;
-            l.number = number;
-            let mut body = json!({
-                "backend": format!("{:?}", l.backend).to_lowercase(),
-                "block_size": block_size.unwrap_or(l.block_size),
-                "read_only": read_only,
-            });
-            if let Some(s) = &l.size {
-                body["size"] = json!(s);
-            }
-            if let Some(p) = &l.path {
-                body["path"] = json!(p);
-            }
-            if let Some(n) = number {
-                body["number"] = json!(n);
-            }
-            if let Some(p) = l.physical_block_size {
-                body["physical_block_size"] = json!(p);
-            }
-            if write_back {
-                body["write_cache"] = json!("back");
-            }
+            let body = lun_body(&spec, number, block_size, write_back, read_only)?;
             let v = send(
                 &ep,
                 "POST",

@@ -359,8 +359,7 @@ pub fn check_plot_path(p: &std::path::Path) -> Result<()> {
 }
 
 pub fn size_arg(opt: &str, s: &str) -> Result<u64> {
-    server::size::parse_size(&s.to_lowercase().replace("ib", ""))
-        .map_err(|e| anyhow::anyhow!("{opt}: {e}"))
+    server::size::parse_size(s).map_err(|e| anyhow::anyhow!("{opt}: {e}"))
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {

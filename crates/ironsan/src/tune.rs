@@ -198,6 +198,27 @@ fn congestion_check(h: &Host) -> Option<Finding> {
 
 /// The host checks, from files under `h` and the interfaces `ifaces`.
 pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
+    let mut f = socket_checks(h);
+    let ethtool = which("ethtool");
+    if !ethtool && ifaces.iter().any(|i| i != "lo") {
+        f.push(Finding {
+            level: Level::Info,
+            what: "NIC checks (coalescing, offloads, RX ring)".into(),
+            now: "ethtool is not installed: not checked".into(),
+            advice: "apt-get install ethtool   # then run ironsan tune again".into(),
+        });
+    }
+    for i in ifaces {
+        f.extend(nic_checks(h, i));
+    }
+    f.extend(cpu_checks(h));
+    f.extend(nofile_check(h, sessions));
+    f
+}
+
+/// Socket buffer limits, TCP autotuning, congestion control and window
+/// scaling.
+fn socket_checks(h: &Host) -> Vec<Finding> {
     let mut f = Vec::new();
     let mb = |v: u64| format!("{} bytes ({:.1} MiB)", v, v as f64 / 1048576.0);
     for (key, file, why) in [
@@ -260,120 +281,122 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
             }
         });
     }
-    let ethtool = which("ethtool");
-    if !ethtool && ifaces.iter().any(|i| i != "lo") {
-        f.push(Finding {
-            level: Level::Info,
-            what: "NIC checks (coalescing, offloads, RX ring)".into(),
-            now: "ethtool is not installed: not checked".into(),
-            advice: "apt-get install ethtool   # then run ironsan tune again".into(),
+    f
+}
+
+/// One interface: MTU, NUMA node, and with ethtool its interrupt
+/// coalescing, RX ring and offloads.
+fn nic_checks(h: &Host, i: &str) -> Vec<Finding> {
+    let mut f = Vec::new();
+    let mtu = h.read(&format!("/sys/class/net/{i}/mtu"));
+    if let Some(m) = mtu.and_then(|m| m.parse::<u32>().ok()) {
+        f.push(if m >= 9000 || i == "lo" {
+            Finding { level: Level::Ok, what: format!("MTU of {i}"), now: m.to_string(), advice: String::new() }
+        } else {
+            Finding {
+                level: Level::Change,
+                what: format!("MTU of {i}"),
+                now: m.to_string(),
+                advice: format!(
+                    "ip link set dev {i} mtu 9000   # jumbo frames: fewer packets and interrupts per 4K-1M I/O; only if every switch port and initiator NIC on the path is set to 9000 too"
+                ),
+            }
         });
     }
-    for i in ifaces {
-        let mtu = h.read(&format!("/sys/class/net/{i}/mtu"));
-        if let Some(m) = mtu.and_then(|m| m.parse::<u32>().ok()) {
-            f.push(if m >= 9000 || i == "lo" {
-                Finding { level: Level::Ok, what: format!("MTU of {i}"), now: m.to_string(), advice: String::new() }
-            } else {
-                Finding {
-                    level: Level::Change,
-                    what: format!("MTU of {i}"),
-                    now: m.to_string(),
-                    advice: format!(
-                        "ip link set dev {i} mtu 9000   # jumbo frames: fewer packets and interrupts per 4K-1M I/O; only if every switch port and initiator NIC on the path is set to 9000 too"
-                    ),
-                }
+    if let Some(node) = h.read(&format!("/sys/class/net/{i}/device/numa_node")) {
+        if node != "-1" {
+            f.push(Finding {
+                level: Level::Info,
+                what: format!("NUMA node of {i}"),
+                now: node.clone(),
+                advice: format!(
+                    "numactl --cpunodebind={node} --membind={node} ironsan serve ...   # keep the event loops and their buffers next to the NIC"
+                ),
             });
         }
-        if let Some(node) = h.read(&format!("/sys/class/net/{i}/device/numa_node")) {
-            if node != "-1" {
-                f.push(Finding {
-                    level: Level::Info,
-                    what: format!("NUMA node of {i}"),
-                    now: node.clone(),
-                    advice: format!(
-                        "numactl --cpunodebind={node} --membind={node} ironsan serve ...   # keep the event loops and their buffers next to the NIC"
-                    ),
-                });
-            }
-        }
-        if let Some(out) = run_cmd("ethtool", &["-c", i]) {
-            let v = ethtool_values(&out);
-            let get = |k: &str| v.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone());
-            let adaptive = get("Adaptive RX").or_else(|| get("adaptive-rx"));
-            let usecs = get("rx-usecs");
-            let now = format!(
-                "adaptive-rx {}, rx-usecs {}",
-                adaptive.clone().unwrap_or("?".into()),
-                usecs.clone().unwrap_or("?".into())
-            );
-            let low = usecs.as_deref().is_none_or(|u| u == "0" || u == "n/a")
-                && !adaptive.as_deref().is_some_and(|a| a.starts_with("on"));
+    }
+    if let Some(out) = run_cmd("ethtool", &["-c", i]) {
+        let v = ethtool_values(&out);
+        let get = |k: &str| v.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone());
+        let adaptive = get("Adaptive RX").or_else(|| get("adaptive-rx"));
+        let usecs = get("rx-usecs");
+        let now = format!(
+            "adaptive-rx {}, rx-usecs {}",
+            adaptive.clone().unwrap_or("?".into()),
+            usecs.clone().unwrap_or("?".into())
+        );
+        let low = usecs.as_deref().is_none_or(|u| u == "0" || u == "n/a")
+            && !adaptive.as_deref().is_some_and(|a| a.starts_with("on"));
+        f.push(Finding {
+            level: if low { Level::Ok } else { Level::Change },
+            what: format!("interrupt coalescing on {i}"),
+            now,
+            advice: if low {
+                String::new()
+            } else {
+                format!(
+                    "ethtool -C {i} adaptive-rx off rx-usecs 0   # the seeds turned coalescing off: each held interrupt adds its delay to every Q1 I/O (costs CPU at high packet rates)"
+                )
+            },
+        });
+    }
+    if let Some(out) = run_cmd("ethtool", &["-g", i]) {
+        if let Some((max, now)) = rx_ring(&out) {
+            let full = now >= max.min(4096);
             f.push(Finding {
-                level: if low { Level::Ok } else { Level::Change },
-                what: format!("interrupt coalescing on {i}"),
-                now,
-                advice: if low {
+                level: if full { Level::Ok } else { Level::Change },
+                what: format!("RX ring of {i}"),
+                now: format!("{now} (maximum {max})"),
+                advice: if full {
                     String::new()
                 } else {
                     format!(
-                        "ethtool -C {i} adaptive-rx off rx-usecs 0   # the seeds turned coalescing off: each held interrupt adds its delay to every Q1 I/O (costs CPU at high packet rates)"
+                        "ethtool -G {i} rx {}   # a deeper RX ring drops fewer packets in bursts (the seeds' VMXNET3 RX ring 4096)",
+                        max.min(4096)
                     )
                 },
             });
         }
-        if let Some(out) = run_cmd("ethtool", &["-g", i]) {
-            if let Some((max, now)) = rx_ring(&out) {
-                let full = now >= max.min(4096);
+    }
+    if let Some(out) = run_cmd("ethtool", &["-k", i]) {
+        let v = ethtool_values(&out);
+        for (k, why) in [
+            (
+                "tcp-segmentation-offload",
+                "the NIC cuts large Data-In into packets",
+            ),
+            (
+                "generic-receive-offload",
+                "large Data-Out arrive as fewer, larger buffers",
+            ),
+        ] {
+            if let Some((_, val)) = v.iter().find(|(a, _)| a == k) {
+                let on = val.starts_with("on");
+                let fixed = val.contains("[fixed]");
                 f.push(Finding {
-                    level: if full { Level::Ok } else { Level::Change },
-                    what: format!("RX ring of {i}"),
-                    now: format!("{now} (maximum {max})"),
-                    advice: if full {
+                    level: if on || fixed {
+                        Level::Ok
+                    } else {
+                        Level::Change
+                    },
+                    what: format!("{k} on {i}"),
+                    now: val.clone(),
+                    advice: if on || fixed {
                         String::new()
                     } else {
-                        format!(
-                            "ethtool -G {i} rx {}   # a deeper RX ring drops fewer packets in bursts (the seeds' VMXNET3 RX ring 4096)",
-                            max.min(4096)
-                        )
+                        let short = if k.starts_with("tcp") { "tso" } else { "gro" };
+                        format!("ethtool -K {i} {short} on   # {why}")
                     },
                 });
             }
         }
-        if let Some(out) = run_cmd("ethtool", &["-k", i]) {
-            let v = ethtool_values(&out);
-            for (k, why) in [
-                (
-                    "tcp-segmentation-offload",
-                    "the NIC cuts large Data-In into packets",
-                ),
-                (
-                    "generic-receive-offload",
-                    "large Data-Out arrive as fewer, larger buffers",
-                ),
-            ] {
-                if let Some((_, val)) = v.iter().find(|(a, _)| a == k) {
-                    let on = val.starts_with("on");
-                    let fixed = val.contains("[fixed]");
-                    f.push(Finding {
-                        level: if on || fixed {
-                            Level::Ok
-                        } else {
-                            Level::Change
-                        },
-                        what: format!("{k} on {i}"),
-                        now: val.clone(),
-                        advice: if on || fixed {
-                            String::new()
-                        } else {
-                            let short = if k.starts_with("tcp") { "tso" } else { "gro" };
-                            format!("ethtool -K {i} {short} on   # {why}")
-                        },
-                    });
-                }
-            }
-        }
     }
+    f
+}
+
+/// CPU frequency governors and NUMA nodes.
+fn cpu_checks(h: &Host) -> Vec<Finding> {
+    let mut f = Vec::new();
     let cpus: Vec<String> = h
         .list("/sys/devices/system/cpu")
         .into_iter()
@@ -429,25 +452,32 @@ pub fn check_host(h: &Host, ifaces: &[String], sessions: u64) -> Vec<Finding> {
             String::new()
         },
     });
-    if let Some(limits) = h.read("/proc/self/limits") {
-        if let Some(n) = nofile_soft(&limits) {
-            // A socket per session, a file per LUN, and headroom.
-            let want = (sessions + 64).next_power_of_two().max(4096);
-            f.push(if n >= want {
-                Finding { level: Level::Ok, what: "open files (RLIMIT_NOFILE)".into(), now: n.to_string(), advice: String::new() }
-            } else {
-                Finding {
-                    level: Level::Change,
-                    what: "open files (RLIMIT_NOFILE)".into(),
-                    now: n.to_string(),
-                    advice: format!(
-                        "ulimit -n {want}  (systemd: LimitNOFILE={want})   # one descriptor per session plus LUN files; {sessions} sessions would hit the limit"
-                    ),
-                }
-            });
-        }
-    }
     f
+}
+
+/// The open-file limit against `sessions` sessions and the LUN files.
+fn nofile_check(h: &Host, sessions: u64) -> Option<Finding> {
+    let n = nofile_soft(&h.read("/proc/self/limits")?)?;
+    // A socket per session, a file per LUN, and headroom.
+    let want = (sessions + 64).next_power_of_two().max(4096);
+    let what = "open files (RLIMIT_NOFILE)".to_string();
+    Some(if n >= want {
+        Finding {
+            level: Level::Ok,
+            what,
+            now: n.to_string(),
+            advice: String::new(),
+        }
+    } else {
+        Finding {
+            level: Level::Change,
+            what,
+            now: n.to_string(),
+            advice: format!(
+                "ulimit -n {want}  (systemd: LimitNOFILE={want})   # one descriptor per session plus LUN files; {sessions} sessions would hit the limit"
+            ),
+        }
+    })
 }
 
 /// A cache-line round trip above this many nanoseconds means the two CPUs

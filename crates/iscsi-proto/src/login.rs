@@ -15,7 +15,7 @@
 //! negotiated by their RFC 7143 §13 rule (boolean OR/AND, numerical
 //! minimum/maximum, list selection, declarative); unknown keys are answered
 //! `NotUnderstood`, malformed values `Reject`. The security stage runs
-//! the authentication exchange of [`auth`] (AuthMethod=None or CHAP with
+//! the authentication exchange of `auth` (AuthMethod=None or CHAP with
 //! MD5, optionally mutual) as the target's [`ChapPolicy`] demands; the
 //! operational stage cannot be entered before it has succeeded. The CHAP
 //! challenge comes from the caller ([`TargetLogin::seed_challenge`]), which

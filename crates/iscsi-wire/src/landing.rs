@@ -3,7 +3,7 @@
 //! immediate data into its command's buffer, an initiator's Data-In into
 //! its read's buffer.
 //!
-//! The receiver frames the header as usual ([`header_len`], which bounds
+//! The receiver frames the header as usual ([`header_len`](crate::frame::header_len), which bounds
 //! the data segment length first), asks its session for a buffer, and
 //! [`Landing::start`]s: the header is cut off the receive buffer and what
 //! part of the segment is already there is copied onto the buffer's end.

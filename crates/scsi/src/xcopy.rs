@@ -312,6 +312,46 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         return Err(length_error());
     }
     let p = &cmd.data()[..len];
+    let h = header(p)?;
+    let (cscds, at) = cscds(cmd, p, h.tdl)?;
+    let segments = segments(p, at, h.sdl)?;
+    let jobs = plan(lu, cmd, p, &cscds, &segments)?;
+    let (list_id, usage) = (h.list_id, h.usage);
+    let tracked = (usage != 0b11).then_some(list_id);
+    lu.copies.start(cmd.nexus, tracked, usage == 0b00)?;
+    let mut moved = 0u64;
+    let mut done = 0u16;
+    let mut result = Ok(());
+    for j in &jobs {
+        if let Err(e) = copy(j, &mut moved) {
+            result = Err(Sense {
+                field: Some(param_field(segments[usize::from(done)].at)),
+                ..e
+            });
+            break;
+        }
+        done += 1;
+    }
+    lu.copies
+        .finish(cmd.nexus, tracked, result.is_ok(), done, moved);
+    result
+}
+
+/// The parameter list header (SPC-4 §6.4.3.1) of a LID1 EXTENDED COPY.
+struct Header {
+    list_id: u8,
+    /// LIST ID USAGE.
+    usage: u8,
+    /// CSCD DESCRIPTOR LIST LENGTH.
+    tdl: usize,
+    /// SEGMENT DESCRIPTOR LIST LENGTH.
+    sdl: usize,
+}
+
+/// Checks the header of the parameter list `p` (the whole list, at least
+/// HEADER_LEN bytes) against the list's length and what we support.
+fn header(p: &[u8]) -> Result<Header, Sense> {
+    let len = p.len();
     let list_id = p[0];
     let usage = (p[1] >> 3) & 0x03;
     let tdl = usize::from(be16(p, 2));
@@ -337,8 +377,17 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         // MAXIMUM INLINE DATA LENGTH is zero.
         return Err(Sense::invalid_param(12, None));
     }
+    Ok(Header {
+        list_id,
+        usage,
+        tdl,
+        sdl,
+    })
+}
 
-    // CSCD descriptors.
+/// Parses the CSCD descriptors; returns them and where the segment
+/// descriptors start.
+fn cscds(cmd: &Command<'_>, p: &[u8], tdl: usize) -> Result<(Vec<Cscd>, usize), Sense> {
     let mut cscds = Vec::new();
     let mut at = HEADER_LEN;
     let end = HEADER_LEN + tdl;
@@ -355,8 +404,11 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         cscds.push(cscd(cmd, p, at)?);
         at += CSCD_LEN;
     }
+    Ok((cscds, at))
+}
 
-    // Segment descriptors.
+/// Parses the block-to-block segment descriptors from `at`.
+fn segments(p: &[u8], mut at: usize, sdl: usize) -> Result<Vec<Segment>, Sense> {
     let mut segments = Vec::new();
     let end = at + sdl;
     while at < end {
@@ -386,8 +438,17 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         });
         at += SEG_B2B_LEN;
     }
+    Ok(segments)
+}
 
-    // Every segment against its units, before anything moves.
+/// Checks every segment against its units, before anything moves.
+fn plan<'l>(
+    lu: &'l LogicalUnit,
+    cmd: &Command<'_>,
+    p: &[u8],
+    cscds: &'l [Cscd],
+    segments: &[Segment],
+) -> Result<Vec<Job<'l>>, Sense> {
     let unit = |idx: u16, field: usize| -> Result<(&LogicalUnit, &Cscd), Sense> {
         let c = cscds
             .get(usize::from(idx))
@@ -403,7 +464,7 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
         Ok((u, c))
     };
     let mut jobs = Vec::with_capacity(segments.len());
-    for s in &segments {
+    for s in segments {
         let (src, _) = unit(s.src, s.at + 4)?;
         let (dst, _) = unit(s.dst, s.at + 6)?;
         let (sbs, dbs) = (u64::from(src.cfg.block_size), u64::from(dst.cfg.block_size));
@@ -434,25 +495,7 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<(), Sense> {
             bytes,
         });
     }
-
-    let tracked = (usage != 0b11).then_some(list_id);
-    lu.copies.start(cmd.nexus, tracked, usage == 0b00)?;
-    let mut moved = 0u64;
-    let mut done = 0u16;
-    let mut result = Ok(());
-    for j in &jobs {
-        if let Err(e) = copy(j, &mut moved) {
-            result = Err(Sense {
-                field: Some(param_field(segments[usize::from(done)].at)),
-                ..e
-            });
-            break;
-        }
-        done += 1;
-    }
-    lu.copies
-        .finish(cmd.nexus, tracked, result.is_ok(), done, moved);
-    result
+    Ok(jobs)
 }
 
 /// True when the CSCD descriptor at `at` names `lu` by its NAA designator.

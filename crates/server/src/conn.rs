@@ -111,22 +111,7 @@ pub(crate) async fn serve(
     // Its place among the connections still logging in (a newer one may
     // take it: crate::admission).
     let ticket = shared.access.admission.admit(peer.ip());
-    let _ = stream.set_nodelay(true);
-    if shared.socket_buffer > 0 {
-        let s = socket2::SockRef::from(&stream);
-        let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
-        let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
-    }
-    set_congestion(&stream, &shared.tcp_congestion);
-    let mut c = Conn {
-        stream,
-        peer,
-        rbuf: BytesMut::with_capacity(READ_CHUNK),
-        retired: Vec::new(),
-        landing: None,
-        header_first: 0,
-        out: Outbox::new(),
-    };
+    let mut c = Conn::new(stream, peer, &shared);
     // A connection still logging in has nothing in flight: shutdown ends it.
     let login = tokio::select! {
         r = tokio::time::timeout(shared.login_timeout, c.login(&shared, portal, &ticket)) => r,
@@ -137,28 +122,22 @@ pub(crate) async fn serve(
         }
     };
     drop(ticket);
-    let (session, key, isid) = match login {
-        Ok(Ok(Some(s))) => s,
-        Ok(Ok(None)) => {
-            shared
-                .stats
-                .portal_event(portal.tpgt, |e| e.login_failures += 1);
-            return;
-        }
+    let login = match login {
+        Ok(Ok(l)) => l,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "connection ended during login");
-            shared
-                .stats
-                .portal_event(portal.tpgt, |e| e.login_failures += 1);
-            return;
+            None
         }
         Err(_) => {
             tracing::warn!(%peer, "login timed out");
-            shared
-                .stats
-                .portal_event(portal.tpgt, |e| e.login_failures += 1);
-            return;
+            None
         }
+    };
+    let Some((session, key, isid)) = login else {
+        shared
+            .stats
+            .portal_event(portal.tpgt, |e| e.login_failures += 1);
+        return;
     };
     shared.stats.portal_event(portal.tpgt, |e| e.logins += 1);
     let (nexus, kill, aborts, tsih, conn_id, done) = match &key {
@@ -193,21 +172,7 @@ pub(crate) async fn serve(
         data_digest = session.params().data_digest,
         "login"
     );
-    let origin = Origin {
-        nexus,
-        relative_port: portal.tpgt,
-        tpg: portal.alua_group,
-        port_name: format!("{},t,0x{:04x}", session.params().target_name, portal.tpgt),
-        initiator_port_name: format!(
-            "{},i,0x{}",
-            session.params().initiator_name,
-            isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        ),
-        lus: target.map(|t| crate::lunmap::LunSet(t.luns())),
-        // Under a data digest too: the outbox computes the digest over the
-        // file's pages with its writers held off (iscsi_wire::outbox).
-        zero_copy_reads: true,
-    };
+    let origin = origin_of(&session, nexus, portal, isid, target);
     let stats = key.as_ref().map(|_| {
         shared
             .stats
@@ -251,36 +216,9 @@ pub(crate) async fn serve(
         why,
         Closed::Logout | Closed::ShuttingDown | Closed::EndedByTarget
     );
-    let mut keep_nexus = false;
-    if let Some(k) = &key {
-        let mut reg = shared.registry.lock();
-        match reg.get_mut(k) {
-            Some(e) if e.nexus == nexus && e.conn != conn_id => keep_nexus = true,
-            Some(e) if e.nexus == nexus => match retain.filter(|_| failed) {
-                Some(wait) => {
-                    e.conn = 0;
-                    e.failed_by = conn_id;
-                    keep_nexus = true;
-                    tracing::info!(
-                        initiator = %k.initiator,
-                        tsih,
-                        seconds = wait.as_secs(),
-                        "session failed: kept for reinstatement"
-                    );
-                    tokio::spawn(discard_failed_session(
-                        shared.clone(),
-                        k.clone(),
-                        conn_id,
-                        wait,
-                    ));
-                }
-                None => {
-                    reg.remove(k);
-                }
-            },
-            _ => {}
-        }
-    }
+    let keep_nexus = key
+        .as_ref()
+        .is_some_and(|k| keep_session(&shared, k, nexus, conn_id, retain.filter(|_| failed), tsih));
     if let (Some(t), false) = (target, keep_nexus) {
         t.luns().iter().for_each(|(_, lu)| lu.nexus_lost(nexus));
     }
@@ -288,6 +226,76 @@ pub(crate) async fn serve(
         d.notify_one();
     }
     crate::memory::connection_ended();
+}
+
+/// After a connection of session `k` closed: whether the session's I_T
+/// nexus goes on. It does when a connection reinstatement (RFC 7143
+/// §6.3.4) handed the session to a new connection, or when the connection
+/// failed and the session is kept for `retain` (its negotiated time),
+/// waiting for a reinstatement, then discarded (RFC 7143 §6.3.6).
+fn keep_session(
+    shared: &Arc<Shared>,
+    k: &SessionKey,
+    nexus: scsi::NexusId,
+    conn_id: u64,
+    retain: Option<std::time::Duration>,
+    tsih: u16,
+) -> bool {
+    let mut keep_nexus = false;
+    let mut reg = shared.registry.lock();
+    match reg.get_mut(k) {
+        Some(e) if e.nexus == nexus && e.conn != conn_id => keep_nexus = true,
+        Some(e) if e.nexus == nexus => match retain {
+            Some(wait) => {
+                e.conn = 0;
+                e.failed_by = conn_id;
+                keep_nexus = true;
+                tracing::info!(
+                    initiator = %k.initiator,
+                    tsih,
+                    seconds = wait.as_secs(),
+                    "session failed: kept for reinstatement"
+                );
+                tokio::spawn(discard_failed_session(
+                    shared.clone(),
+                    k.clone(),
+                    conn_id,
+                    wait,
+                ));
+            }
+            None => {
+                reg.remove(k);
+            }
+        },
+        _ => {}
+    }
+    keep_nexus
+}
+
+/// The session's nexus and port as the LUs see it, from the login.
+fn origin_of(
+    session: &Session,
+    nexus: scsi::NexusId,
+    portal: Portal,
+    isid: [u8; 6],
+    target: Option<&TargetRt>,
+) -> Origin {
+    let p = session.params();
+    Origin {
+        nexus,
+        relative_port: portal.tpgt,
+        tpg: portal.alua_group,
+        port_name: format!("{},t,0x{:04x}", p.target_name, portal.tpgt),
+        initiator_port_name: format!(
+            "{},i,0x{}",
+            p.initiator_name,
+            isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+        lus: target.map(|t| crate::lunmap::LunSet(t.luns())),
+        // Under a data digest too: the outbox computes the digest over the
+        // file's pages with its writers held off (iscsi_wire::outbox).
+        zero_copy_reads: true,
+    }
 }
 
 /// Discards session `k`, failed when connection `conn` ended, after
@@ -373,6 +381,26 @@ struct Conn {
 }
 
 impl Conn {
+    /// An accepted connection, with the socket options the server is
+    /// configured for (no Nagle, buffer sizes, congestion control).
+    fn new(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Conn {
+        let _ = stream.set_nodelay(true);
+        if shared.socket_buffer > 0 {
+            let s = socket2::SockRef::from(&stream);
+            let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
+            let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
+        }
+        set_congestion(&stream, &shared.tcp_congestion);
+        Conn {
+            stream,
+            peer,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            retired: Vec::new(),
+            landing: None,
+            header_first: 0,
+            out: Outbox::new(),
+        }
+    }
     /// Reads more bytes; `Ok(false)` at end of stream.
     async fn fill(&mut self) -> io::Result<bool> {
         use tokio::io::AsyncReadExt;
@@ -611,37 +639,12 @@ impl Conn {
         let mut authenticated = false;
         let mut initiator = String::new();
         loop {
-            let len = match frame_len(&self.rbuf, &lim) {
-                Ok(Some(n)) => n,
-                Ok(None) => {
-                    let more = if authenticated {
-                        self.fill().await?
-                    } else {
-                        match tokio::time::timeout_at(security_deadline, self.fill()).await {
-                            Ok(r) => r?,
-                            Err(_) => {
-                                shared
-                                    .access
-                                    .counters
-                                    .security_timeouts
-                                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                tracing::warn!(peer = %self.peer, "security stage timed out");
-                                return Ok(None);
-                            }
-                        }
-                    };
-                    if !more {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "malformed PDU during login");
-                    return Ok(None);
-                }
+            let Some(raw) = self
+                .login_pdu(shared, &lim, authenticated, security_deadline)
+                .await?
+            else {
+                return Ok(None);
             };
-            let raw = split_pdu(&mut self.rbuf, len, &lim)
-                .map_err(|e| io::Error::other(e.to_string()))?;
             if opcode(&raw.bhs) != Opcode::LoginReq {
                 // Only Login Requests are valid before full feature phase.
                 let r = login_reject(&raw.bhs, LoginStatus::INVALID_DURING_LOGIN);
@@ -651,21 +654,8 @@ impl Conn {
             }
             let req = LoginReq::decode(&raw.bhs);
             if first && req.tsih != 0 {
-                // A connection for an existing session: with the CID of its
-                // connection, a connection reinstatement (RFC 7143 §6.3.4,
-                // checked again when the login completes); any other CID
-                // would be a second connection, and MaxConnections is 1.
-                let cid = shared
-                    .registry
-                    .lock()
-                    .iter()
-                    .find(|(k, e)| e.tsih == req.tsih && k.isid == req.isid)
-                    .map(|(_, e)| e.cid);
-                let code = match cid {
-                    Some(c) if c == req.cid => None,
-                    Some(_) => Some(LoginStatus::TOO_MANY_CONNECTIONS),
-                    None => Some(LoginStatus::SESSION_DOES_NOT_EXIST),
-                };
+                // A connection for an existing session (reconnect_refusal).
+                let code = reconnect_refusal(shared, &req);
                 if let Some(code) = code {
                     self.push_login(&login_reject(&raw.bhs, code), &[]);
                     self.flush().await?;
@@ -686,47 +676,8 @@ impl Conn {
             // A CHAP response waits its turn with others from the same
             // address or for the same initiator name (crate::admission).
             let chap_response = text_value(&raw.data, b"CHAP_R=").is_some();
-            if chap_response {
-                let now = Instant::now();
-                let counters = &shared.access.counters;
-                match shared
-                    .access
-                    .throttle
-                    .reserve(self.peer.ip(), &initiator, now)
-                {
-                    Some(w) if w.is_zero() => {}
-                    Some(w) => {
-                        counters
-                            .chap_delayed
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        // At most one a second per address or name: the
-                        // throttle itself bounds this log.
-                        tracing::warn!(
-                            peer = %self.peer,
-                            %initiator,
-                            wait_ms = w.as_millis() as u64,
-                            "CHAP response held back after failed ones"
-                        );
-                        tokio::time::sleep(w).await;
-                    }
-                    None => {
-                        // Refused unchecked, but not at once: an answer
-                        // must cost a guesser as much as a check would.
-                        counters
-                            .chap_refused
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tokio::time::sleep(crate::admission::MAX_WAIT).await;
-                        crate::access::refused(
-                            shared,
-                            self.peer,
-                            LoginStatus::AUTH_FAILED,
-                            "too many failed CHAP responses: refused without checking",
-                        );
-                        self.push_login(&login_reject(&raw.bhs, LoginStatus::AUTH_FAILED), &[]);
-                        self.flush().await?;
-                        return Ok(None);
-                    }
-                }
+            if chap_response && !self.chap_turn(shared, &initiator, &raw.bhs).await? {
+                return Ok(None);
             }
             let step = login.handle(&req, &raw.data, &dir);
             if chap_response {
@@ -758,88 +709,200 @@ impl Conn {
                     return Ok(None);
                 }
                 LoginStep::Complete {
-                    mut resp,
+                    resp,
                     text,
                     outcome,
                 } => {
-                    let mut key = None;
-                    if let Some(code) =
-                        crate::access::session_refused(shared, &outcome, portal.tpgt)
-                    {
-                        crate::access::refused(shared, self.peer, code, "session limit reached");
-                        self.push_login(&login_reject(&raw.bhs, code), &[]);
-                        self.flush().await?;
-                        return Ok(None);
-                    }
-                    let normal =
-                        (outcome.params.session_type == SessionType::Normal).then(|| SessionKey {
-                            initiator: outcome.params.initiator_name.clone(),
-                            isid: outcome.isid,
-                            target: outcome.params.target_name.clone(),
-                            tpgt: portal.tpgt,
-                        });
-                    if let (Some(k), true) = (&normal, outcome.tsih != 0) {
-                        let k = k.clone();
-                        match self.reinstate_connection(shared, &k, &outcome).await {
-                            Some(tsih) => {
-                                resp.tsih = tsih;
-                                key = Some(k);
-                            }
-                            None => {
-                                let code = LoginStatus::SESSION_DOES_NOT_EXIST;
-                                crate::access::refused(shared, self.peer, code, "no such session");
-                                self.push_login(&login_reject(&raw.bhs, code), &[]);
-                                self.flush().await?;
-                                return Ok(None);
-                            }
-                        }
-                    } else if let Some(k) = normal {
-                        let tsih = shared.fresh_tsih();
-                        let nexus = shared.fresh_nexus();
-                        let old = shared.registry.lock().insert(
-                            k.clone(),
-                            SessionEntry {
-                                tsih,
-                                nexus,
-                                peer: self.peer.ip(),
-                                kill: Arc::new(tokio::sync::Notify::new()),
-                                aborts: Arc::default(),
-                                cid: outcome.cid,
-                                conn: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                                failed_by: 0,
-                                done: Arc::new(tokio::sync::Notify::new()),
-                            },
-                        );
-                        if let Some(old) = old {
-                            // Session reinstatement: the old session ends.
-                            tracing::info!(initiator = %k.initiator, "session reinstated");
-                            old.kill.notify_one();
-                            if let Some(t) = shared.target(&k.target) {
-                                // The same I_T nexus continues in the new
-                                // session: it learns of the loss (29/07).
-                                t.luns().iter().for_each(|(_, lu)| {
-                                    lu.nexus_lost(old.nexus);
-                                    lu.nexus_reinstated(nexus);
-                                });
-                            }
-                        }
-                        resp.tsih = tsih;
-                        key = Some(k);
-                    } else {
-                        resp.tsih = shared.fresh_tsih();
-                    }
-                    self.push_login(&resp, &text);
-                    self.flush().await?;
-                    let s = Session::new(
-                        outcome.params,
-                        shared.limits.clone(),
-                        outcome.exp_cmd_sn,
-                        outcome.next_stat_sn,
-                    );
-                    return Ok(Some((s, key, outcome.isid)));
+                    return self
+                        .complete_login(shared, portal, &raw.bhs, resp, &text, outcome)
+                        .await;
                 }
             }
         }
+    }
+
+    /// The next Login Request PDU (or any PDU, which the caller refuses),
+    /// read within the security stage's deadline until `authenticated`;
+    /// `None` when the connection is to end (closed, timed out, malformed).
+    async fn login_pdu(
+        &mut self,
+        shared: &Shared,
+        lim: &FrameLimits,
+        authenticated: bool,
+        security_deadline: tokio::time::Instant,
+    ) -> io::Result<Option<RawPdu>> {
+        loop {
+            let len = match frame_len(&self.rbuf, lim) {
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    let more = if authenticated {
+                        self.fill().await?
+                    } else {
+                        match tokio::time::timeout_at(security_deadline, self.fill()).await {
+                            Ok(r) => r?,
+                            Err(_) => {
+                                shared
+                                    .access
+                                    .counters
+                                    .security_timeouts
+                                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                tracing::warn!(peer = %self.peer, "security stage timed out");
+                                return Ok(None);
+                            }
+                        }
+                    };
+                    if !more {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "malformed PDU during login");
+                    return Ok(None);
+                }
+            };
+            let raw =
+                split_pdu(&mut self.rbuf, len, lim).map_err(|e| io::Error::other(e.to_string()))?;
+            return Ok(Some(raw));
+        }
+    }
+
+    /// Waits a CHAP response's turn after failed ones from the same
+    /// address or initiator name (crate::admission); false when it is
+    /// refused unchecked (the refusal has been sent).
+    async fn chap_turn(
+        &mut self,
+        shared: &Shared,
+        initiator: &str,
+        bhs: &[u8; 48],
+    ) -> io::Result<bool> {
+        let now = Instant::now();
+        let counters = &shared.access.counters;
+        match shared
+            .access
+            .throttle
+            .reserve(self.peer.ip(), initiator, now)
+        {
+            Some(w) if w.is_zero() => {}
+            Some(w) => {
+                counters
+                    .chap_delayed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // At most one a second per address or name: the
+                // throttle itself bounds this log.
+                tracing::warn!(
+                    peer = %self.peer,
+                    %initiator,
+                    wait_ms = w.as_millis() as u64,
+                    "CHAP response held back after failed ones"
+                );
+                tokio::time::sleep(w).await;
+            }
+            None => {
+                // Refused unchecked, but not at once: an answer
+                // must cost a guesser as much as a check would.
+                counters
+                    .chap_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(crate::admission::MAX_WAIT).await;
+                crate::access::refused(
+                    shared,
+                    self.peer,
+                    LoginStatus::AUTH_FAILED,
+                    "too many failed CHAP responses: refused without checking",
+                );
+                self.push_login(&login_reject(bhs, LoginStatus::AUTH_FAILED), &[]);
+                self.flush().await?;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A login that completed: admission by the session limits, session
+    /// or connection reinstatement (RFC 7143 §6.3.5, §6.3.4) or a new
+    /// session in the registry, then the final Login Response.
+    async fn complete_login(
+        &mut self,
+        shared: &Shared,
+        portal: Portal,
+        bhs: &[u8; 48],
+        mut resp: LoginResp,
+        text: &[u8],
+        outcome: Box<iscsi_proto::LoginOutcome>,
+    ) -> io::Result<Option<(Session, Option<SessionKey>, [u8; 6])>> {
+        let mut key = None;
+        if let Some(code) = crate::access::session_refused(shared, &outcome, portal.tpgt) {
+            crate::access::refused(shared, self.peer, code, "session limit reached");
+            self.push_login(&login_reject(bhs, code), &[]);
+            self.flush().await?;
+            return Ok(None);
+        }
+        let normal = (outcome.params.session_type == SessionType::Normal).then(|| SessionKey {
+            initiator: outcome.params.initiator_name.clone(),
+            isid: outcome.isid,
+            target: outcome.params.target_name.clone(),
+            tpgt: portal.tpgt,
+        });
+        if let (Some(k), true) = (&normal, outcome.tsih != 0) {
+            let k = k.clone();
+            match self.reinstate_connection(shared, &k, &outcome).await {
+                Some(tsih) => {
+                    resp.tsih = tsih;
+                    key = Some(k);
+                }
+                None => {
+                    let code = LoginStatus::SESSION_DOES_NOT_EXIST;
+                    crate::access::refused(shared, self.peer, code, "no such session");
+                    self.push_login(&login_reject(bhs, code), &[]);
+                    self.flush().await?;
+                    return Ok(None);
+                }
+            }
+        } else if let Some(k) = normal {
+            let tsih = shared.fresh_tsih();
+            let nexus = shared.fresh_nexus();
+            let old = shared.registry.lock().insert(
+                k.clone(),
+                SessionEntry {
+                    tsih,
+                    nexus,
+                    peer: self.peer.ip(),
+                    kill: Arc::new(tokio::sync::Notify::new()),
+                    aborts: Arc::default(),
+                    cid: outcome.cid,
+                    conn: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    failed_by: 0,
+                    done: Arc::new(tokio::sync::Notify::new()),
+                },
+            );
+            if let Some(old) = old {
+                // Session reinstatement: the old session ends.
+                tracing::info!(initiator = %k.initiator, "session reinstated");
+                old.kill.notify_one();
+                if let Some(t) = shared.target(&k.target) {
+                    // The same I_T nexus continues in the new
+                    // session: it learns of the loss (29/07).
+                    t.luns().iter().for_each(|(_, lu)| {
+                        lu.nexus_lost(old.nexus);
+                        lu.nexus_reinstated(nexus);
+                    });
+                }
+            }
+            resp.tsih = tsih;
+            key = Some(k);
+        } else {
+            resp.tsih = shared.fresh_tsih();
+        }
+        self.push_login(&resp, text);
+        self.flush().await?;
+        let s = Session::new(
+            outcome.params,
+            shared.limits.clone(),
+            outcome.exp_cmd_sn,
+            outcome.next_stat_sn,
+        );
+        Ok(Some((s, key, outcome.isid)))
     }
 
     /// Connection reinstatement (RFC 7143 §6.3.4, §7.1.4.3 at
@@ -939,46 +1002,15 @@ impl Conn {
                     peer: self.peer.ip(),
                     origin: &origin,
                 };
-                loop {
-                    let raw = match self.next_pdu(&lim, &mut session, &host) {
-                        Ok(Some(r)) => r,
-                        Ok(None) => break,
-                        Err(why) => return why,
-                    };
-                    session.handle_pdu(raw, &host, &mut self.out, &mut events);
-                    for ev in events.drain(..) {
-                        match ev {
-                            Event::Execute(req) => {
-                                let env = Env {
-                                    lus: lus.as_deref(),
-                                    origin: &origin,
-                                    tx: &tx,
-                                    start: last_rx,
-                                };
-                                execute(req, &env, &mut session, &mut self.out, stats);
-                            }
-                            Event::Logout => closing = Some(Closed::Logout),
-                            Event::Close(why) => closing = Some(Closed::Session(why)),
-                            Event::TaskManagement {
-                                function,
-                                lun,
-                                referenced,
-                                response,
-                                waiting,
-                            } => tracing::warn!(
-                                peer = %self.peer,
-                                function = ?function,
-                                lun = ?lun.index(),
-                                task = format_args!("{:#x}", referenced.0),
-                                response = %response,
-                                waiting,
-                                "task management request"
-                            ),
-                        }
-                    }
-                    if closing.is_some() {
-                        break;
-                    }
+                let env = Env {
+                    lus: lus.as_deref(),
+                    origin: &origin,
+                    tx: &tx,
+                    start: last_rx,
+                };
+                match self.handle_buffered(&lim, &mut session, &host, &env, &mut events, stats) {
+                    Ok(c) => closing = c,
+                    Err(why) => return why,
                 }
             }
             if let Err(e) = self.try_flush() {
@@ -1034,23 +1066,7 @@ impl Conn {
                     // Answers are going out: the next command may follow.
                     worked = true;
                 }
-                _ = kill.notified() => {
-                    // Its tasks end without responses (RFC 7143 §7.1.4.3 at
-                    // ErrorRecoveryLevel 0), but backend I/O already under
-                    // way finishes first: every such I/O holds a sender, so
-                    // the channel closes when the last one is done. Nothing
-                    // of this connection reaches a LU after the session has
-                    // moved on to a reinstated connection.
-                    drop(tx);
-                    let drained = tokio::time::timeout(REINSTATE_WAIT, async {
-                        while rx.recv().await.is_some() {}
-                    })
-                    .await;
-                    if drained.is_err() {
-                        tracing::warn!(peer = %self.peer, "backend I/O still running after the connection was ended");
-                    }
-                    return Closed::EndedByTarget;
-                }
+                _ = kill.notified() => return self.ended_by_target(tx, rx).await,
                 _ = aborts.notify.notified() => {
                     let luns = std::mem::take(&mut *aborts.luns.lock());
                     for lun in luns {
@@ -1080,6 +1096,71 @@ impl Conn {
                 },
             }
         }
+    }
+
+    /// Frames and handles every PDU buffered, running the commands they
+    /// carry, until the buffer is empty or the session asks to close (the
+    /// reason: `Ok(Some(_))`); `Err` when the connection must end at once.
+    fn handle_buffered(
+        &mut self,
+        lim: &FrameLimits,
+        session: &mut Session,
+        host: &ConnHost<'_>,
+        env: &Env<'_>,
+        events: &mut Vec<Event>,
+        stats: &mut ConnStats,
+    ) -> Result<Option<Closed>, Closed> {
+        let mut closing = None;
+        while closing.is_none() {
+            let Some(raw) = self.next_pdu(lim, session, host)? else {
+                break;
+            };
+            session.handle_pdu(raw, host, &mut self.out, events);
+            for ev in events.drain(..) {
+                match ev {
+                    Event::Execute(req) => execute(req, env, session, &mut self.out, stats),
+                    Event::Logout => closing = Some(Closed::Logout),
+                    Event::Close(why) => closing = Some(Closed::Session(why)),
+                    Event::TaskManagement {
+                        function,
+                        lun,
+                        referenced,
+                        response,
+                        waiting,
+                    } => tracing::warn!(
+                        peer = %self.peer,
+                        function = ?function,
+                        lun = ?lun.index(),
+                        task = format_args!("{:#x}", referenced.0),
+                        response = %response,
+                        waiting,
+                        "task management request"
+                    ),
+                }
+            }
+        }
+        Ok(closing)
+    }
+
+    /// The target ended this connection (a reinstatement replaced it): its
+    /// tasks end without responses (RFC 7143 §7.1.4.3 at ErrorRecoveryLevel
+    /// 0), but backend I/O already under way finishes first. Every such I/O
+    /// holds a sender, so the channel closes when the last one is done:
+    /// nothing of this connection reaches a LU after the session has moved
+    /// on to a reinstated connection.
+    async fn ended_by_target(
+        &self,
+        tx: mpsc::UnboundedSender<Done>,
+        mut rx: mpsc::UnboundedReceiver<Done>,
+    ) -> Closed {
+        drop(tx);
+        let drained =
+            tokio::time::timeout(REINSTATE_WAIT, async { while rx.recv().await.is_some() {} })
+                .await;
+        if drained.is_err() {
+            tracing::warn!(peer = %self.peer, "backend I/O still running after the connection was ended");
+        }
+        Closed::EndedByTarget
     }
 }
 
@@ -1340,6 +1421,24 @@ fn execute(
             data_out: Some(req.data_out),
         });
     });
+}
+
+/// Why a login for an existing session (TSIH not 0) is refused at its
+/// first PDU: with the CID of the session's connection it is a connection
+/// reinstatement (RFC 7143 §6.3.4, checked again when the login completes);
+/// any other CID would be a second connection, and MaxConnections is 1.
+fn reconnect_refusal(shared: &Shared, req: &LoginReq) -> Option<LoginStatus> {
+    let cid = shared
+        .registry
+        .lock()
+        .iter()
+        .find(|(k, e)| e.tsih == req.tsih && k.isid == req.isid)
+        .map(|(_, e)| e.cid);
+    match cid {
+        Some(c) if c == req.cid => None,
+        Some(_) => Some(LoginStatus::TOO_MANY_CONNECTIONS),
+        None => Some(LoginStatus::SESSION_DOES_NOT_EXIST),
+    }
 }
 
 fn login_reject(bhs: &[u8; 48], code: LoginStatus) -> LoginResp {

@@ -402,7 +402,7 @@ impl FastPaths for MemBackend {
 
 impl MemBackend {
     /// Reads `len` bytes at `offset` into one pooled buffer (the reads
-    /// below [`SHARE_MIN`], which are cheaper copied than shared).
+    /// below `SHARE_MIN`, which are cheaper copied than shared).
     pub fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
         check_range(self.len(), offset, len)?;
         // Filled by copying straight from the chunks into a pooled buffer:
