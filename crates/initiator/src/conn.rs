@@ -4,17 +4,17 @@ use std::io::{self, IoSlice, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use iscsi_proto::initiator::{
     DataDir, InitiatorEvent, InitiatorLogin, InitiatorSession, LoginConfig, LoginError,
     LoginProgress, TaskResult,
 };
 use iscsi_proto::params::SessionParams;
 use iscsi_proto::session::LAND_MIN;
-use iscsi_wire::frame::{data_segment_len, frame_len, header_len, split_pdu, FrameLimits, BHS_LEN};
-use iscsi_wire::landing::Landing;
+use iscsi_wire::frame::FrameLimits;
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
 use iscsi_wire::pdu::{Itt, LoginResp, Lun, Opcode, TmfFunction, TmfResponse};
+use iscsi_wire::receive::{ReadInto, Receiver};
 use iscsi_wire::{text, Outbox, RawPdu, Sn};
 use thiserror::Error;
 
@@ -39,14 +39,9 @@ pub enum Error {
 pub struct Connection {
     stream: TcpStream,
     session: InitiatorSession,
-    rbuf: BytesMut,
-    /// The Data-In segment being received straight into its read's buffer.
-    landing: Option<Landing>,
-    /// After a landed segment, the next read into the receive buffer takes
-    /// only this many bytes (the next basic header and its digest; 0: no
-    /// limit), so that the next large segment is not read into the receive
-    /// buffer only to be copied out of it.
-    header_first: usize,
+    /// Received bytes, cut into PDUs; large Data-In segments are received
+    /// straight into their read's buffer.
+    rx: Receiver,
     out: Outbox,
     lim: FrameLimits,
     events: Vec<InitiatorEvent>,
@@ -99,9 +94,7 @@ impl Connection {
         let mut c = Connection {
             stream,
             session: InitiatorSession::new(SessionParams::rfc_defaults(), Sn(0), Sn(0), Sn(0)),
-            rbuf: BytesMut::with_capacity(512 * 1024),
-            landing: None,
-            header_first: 0,
+            rx: Receiver::new(),
             out: Outbox::new(),
             lim: FrameLimits::LOGIN,
             events: Vec::new(),
@@ -213,71 +206,23 @@ impl Connection {
         }
     }
 
-    /// One `recv(2)`: into the buffer of the segment being landed, exactly
-    /// up to its end, else into the receive buffer. `Ok(0)` at end of
-    /// stream.
+    /// One `recv(2)` with `flags`, into the place the receiver chooses
+    /// ([`iscsi_wire::receive`]). `Ok(0)` at end of stream.
     fn recv(&mut self, flags: libc::c_int) -> io::Result<usize> {
-        use netio::recv_into;
         use std::os::fd::AsFd;
-        let sock = self.stream.as_fd();
-        if let Some(l) = self.landing.as_mut().filter(|l| l.left() > 0) {
-            return recv_into(sock, &mut l.room(), flags);
-        }
-        if self.rbuf.capacity() - self.rbuf.len() < 128 * 1024 {
-            self.rbuf.reserve(512 * 1024);
-        }
-        // Just what completes a landed segment's PDU and the next header.
-        let want = match &self.landing {
-            Some(l) => l.trailer() + self.header_first,
-            None => self.header_first,
-        }
-        .saturating_sub(self.rbuf.len());
-        if want > 0 {
-            recv_into(sock, &mut (&mut self.rbuf).limit(want), flags)
-        } else {
-            recv_into(sock, &mut self.rbuf, flags)
-        }
+        self.rx.read(&mut Recv(self.stream.as_fd(), flags))
     }
 
     /// The next complete PDU received, `Ok(None)` when more bytes are
     /// needed. A large Data-In segment the session has a place for is
-    /// received straight into it: the header is cut off the receive buffer,
-    /// whatever part of the segment is already there is copied over, and
-    /// [`Self::recv`] reads the rest from the socket; padding and digest
-    /// come through the receive buffer.
+    /// received straight into it.
     fn take_pdu(&mut self) -> Result<Option<RawPdu>, Error> {
-        if let Some(l) = &self.landing {
-            if l.left() > 0 || self.rbuf.len() < l.trailer() {
-                return Ok(None);
-            }
-            let l = self.landing.take().expect("checked above");
-            self.header_first = BHS_LEN + if self.lim.header_digest { 4 } else { 0 };
-            return Ok(Some(l.finish(&mut self.rbuf, &self.lim)));
-        }
-        let hlen = match header_len(&self.rbuf, &self.lim) {
-            Ok(Some(n)) => n,
-            Ok(None) => return Ok(None),
-            Err(e) => return Err(Error::Protocol(e.to_string())),
-        };
-        // Bounded by our MaxRecvDataSegmentLength (header_len checked it).
-        let dlen = data_segment_len(&self.rbuf) as usize;
-        if dlen >= LAND_MIN as usize {
-            let bhs: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("a BHS");
-            if let Some(buf) = self.session.landing(&bhs) {
-                self.landing = Some(Landing::start(&mut self.rbuf, hlen, buf, &self.lim));
-                return self.take_pdu();
-            }
-        }
-        match frame_len(&self.rbuf, &self.lim) {
-            Ok(Some(n)) => {
-                self.header_first = 0;
-                split_pdu(&mut self.rbuf, n, &self.lim)
-                    .map(Some)
-                    .map_err(|e| Error::Protocol(e.to_string()))
-            }
-            Ok(None) => Ok(None),
-            Err(e) => Err(Error::Protocol(e.to_string())),
-        }
+        let session = &mut self.session;
+        self.rx
+            .next_pdu(&self.lim, LAND_MIN as usize, |bhs| {
+                session.landing(bhs).map(Into::into)
+            })
+            .map_err(|e| Error::Protocol(e.to_string()))
     }
 
     fn next_pdu(&mut self) -> Result<RawPdu, Error> {
@@ -484,4 +429,13 @@ pub fn discover_with(
         }
     }
     Ok(out)
+}
+
+/// `recv(2)` on the connection's socket with the given flags.
+struct Recv<'a>(std::os::fd::BorrowedFd<'a>, libc::c_int);
+
+impl ReadInto for Recv<'_> {
+    fn read_into<B: bytes::BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
+        netio::recv_into(self.0, buf, self.1)
+    }
 }

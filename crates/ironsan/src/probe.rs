@@ -18,15 +18,15 @@
 //!   The side-by-side script probes before and after every sample to know
 //!   which placement a sample ran in.
 
+use iscsi_wire::receive::{ReadInto, Receiver};
 use scsi_sense::{status, Asc, Sense, SenseKey};
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use bytes::BytesMut;
 use clap::{Args, Subcommand};
-use iscsi_wire::frame::{frame_len, split_pdu, FrameLimits};
+use iscsi_wire::frame::FrameLimits;
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
 use iscsi_wire::pdu::*;
 use iscsi_wire::{text, Outbox, Sn};
@@ -105,9 +105,18 @@ fn null_target(a: NullArgs) -> Result<()> {
     Ok(())
 }
 
+/// A blocking `recv(2)` on the null responder's socket.
+struct Blocking<'a>(std::os::fd::BorrowedFd<'a>);
+
+impl ReadInto for Blocking<'_> {
+    fn read_into<B: bytes::BufMut>(&mut self, buf: &mut B) -> std::io::Result<usize> {
+        netio::recv_into(self.0, buf, 0)
+    }
+}
+
 struct NullConn {
     s: TcpStream,
-    buf: BytesMut,
+    rx: Receiver,
     out: Outbox,
     size: u64,
     stat_sn: Sn,
@@ -122,7 +131,7 @@ impl NullConn {
         let _ = s.set_nodelay(true);
         NullConn {
             s,
-            buf: BytesMut::with_capacity(1 << 20),
+            rx: Receiver::new(),
             out: Outbox::new(),
             size,
             stat_sn: Sn(1),
@@ -150,21 +159,22 @@ impl NullConn {
             data_digest: false,
             max_data_segment: 1 << 20,
         };
-        let mut tmp = vec![0u8; 1 << 20];
         loop {
-            while let Ok(Some(n)) = frame_len(&self.buf, &lim) {
-                let raw = split_pdu(&mut self.buf, n, &lim).map_err(std::io::Error::other)?;
+            while let Some(raw) = self
+                .rx
+                .next_pdu(&lim, usize::MAX, |_| None)
+                .map_err(std::io::Error::other)?
+            {
                 if !self.handle(raw) {
                     self.flush()?;
                     return Ok(());
                 }
             }
             self.flush()?;
-            let n = self.s.read(&mut tmp)?;
-            if n == 0 {
+            use std::os::fd::AsFd;
+            if self.rx.read(&mut Blocking(self.s.as_fd()))? == 0 {
                 return Ok(());
             }
-            self.buf.extend_from_slice(&tmp[..n]);
         }
     }
 

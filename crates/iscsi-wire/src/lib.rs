@@ -15,6 +15,7 @@ pub mod frame;
 pub mod landing;
 pub mod outbox;
 pub mod pdu;
+pub mod receive;
 pub mod serial;
 pub mod text;
 

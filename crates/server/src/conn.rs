@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bufpool::WriteData;
-use bytes::{BufMut, BytesMut};
+use bytes::BufMut;
 use iscsi_proto::login::{LoginStatus, LoginStep, TargetLogin};
 use iscsi_proto::session::{CloseReason, Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
-use iscsi_wire::frame::{data_segment_len, frame_len, header_len, split_pdu, FrameLimits, BHS_LEN};
-use iscsi_wire::landing::Landing;
+use iscsi_wire::frame::FrameLimits;
 use iscsi_wire::outbox::{Digests, MAX_IOVECS};
 use iscsi_wire::pdu::{opcode, Itt, LoginReq, LoginResp, Lun, Opcode, SnTriple};
+use iscsi_wire::receive::{ReadInto, Receiver};
 use iscsi_wire::{FrameError, Outbox, RawPdu};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -41,12 +41,6 @@ const REINSTATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const IDLE_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Stop reading while this much output is queued.
 const OUTPUT_HIGH_WATER: usize = 8 << 20;
-/// Read buffer headroom.
-const READ_CHUNK: usize = 256 * 1024;
-/// Size of a receive buffer taken when the current one is still pinned.
-const RECV_BUF: usize = 1 << 20;
-/// Pinned receive buffers kept for reuse once they are free again.
-const RETIRED_MAX: usize = 8;
 
 struct ConnHost<'a> {
     shared: &'a Shared,
@@ -366,17 +360,8 @@ fn session_info(
 struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
-    rbuf: BytesMut,
-    /// Receive buffers left while still pinned by large Data-Out segments
-    /// a write holds (see [`Conn::make_room`]), reused once free.
-    retired: Vec<BytesMut>,
-    /// The data segment being received straight into its command's buffer.
-    landing: Option<Landing>,
-    /// After a landed segment, the next read into the receive buffer takes
-    /// only this many bytes (the next basic header and its digest; 0: no
-    /// limit), so that the next large segment is not read into the receive
-    /// buffer only to be copied out again.
-    header_first: usize,
+    /// Received bytes, cut into PDUs, large data segments landed in place.
+    rx: Receiver,
     out: Outbox,
 }
 
@@ -394,53 +379,21 @@ impl Conn {
         Conn {
             stream,
             peer,
-            rbuf: BytesMut::with_capacity(READ_CHUNK),
-            retired: Vec::new(),
-            landing: None,
-            header_first: 0,
+            rx: Receiver::new(),
             out: Outbox::new(),
         }
     }
     /// Reads more bytes; `Ok(false)` at end of stream.
     async fn fill(&mut self) -> io::Result<bool> {
-        use tokio::io::AsyncReadExt;
-        self.make_room();
-        Ok(self.stream.read_buf(&mut self.rbuf).await? > 0)
-    }
-
-    /// Makes at least a quarter of [`READ_CHUNK`] free in the receive
-    /// buffer without allocating in steady state. PDUs are split off the
-    /// buffer as shared slices, and a write keeps its large Data-Out
-    /// segments as such slices until it has run, so the buffer may still be
-    /// pinned when it fills up. Then reading goes on in another buffer —
-    /// one retired earlier and free again, else a new one — and the pinned
-    /// one is retired, to be reused when its last slice is gone. Only the
-    /// bytes of a PDU not yet complete are copied over.
-    fn make_room(&mut self) {
-        if self.rbuf.capacity() - self.rbuf.len() >= READ_CHUNK / 4 {
-            return;
+        loop {
+            self.stream.readable().await?;
+            let mut from = Via(ReadVia::Tokio, &self.stream);
+            match self.rx.read(&mut from) {
+                Ok(n) => return Ok(n > 0),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
         }
-        if self.rbuf.try_reclaim(READ_CHUNK) {
-            return;
-        }
-        let mut next = match self
-            .retired
-            .iter_mut()
-            .position(|b| b.try_reclaim(READ_CHUNK))
-        {
-            Some(i) => self.retired.swap_remove(i),
-            None => BytesMut::with_capacity(RECV_BUF),
-        };
-        if next.capacity() - self.rbuf.len() < READ_CHUNK {
-            next.reserve(self.rbuf.len() + READ_CHUNK);
-        }
-        next.extend_from_slice(&self.rbuf);
-        let mut old = std::mem::replace(&mut self.rbuf, next);
-        old.clear();
-        if self.retired.len() == RETIRED_MAX {
-            self.retired.remove(0);
-        }
-        self.retired.push(old);
     }
 
     /// Reads once the socket was found readable (`ready`: how waiting for
@@ -448,7 +401,7 @@ impl Conn {
     /// connection is over.
     fn read_ready(&mut self, ready: io::Result<()>, via: ReadVia) -> Result<bool, Closed> {
         ready.map_err(|_| Closed::ReadFailed)?;
-        match self.read_into_place(via) {
+        match self.rx.read(&mut Via(via, &self.stream)) {
             Ok(0) => Err(Closed::ByInitiator),
             Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
@@ -456,87 +409,30 @@ impl Conn {
         }
     }
 
-    /// Reads what the socket has, through `via`: into the buffer of the
-    /// data segment being landed, exactly up to its end, else into the
-    /// receive buffer. `Ok(0)` at end of stream.
-    fn read_into_place(&mut self, via: ReadVia) -> io::Result<usize> {
-        match &mut self.landing {
-            Some(l) if l.left() > 0 => via.read(&self.stream, &mut l.room()),
-            l => {
-                // Just what completes the segment's PDU and the next
-                // header, while large segments are landing.
-                let want = match l {
-                    Some(l) => l.trailer() + self.header_first,
-                    None => self.header_first,
-                }
-                .saturating_sub(self.rbuf.len());
-                self.make_room();
-                if want > 0 {
-                    via.read(&self.stream, &mut (&mut self.rbuf).limit(want))
-                } else {
-                    via.read(&self.stream, &mut self.rbuf)
-                }
-            }
-        }
-    }
-
     /// The next complete PDU received, `Ok(None)` when more bytes are
     /// needed, `Err(why)` when the stream cannot be framed. A large data
     /// segment the session has a place for is received straight into it
-    /// (docs/ARCHITECTURE.md: data-out lands where it is going): the header is cut off
-    /// the receive buffer, whatever part of the segment is already there
-    /// is copied over, and [`Self::read_into_place`] reads the rest of it from the
-    /// socket; padding and digest come through the receive buffer.
+    /// (docs/ARCHITECTURE.md: data-out lands where it is going;
+    /// [`iscsi_wire::receive`]).
     fn next_pdu(
         &mut self,
         lim: &FrameLimits,
         session: &mut Session,
         host: &dyn Host,
     ) -> Result<Option<RawPdu>, Closed> {
-        if let Some(l) = &self.landing {
-            if l.left() > 0 || self.rbuf.len() < l.trailer() {
-                return Ok(None);
-            }
-            let l = self.landing.take().expect("checked above");
-            self.header_first = BHS_LEN + if lim.header_digest { 4 } else { 0 };
-            return Ok(Some(l.finish(&mut self.rbuf, lim)));
-        }
-        let hlen = match header_len(&self.rbuf, lim) {
-            Ok(Some(n)) => n,
-            Ok(None) => return Ok(None),
-            Err(e @ FrameError::HeaderDigest) => {
-                tracing::warn!(error = %e, "bad PDU");
-                return Err(Closed::HeaderDigestError);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "unframeable PDU");
-                return Err(Closed::Unframeable);
-            }
-        };
-        let dlen = data_segment_len(&self.rbuf) as usize;
-        if dlen >= iscsi_proto::session::LAND_MIN as usize {
-            let bhs: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("a BHS");
-            if let Some(buf) = session.landing(&bhs, host) {
-                self.landing = Some(Landing::start(&mut self.rbuf, hlen, buf, lim));
-                return self.next_pdu(lim, session, host);
-            }
-        }
-        let len = match frame_len(&self.rbuf, lim) {
-            Ok(Some(n)) => n,
-            Ok(None) => return Ok(None),
-            Err(e) => {
-                tracing::warn!(error = %e, "unframeable PDU");
-                return Err(Closed::Unframeable);
-            }
-        };
-        self.header_first = 0;
-        match split_pdu(&mut self.rbuf, len, lim) {
-            Ok(r) => Ok(Some(r)),
-            Err(e) => {
-                tracing::warn!(error = %e, "bad PDU");
-                Err(Closed::HeaderDigestError)
-            }
-        }
+        let land_min = iscsi_proto::session::LAND_MIN as usize;
+        self.rx
+            .next_pdu(lim, land_min, |bhs| session.landing(bhs, host))
+            .map_err(|e| match e {
+                FrameError::HeaderDigest => {
+                    tracing::warn!(error = %e, "bad PDU");
+                    Closed::HeaderDigestError
+                }
+                e => {
+                    tracing::warn!(error = %e, "unframeable PDU");
+                    Closed::Unframeable
+                }
+            })
     }
 
     /// Writes everything queued.
@@ -732,38 +628,33 @@ impl Conn {
         security_deadline: tokio::time::Instant,
     ) -> io::Result<Option<RawPdu>> {
         loop {
-            let len = match frame_len(&self.rbuf, lim) {
-                Ok(Some(n)) => n,
-                Ok(None) => {
-                    let more = if authenticated {
-                        self.fill().await?
-                    } else {
-                        match tokio::time::timeout_at(security_deadline, self.fill()).await {
-                            Ok(r) => r?,
-                            Err(_) => {
-                                shared
-                                    .access
-                                    .counters
-                                    .security_timeouts
-                                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                tracing::warn!(peer = %self.peer, "security stage timed out");
-                                return Ok(None);
-                            }
-                        }
-                    };
-                    if !more {
-                        return Ok(None);
-                    }
-                    continue;
-                }
+            match self.rx.next_pdu(lim, usize::MAX, |_| None) {
+                Ok(Some(raw)) => return Ok(Some(raw)),
+                Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "malformed PDU during login");
                     return Ok(None);
                 }
+            }
+            let more = if authenticated {
+                self.fill().await?
+            } else {
+                match tokio::time::timeout_at(security_deadline, self.fill()).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        shared
+                            .access
+                            .counters
+                            .security_timeouts
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(peer = %self.peer, "security stage timed out");
+                        return Ok(None);
+                    }
+                }
             };
-            let raw =
-                split_pdu(&mut self.rbuf, len, lim).map_err(|e| io::Error::other(e.to_string()))?;
-            return Ok(Some(raw));
+            if !more {
+                return Ok(None);
+            }
         }
     }
 
@@ -1209,7 +1100,7 @@ async fn poll_socket(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
     }
 }
 
-/// How [`Conn::read_into_place`] reads the socket.
+/// How the connection reads its socket ([`Via`]).
 #[derive(Clone, Copy)]
 enum ReadVia {
     /// Tokio's `try_read`, which clears the socket's readiness on
@@ -1220,6 +1111,15 @@ enum ReadVia {
     /// believes, and leaves tokio's readiness as it is (a stale "readable"
     /// costs one `WouldBlock` later).
     Recv,
+}
+
+/// The connection's socket read through a [`ReadVia`], for the receiver.
+struct Via<'a>(ReadVia, &'a TcpStream);
+
+impl ReadInto for Via<'_> {
+    fn read_into<B: BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
+        self.0.read(self.1, buf)
+    }
 }
 
 impl ReadVia {
