@@ -34,8 +34,6 @@
 //! the maximum transfer length, RBD one object on an object boundary,
 //! others one block.
 
-use storage::WriteCache;
-
 use crate::cdb::{be16, be32, be64};
 use crate::lu::{backend_error, Command, LogicalUnit, Outcome};
 use crate::rw::{first_difference, miscompare};
@@ -74,7 +72,7 @@ fn write(lu: &LogicalUnit, data: &[u8], lba: u64, fua: bool) -> Result<(), Sense
 
 /// With FUA under a write-back cache: make what the read will see stable.
 fn flush_for_fua(lu: &LogicalUnit, fua: bool) -> Result<(), Sense> {
-    if fua && lu.vol.backend().caps().write_cache == WriteCache::WriteBack {
+    if fua && lu.vol.write_back() {
         lu.vol
             .flush()
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;

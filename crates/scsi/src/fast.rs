@@ -100,7 +100,7 @@
 use std::io;
 
 use bytes::Bytes;
-use storage::{AsyncIo, WriteCache, WriteData};
+use storage::{AsyncIo, WriteData};
 
 use crate::cdb::op;
 use crate::cdb::Lba;
@@ -192,7 +192,7 @@ impl LogicalUnit {
                 fua,
             }
         } else {
-            if fua && self.vol.backend().caps().write_cache == WriteCache::WriteBack {
+            if fua && self.vol.write_back() {
                 return None;
             }
             FastKind::Read

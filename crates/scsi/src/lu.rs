@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bufpool::WriteData;
 use bytes::Bytes;
 use parking_lot::Mutex;
-use storage::{BlockBackend, WriteCache};
+use storage::BlockBackend;
 
 use crate::alua::{self, PortGroups};
 use crate::cdb::{self, be32, be64, op};
@@ -25,7 +25,7 @@ use crate::sense::{Asc, Sense, SenseKey};
 use crate::ua::UnitAttentions;
 use crate::xcopy::{self, CopyState};
 use crate::{atomic, defects, mode, pr, provisioning, rw, status, vpd};
-use volume::{GeometryError, Volume};
+use volume::{GeometryError, Identity, IdentityError, Volume};
 pub use volume::{MAX_LBPPB_EXPONENT, MAX_TRANSFER_BYTES};
 
 /// Identifies one I_T nexus (an iSCSI session) for unit attentions, SPC-2
@@ -74,9 +74,7 @@ pub struct LuConfig {
     pub pr_state: Option<PathBuf>,
 }
 
-/// Longest unit serial number accepted (it also goes into the T10 vendor
-/// ID designator, whose length is one byte).
-pub const MAX_SERIAL_LEN: usize = 200;
+pub use volume::MAX_SERIAL_LEN;
 
 /// Why a logical unit could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -85,16 +83,10 @@ pub enum LuError {
     /// ([`volume::GeometryError`]).
     #[error(transparent)]
     Geometry(#[from] GeometryError),
-    /// An identification string is too long, empty or not printable ASCII.
-    #[error("{field} {value:?}: {reason}")]
-    Identifier {
-        /// Which configuration field.
-        field: &'static str,
-        /// The rejected value.
-        value: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
+    /// An identification string is too long, empty or not printable ASCII
+    /// ([`volume::IdentityError`]).
+    #[error(transparent)]
+    Identifier(#[from] IdentityError),
     /// The persistent reservation state file cannot be read.
     #[error("persistent reservation state {0}")]
     PrState(String),
@@ -290,8 +282,6 @@ pub struct LogicalUnit {
     pub(crate) ua: UnitAttentions,
     /// Serialises MODE SELECT so validation and application are atomic.
     pub(crate) mode_lock: Mutex<()>,
-    /// The WCE value in force when the unit was created (the default page).
-    pub(crate) default_wce: bool,
     pub(crate) std_inquiry: [u8; vpd::STD_INQUIRY_LEN],
     /// SPC-2 and persistent reservations.
     pub(crate) pr: pr::Reservations,
@@ -310,51 +300,29 @@ impl std::fmt::Debug for LogicalUnit {
             .field("backend", &self.vol.backend().caps().kind)
             .field("block_size", &self.cfg.block_size)
             .field("num_blocks", &self.num_blocks())
-            .field("serial", &self.cfg.serial)
+            .field("serial", &self.vol.identity().serial)
             .finish_non_exhaustive()
     }
-}
-
-fn check_ascii(field: &'static str, value: &str, max: usize) -> Result<(), LuError> {
-    let err = |reason| {
-        Err(LuError::Identifier {
-            field,
-            value: value.to_owned(),
-            reason,
-        })
-    };
-    if value.len() > max {
-        return err("too long");
-    }
-    if !value.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
-        return err("not printable ASCII");
-    }
-    Ok(())
 }
 
 impl LogicalUnit {
     /// A logical unit serving `backend` with `cfg`.
     pub fn new(backend: Arc<dyn BlockBackend>, cfg: LuConfig) -> Result<Self, LuError> {
-        let default_wce = backend.caps().write_cache == WriteCache::WriteBack;
         let vol = Volume::new(
             backend,
             cfg.block_size,
             cfg.physical_block_size,
             cfg.read_only,
             cfg.thin,
-        )?;
-        check_ascii("vendor", &cfg.vendor, 8)?;
-        check_ascii("product", &cfg.product, 16)?;
-        check_ascii("revision", &cfg.revision, 4)?;
-        check_ascii("serial", &cfg.serial, MAX_SERIAL_LEN)?;
-        if cfg.serial.trim().is_empty() {
-            return Err(LuError::Identifier {
-                field: "serial",
-                value: cfg.serial.clone(),
-                reason: "empty",
-            });
-        }
-        let std_inquiry = vpd::standard_inquiry(&cfg);
+        )?
+        .with_identity(Identity {
+            naa: cfg.naa,
+            serial: cfg.serial.clone(),
+            vendor: cfg.vendor.clone(),
+            product: cfg.product.clone(),
+            revision: cfg.revision.clone(),
+        })?;
+        let std_inquiry = vpd::standard_inquiry(vol.identity());
         let pr = pr::Reservations::open(cfg.pr_state.clone()).map_err(LuError::PrState)?;
         Ok(LogicalUnit {
             pr,
@@ -362,7 +330,6 @@ impl LogicalUnit {
             vol,
             ua: UnitAttentions::new(false),
             mode_lock: Mutex::new(()),
-            default_wce,
             std_inquiry,
             alua: Arc::new(PortGroups::default()),
             copies: CopyState::default(),

@@ -26,9 +26,7 @@
 //! ends inside a structure is a PARAMETER LIST LENGTH ERROR. A change made
 //! establishes MODE PARAMETERS CHANGED for every other nexus.
 
-use std::io;
-
-use storage::WriteCache;
+use volume::WriteCacheError;
 
 use crate::cdb::{be16, be32, be64, op};
 use crate::lu::{backend_error, data_in, Command, LogicalUnit, Outcome};
@@ -59,11 +57,11 @@ enum Pc {
 
 impl LogicalUnit {
     fn wce_changeable(&self) -> bool {
-        !self.vol.backend().caps().volatile
+        self.vol.write_cache_switchable()
     }
 
     fn wce_current(&self) -> bool {
-        self.vol.backend().caps().write_cache == WriteCache::WriteBack
+        self.vol.write_back()
     }
 
     /// The bytes of page `code` as `pc` asks; `None` for pages not served.
@@ -76,7 +74,7 @@ impl LogicalUnit {
                 let wce = match pc {
                     Pc::Current => self.wce_current(),
                     Pc::Changeable => self.wce_changeable(),
-                    Pc::Default => self.default_wce,
+                    Pc::Default => self.vol.default_write_back(),
                 };
                 if wce {
                     p[2] |= WCE;
@@ -271,21 +269,14 @@ fn select_inner(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Outco
     let mut changed = false;
     if let Some((wce, at)) = new_wce {
         if wce != lu.wce_current() {
-            let policy = if wce {
-                WriteCache::WriteBack
-            } else {
-                WriteCache::WriteThrough
-            };
-            match lu.vol.backend().set_write_cache(policy) {
+            match lu.vol.set_write_back(wce) {
                 Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                // Not switchable, or the backend did not switch: do not
+                // pretend.
+                Err(WriteCacheError::Unsupported | WriteCacheError::NotSwitched) => {
                     return Err(Sense::invalid_param(at as u16, Some(2)));
                 }
-                Err(e) => return Err(backend_error(&e, Asc::WRITE_ERROR)),
-            }
-            if lu.wce_current() != wce {
-                // The backend accepted but did not switch: do not pretend.
-                return Err(Sense::invalid_param(at as u16, Some(2)));
+                Err(WriteCacheError::Io(e)) => return Err(backend_error(&e, Asc::WRITE_ERROR)),
             }
             changed = true;
         }

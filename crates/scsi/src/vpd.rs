@@ -21,7 +21,7 @@
 //! IN CDB. Every answer is cut to the allocation length.
 
 use crate::cdb::be16;
-use crate::lu::{data_in, Command, LogicalUnit, LuConfig, Outcome, OPTIMAL_TRANSFER_BYTES};
+use crate::lu::{data_in, Command, LogicalUnit, Outcome, OPTIMAL_TRANSFER_BYTES};
 use crate::sense::Sense;
 
 /// Length of the standard INQUIRY data we return.
@@ -50,7 +50,7 @@ fn space_padded(dst: &mut [u8], s: &str) {
 /// flat addresses of SAM-5's hierarchical model (§4.7); implicit ALUA (TPGS
 /// 01b, raised to 11b by [`crate::LogicalUnit::with_port_groups`] when SET
 /// TARGET PORT GROUPS is allowed) and a copy manager (3PC, SPC-4 §6.4).
-pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
+pub fn standard_inquiry(id: &volume::Identity) -> [u8; STD_INQUIRY_LEN] {
     let mut d = [0u8; STD_INQUIRY_LEN];
     d[0] = 0x00; // PERIPHERAL QUALIFIER 000b, DEVICE TYPE 00h
     d[1] = 0x00; // RMB = 0
@@ -59,9 +59,9 @@ pub fn standard_inquiry(cfg: &LuConfig) -> [u8; STD_INQUIRY_LEN] {
     d[4] = (STD_INQUIRY_LEN - 5) as u8; // ADDITIONAL LENGTH
     d[5] = 0x10 | 0x08; // TPGS = 01b, 3PC
     d[7] = 0x02; // CMDQUE
-    space_padded(&mut d[8..16], &cfg.vendor);
-    space_padded(&mut d[16..32], &cfg.product);
-    space_padded(&mut d[32..36], &cfg.revision);
+    space_padded(&mut d[8..16], &id.vendor);
+    space_padded(&mut d[16..32], &id.product);
+    space_padded(&mut d[32..36], &id.revision);
     for (i, v) in VERSION_DESCRIPTORS.iter().enumerate() {
         d[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
     }
@@ -91,7 +91,7 @@ pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
     }
     let data = match page {
         0x00 => page_with(0x00, &SUPPORTED_PAGES[..6 + usize::from(lu.vol.thin())]),
-        0x80 => page_with(0x80, lu.cfg.serial.as_bytes()),
+        0x80 => page_with(0x80, lu.vol.identity().serial.as_bytes()),
         0x83 => device_identification(lu, cmd),
         0xB0 => block_limits(lu),
         0x86 => extended_inquiry(lu),
@@ -139,13 +139,14 @@ fn scsi_name_value(name: &str) -> Option<Vec<u8>> {
 /// the target port group and the port's SCSI name string, each with PIV = 1
 /// and protocol identifier iSCSI.
 fn device_identification(lu: &LogicalUnit, cmd: &Command<'_>) -> Vec<u8> {
+    let id = lu.vol.identity();
     let mut d = vec![0x00, 0x83, 0x00, 0x00];
     // NAA, binary, association LU.
-    designator(&mut d, 0x01, 0x03, &lu.cfg.naa);
+    designator(&mut d, 0x01, 0x03, &id.naa);
     // T10 vendor ID, ASCII, association LU.
     let mut t10 = vec![0u8; 8];
-    space_padded(&mut t10, &lu.cfg.vendor);
-    t10.extend_from_slice(lu.cfg.serial.as_bytes());
+    space_padded(&mut t10, &id.vendor);
+    t10.extend_from_slice(id.serial.as_bytes());
     designator(&mut d, 0x02, 0x01, &t10);
     let port = (PROTOCOL_ISCSI << 4) | 0x01; // iSCSI, binary
                                              // Relative target port (type 4), PIV, association target port.
@@ -217,7 +218,7 @@ fn logical_block_provisioning() -> Vec<u8> {
 fn extended_inquiry(lu: &LogicalUnit) -> Vec<u8> {
     let mut b = [0u8; 0x3C];
     b[1] = 0x01; // SIMPSUP
-    if lu.vol.backend().caps().write_cache == storage::WriteCache::WriteBack {
+    if lu.vol.write_back() {
         b[2] = 0x01; // V_SUP
     }
     page_with(0x86, &b)

@@ -502,7 +502,10 @@ fn plan<'l>(
 fn names(lu: &LogicalUnit, p: &[u8], at: usize) -> bool {
     let d = &p[at..at + CSCD_LEN];
     let len = usize::from(d[7]);
-    d[4] & 0x0F == 1 && d[5] & 0x3F == 0x03 && len <= 20 && d[8..8 + len] == lu.cfg.naa[..]
+    d[4] & 0x0F == 1
+        && d[5] & 0x3F == 0x03
+        && len <= 20
+        && d[8..8 + len] == lu.vol.identity().naa[..]
 }
 
 /// Moves one segment's bytes, backwards when a forward copy would

@@ -90,19 +90,22 @@ impl std::fmt::Debug for Control {
 }
 
 fn lun_view(n: u16, lu: &LogicalUnit) -> LunView {
-    let c = lu.config();
+    let id = lu.volume().identity();
     LunView {
         lun: n,
         naa: format!(
             "naa.{}",
-            c.naa.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            id.naa
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         ),
-        serial: c.serial.clone(),
-        product: c.product.clone(),
+        serial: id.serial.clone(),
+        product: id.product.clone(),
         block_size: lu.block_size(),
         blocks: lu.num_blocks(),
         size_bytes: lu.num_blocks() * u64::from(lu.block_size()),
-        read_only: c.read_only,
+        read_only: lu.volume().read_only(),
         thin: lu.thin(),
     }
 }

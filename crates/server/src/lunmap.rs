@@ -85,7 +85,7 @@ impl TargetLus for LunSet {
     fn by_naa(&self, naa: &[u8]) -> Option<Arc<LogicalUnit>> {
         self.0
             .iter()
-            .find(|(_, lu)| lu.config().naa[..] == *naa)
+            .find(|(_, lu)| lu.volume().identity().naa[..] == *naa)
             .map(|(_, lu)| lu.clone())
     }
 

@@ -25,10 +25,18 @@
 //! * **I/O** in blocks under those locks: [`Volume::read`],
 //!   [`Volume::write`] (the command's [`WriteData`] as received),
 //!   [`Volume::flush`].
+//! * **The write cache**: whether it is write-back now and by default, and
+//!   switching it ([`Volume::set_write_back`]: SCSI's Caching mode page
+//!   WCE bit, NVMe's Volatile Write Cache feature).
+//! * **Identity** ([`Identity`]): the 16-byte NAA designator, serial
+//!   number, vendor, product and revision, checked once, that every
+//!   personality shows (SCSI VPD pages 80h/83h and INQUIRY; NVMe's NGUID and
+//!   serial), so that tools can tell two paths lead to one volume.
 //!
 //! What stays with each personality: decoding its commands, its error
-//! encoding, its identification pages, unit attentions or asynchronous
-//! events, reservations' wire format, access states' reporting. See
+//! encoding, its identification pages' layout, unit attentions or
+//! asynchronous events, reservations' wire format, access states'
+//! reporting. See
 //! docs/ARCHITECTURE.md, "The volume layer".
 
 pub mod locks;
@@ -105,6 +113,88 @@ pub enum IoError {
     Write(io::Error),
 }
 
+/// Why the write cache could not be switched.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteCacheError {
+    /// The backend cannot switch its write cache.
+    #[error("the write cache cannot be switched on this medium")]
+    Unsupported,
+    /// The backend accepted the change but did not make it.
+    #[error("the medium kept its write cache as it was")]
+    NotSwitched,
+    /// The switch failed on the medium (a flush before write-through).
+    #[error(transparent)]
+    Io(io::Error),
+}
+
+/// What identifies a volume to every personality (module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The NAA IEEE Registered Extended (type 6) designator, 16 bytes,
+    /// stable across restarts (SCSI VPD page 83h; an NVMe NGUID).
+    pub naa: [u8; 16],
+    /// Serial number: printable ASCII, 1 to [`MAX_SERIAL_LEN`] characters.
+    pub serial: String,
+    /// T10 vendor identification, at most 8 printable ASCII characters.
+    pub vendor: String,
+    /// Product identification, at most 16 printable ASCII characters.
+    pub product: String,
+    /// Product revision level, at most 4 printable ASCII characters.
+    pub revision: String,
+}
+
+/// Longest serial number accepted (it also goes into SCSI's T10 vendor ID
+/// designator, whose length is one byte).
+pub const MAX_SERIAL_LEN: usize = 200;
+
+/// Why an [`Identity`] is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field} {value:?}: {reason}")]
+pub struct IdentityError {
+    /// Which field.
+    pub field: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+impl Identity {
+    /// Checks every field: printable ASCII within its length, a serial
+    /// number that is not empty.
+    pub fn check(&self) -> Result<(), IdentityError> {
+        check_ascii("vendor", &self.vendor, 8)?;
+        check_ascii("product", &self.product, 16)?;
+        check_ascii("revision", &self.revision, 4)?;
+        check_ascii("serial", &self.serial, MAX_SERIAL_LEN)?;
+        if self.serial.trim().is_empty() {
+            return Err(IdentityError {
+                field: "serial",
+                value: self.serial.clone(),
+                reason: "empty",
+            });
+        }
+        Ok(())
+    }
+}
+
+fn check_ascii(field: &'static str, value: &str, max: usize) -> Result<(), IdentityError> {
+    let err = |reason| {
+        Err(IdentityError {
+            field,
+            value: value.to_owned(),
+            reason,
+        })
+    };
+    if value.len() > max {
+        return err("too long");
+    }
+    if !value.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
+        return err("not printable ASCII");
+    }
+    Ok(())
+}
+
 /// A volume over a backend (module docs).
 pub struct Volume {
     backend: Arc<dyn BlockBackend>,
@@ -120,6 +210,9 @@ pub struct Volume {
     max_atomic_blocks: u32,
     atomic_align_blocks: u32,
     locks: Arc<LbaLocks>,
+    /// The write cache's policy when the volume was made.
+    default_write_back: bool,
+    identity: Identity,
 }
 
 impl std::fmt::Debug for Volume {
@@ -193,8 +286,65 @@ impl Volume {
             max_atomic_blocks,
             atomic_align_blocks,
             locks: Arc::new(LbaLocks::new(bs.trailing_zeros())),
+            default_write_back: caps.write_cache == WriteCache::WriteBack,
+            identity: Identity::default(),
             backend,
         })
+    }
+
+    /// The volume identified as `identity` (checked: [`Identity::check`]).
+    pub fn with_identity(mut self, identity: Identity) -> Result<Self, IdentityError> {
+        identity.check()?;
+        self.identity = identity;
+        Ok(self)
+    }
+
+    /// What identifies the volume ([`Self::with_identity`]; all empty
+    /// until then).
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The write cache is write-back now: a write is durable only after a
+    /// flush, or when written with FUA.
+    #[inline]
+    pub fn write_back(&self) -> bool {
+        self.backend.caps().write_cache == WriteCache::WriteBack
+    }
+
+    /// The write cache was write-back when the volume was made (SCSI's
+    /// default Caching mode page).
+    pub fn default_write_back(&self) -> bool {
+        self.default_write_back
+    }
+
+    /// The write cache may be switched: the medium is not volatile (a
+    /// RAM volume loses everything at power off, so write-through would
+    /// promise nothing).
+    pub fn write_cache_switchable(&self) -> bool {
+        !self.backend.caps().volatile
+    }
+
+    /// Switches the write cache to write-back (`true`) or write-through;
+    /// going write-through flushes what the cache holds first (the
+    /// backend's contract).
+    pub fn set_write_back(&self, on: bool) -> Result<(), WriteCacheError> {
+        let policy = if on {
+            WriteCache::WriteBack
+        } else {
+            WriteCache::WriteThrough
+        };
+        match self.backend.set_write_cache(policy) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                return Err(WriteCacheError::Unsupported)
+            }
+            Err(e) => return Err(WriteCacheError::Io(e)),
+        }
+        if self.write_back() != on {
+            return Err(WriteCacheError::NotSwitched);
+        }
+        Ok(())
     }
 
     /// The backend.
@@ -297,7 +447,7 @@ impl Volume {
     /// medium holds is made stable first, so that what is returned is what
     /// stable storage holds.
     pub fn read(&self, lba: u64, blocks: u32, fua: bool) -> Result<Chain, IoError> {
-        if fua && self.backend.caps().write_cache == WriteCache::WriteBack {
+        if fua && self.write_back() {
             self.backend.flush().map_err(IoError::Write)?;
         }
         let _range = self.locks.shared(lba, u64::from(blocks));
@@ -365,6 +515,88 @@ mod tests {
 
     fn vol(bytes: u64, read_only: bool) -> Volume {
         Volume::new(Arc::new(MemBackend::new(bytes)), 512, None, read_only, true).unwrap()
+    }
+
+    fn identity() -> Identity {
+        Identity {
+            naa: [0x60; 16],
+            serial: "S1".into(),
+            vendor: "IRONSAN".into(),
+            product: "VOLUME".into(),
+            revision: "0001".into(),
+        }
+    }
+
+    #[test]
+    fn identity_is_checked_once_and_kept() {
+        let v = vol(1 << 20, false).with_identity(identity()).unwrap();
+        assert_eq!(v.identity(), &identity());
+        for (field, bad) in [
+            (
+                "vendor",
+                Identity {
+                    vendor: "NINE_CHRS".into(),
+                    ..identity()
+                },
+            ),
+            (
+                "product",
+                Identity {
+                    product: "p\u{e9}".into(),
+                    ..identity()
+                },
+            ),
+            (
+                "revision",
+                Identity {
+                    revision: "12345".into(),
+                    ..identity()
+                },
+            ),
+            (
+                "serial",
+                Identity {
+                    serial: "   ".into(),
+                    ..identity()
+                },
+            ),
+            (
+                "serial",
+                Identity {
+                    serial: "x".repeat(MAX_SERIAL_LEN + 1),
+                    ..identity()
+                },
+            ),
+        ] {
+            let e = vol(1 << 20, false).with_identity(bad).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        }
+    }
+
+    #[test]
+    fn write_cache_switches_on_the_medium_or_says_why_not() {
+        // RAM is volatile: its cache is write-back and stays so.
+        let ram = vol(1 << 20, false);
+        assert!(ram.write_back() && ram.default_write_back());
+        assert!(!ram.write_cache_switchable());
+        assert!(matches!(
+            ram.set_write_back(false),
+            Err(WriteCacheError::Unsupported | WriteCacheError::NotSwitched)
+        ));
+        assert!(ram.write_back());
+        // A file switches both ways; the default stays what it was.
+        let dir = std::env::temp_dir().join(format!("volume-wc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lun");
+        let file =
+            storage::FileBackend::open(&path, Some(1 << 20), WriteCache::WriteThrough).unwrap();
+        let v = Volume::new(Arc::new(file), 512, None, false, false).unwrap();
+        assert!(!v.write_back() && !v.default_write_back() && v.write_cache_switchable());
+        v.set_write_back(true).unwrap();
+        assert!(v.write_back() && !v.default_write_back());
+        v.set_write_back(false).unwrap();
+        assert!(!v.write_back());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

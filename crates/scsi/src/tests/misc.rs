@@ -44,7 +44,7 @@ fn construction_checks() {
         }
         let e = LogicalUnit::new(mem(1 << 20), c).unwrap_err();
         assert!(
-            matches!(e, LuError::Identifier { field: f, .. } if f == field),
+            matches!(e, LuError::Identifier(volume::IdentityError { field: f, .. }) if f == field),
             "{e}"
         );
     }
