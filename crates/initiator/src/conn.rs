@@ -12,7 +12,7 @@ use iscsi_proto::initiator::{
 use iscsi_proto::params::SessionParams;
 use iscsi_proto::session::LAND_MIN;
 use iscsi_wire::frame::FrameLimits;
-use iscsi_wire::outbox::{Digests, MAX_IOVECS};
+use iscsi_wire::outbox::{Digests, FileRange, WriteOut};
 use iscsi_wire::pdu::{Itt, LoginResp, Lun, Opcode, TmfFunction, TmfResponse};
 use iscsi_wire::receive::{ReadInto, Receiver};
 use iscsi_wire::{text, Outbox, RawPdu, Sn};
@@ -175,16 +175,12 @@ impl Connection {
 
     /// Sends everything queued.
     pub fn flush(&mut self) -> Result<(), Error> {
-        while !self.out.is_empty() {
-            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-            let n = self.out.io_slices(&mut iov);
-            let w = self.stream.write_vectored(&iov[..n])?;
-            if w == 0 {
-                return Err(Error::Closed);
-            }
-            self.out.advance(w);
+        // A blocking socket: the queue is empty when this returns.
+        match self.out.write_to(&mut Blocking(&self.stream)) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WriteZero => Err(Error::Closed),
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     fn fill(&mut self) -> Result<(), Error> {
@@ -437,5 +433,20 @@ struct Recv<'a>(std::os::fd::BorrowedFd<'a>, libc::c_int);
 impl ReadInto for Recv<'_> {
     fn read_into<B: bytes::BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
         netio::recv_into(self.0, buf, self.1)
+    }
+}
+
+/// The connection's blocking socket as the send queue writes to it.
+struct Blocking<'a>(&'a TcpStream);
+
+impl WriteOut for Blocking<'_> {
+    fn write_vectored(&mut self, iov: &[IoSlice<'_>], _more: bool) -> io::Result<usize> {
+        let mut s = self.0;
+        s.write_vectored(iov)
+    }
+
+    fn send_file(&mut self, _: &FileRange) -> io::Result<usize> {
+        // An initiator queues commands and data-out, never file ranges.
+        Err(io::ErrorKind::Unsupported.into())
     }
 }

@@ -18,6 +18,7 @@
 //!   The side-by-side script probes before and after every sample to know
 //!   which placement a sample ran in.
 
+use iscsi_wire::outbox::{FileRange, WriteOut};
 use iscsi_wire::receive::{ReadInto, Receiver};
 use scsi_sense::{status, Asc, Sense, SenseKey};
 use std::io::{IoSlice, Read, Write};
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use iscsi_wire::frame::FrameLimits;
-use iscsi_wire::outbox::{Digests, MAX_IOVECS};
+use iscsi_wire::outbox::Digests;
 use iscsi_wire::pdu::*;
 use iscsi_wire::{text, Outbox, Sn};
 
@@ -105,12 +106,25 @@ fn null_target(a: NullArgs) -> Result<()> {
     Ok(())
 }
 
-/// A blocking `recv(2)` on the null responder's socket.
-struct Blocking<'a>(std::os::fd::BorrowedFd<'a>);
+/// The null responder's blocking socket, read with `recv(2)` and written
+/// with `writev(2)`.
+struct Blocking<'a>(&'a TcpStream);
 
 impl ReadInto for Blocking<'_> {
     fn read_into<B: bytes::BufMut>(&mut self, buf: &mut B) -> std::io::Result<usize> {
-        netio::recv_into(self.0, buf, 0)
+        use std::os::fd::AsFd;
+        netio::recv_into(self.0.as_fd(), buf, 0)
+    }
+}
+
+impl WriteOut for Blocking<'_> {
+    fn write_vectored(&mut self, iov: &[IoSlice<'_>], _more: bool) -> std::io::Result<usize> {
+        let mut s = self.0;
+        s.write_vectored(iov)
+    }
+
+    fn send_file(&mut self, _: &FileRange) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::Unsupported.into())
     }
 }
 
@@ -171,21 +185,15 @@ impl NullConn {
                 }
             }
             self.flush()?;
-            use std::os::fd::AsFd;
-            if self.rx.read(&mut Blocking(self.s.as_fd()))? == 0 {
+            if self.rx.read(&mut Blocking(&self.s))? == 0 {
                 return Ok(());
             }
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        while !self.out.is_empty() {
-            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-            let n = self.out.io_slices(&mut iov);
-            let w = self.s.write_vectored(&iov[..n])?;
-            self.out.advance(w);
-        }
-        Ok(())
+        // A blocking socket: the queue is empty when this returns.
+        self.out.write_to(&mut Blocking(&self.s)).map(|_| ())
     }
 
     fn handle(&mut self, raw: iscsi_wire::RawPdu) -> bool {

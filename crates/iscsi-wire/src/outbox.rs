@@ -41,19 +41,37 @@
 //! like any other slice, for the kernel to copy in the same `writev` as
 //! the headers around it. Those bytes are only ever handed to the kernel,
 //! never read here (see [`filemap::FileMap`]).
+//!
+//! [`Outbox::write_to`] is the sending half every connection driver shares:
+//! it does no I/O itself but hands the queue to the driver's socket calls
+//! ([`WriteOut`]) in the order and the pieces described above.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
+use std::io::{self, IoSlice};
 
 use bufpool::Chain;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use filemap::{FileRange, Pin};
+/// The file range type [`WriteOut::send_file`] takes.
+pub use filemap::FileRange;
+use filemap::Pin;
 
 use crate::digest::{
     crc32c, crc32c_combine, crc32c_file_summed, crc32c_parts, crc32c_summed, pad_len,
     prepare_folding, Crc32c, PAD,
 };
 use crate::frame::BHS_LEN;
+
+/// The socket calls [`Outbox::write_to`] sends through: the driver's.
+pub trait WriteOut {
+    /// One vectored write (`writev`/`sendmsg`); `more`: more data follows
+    /// at once (`MSG_MORE`). `Ok(0)` only if nothing could be written.
+    fn write_vectored(&mut self, iov: &[IoSlice<'_>], more: bool) -> io::Result<usize>;
+
+    /// Sends what the socket takes of `r` from the page cache
+    /// (`sendfile(2)`); `Ok(0)` when the file ended before the range did.
+    /// A driver whose queue never holds file ranges may refuse.
+    fn send_file(&mut self, r: &FileRange) -> io::Result<usize>;
+}
 
 /// Data segments up to this size are copied next to their header rather
 /// than queued as a separate iovec.
@@ -523,6 +541,66 @@ impl Outbox {
         self.unguard();
     }
 
+    /// Writes what `to` takes without waiting: `Ok(true)` when the queue
+    /// is empty, `Ok(false)` when the socket would block.
+    ///
+    /// A file range without a mapping goes by [`WriteOut::send_file`] once
+    /// everything before it has been written, and the `writev` in front of
+    /// it says more follows at once ([`WriteOut::write_vectored`] with
+    /// `more`), so that a header is not sent in a packet of its own. A
+    /// range that ends early (the file shrank after its status was queued
+    /// ahead of it: `sendfile` stops short, the `writev` of its mapping fails
+    /// with `EFAULT`) is an error that must close the connection: short or
+    /// made-up data must never go out under GOOD status.
+    pub fn write_to(&mut self, to: &mut impl WriteOut) -> io::Result<bool> {
+        loop {
+            if self.is_broken() {
+                return Err(io::Error::other(
+                    "a read's file shrank, or was written while half sent under a data digest",
+                ));
+            }
+            if self.is_empty() {
+                return Ok(true);
+            }
+            if let Some(r) = self.front_file() {
+                match to.send_file(r) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "a read's file shrank before it was sent",
+                        ))
+                    }
+                    Ok(w) => self.advance(w),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            let more = self.has_file();
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let n = self.io_slices(&mut iov);
+            let r = to.write_vectored(&iov[..n], more);
+            if !matches!(r, Ok(w) if w > 0) {
+                // Writers held off for the write must not wait for the
+                // network (advance does this after a write that took some).
+                self.unguard();
+            }
+            match r {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(w) => self.advance(w),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    return Err(io::Error::other(
+                        "a read's file shrank before it was sent (mapped pages refused)",
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Everything pending as one contiguous buffer (tests and diagnostics).
     pub fn to_vec(&mut self) -> Vec<u8> {
         self.seal();
@@ -675,6 +753,60 @@ mod tests {
         got.push(&bhs, b"after", dg);
         assert_eq!(got.len(), want.len());
         (want.to_vec(), got)
+    }
+
+    /// A socket that takes a few bytes a call, says "would block" every
+    /// third call, and sends file ranges in short pieces.
+    struct Trickle {
+        sent: Vec<u8>,
+        calls: usize,
+        more_before_file: usize,
+    }
+
+    impl WriteOut for Trickle {
+        fn write_vectored(&mut self, iov: &[IoSlice<'_>], more: bool) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(3) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.more_before_file += usize::from(more);
+            let k = iov[0].len().min(13);
+            self.sent.extend_from_slice(&iov[0][..k]);
+            Ok(k)
+        }
+
+        fn send_file(&mut self, r: &FileRange) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(3) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let piece = r.slice(0, r.len().min(9999)).read(BytesMut::new())?;
+            self.sent.extend_from_slice(&piece);
+            Ok(piece.len())
+        }
+    }
+
+    #[test]
+    fn write_to_sends_the_stream_in_order_through_the_drivers_calls() {
+        let whole: Vec<u8> = (0..70001u32).map(|i| (i * 7) as u8).collect();
+        let file = temp_file(&whole);
+        let r = FileRange::new(file, 0, whole.len()).unwrap();
+        let (expect, mut got) = around_a_range(&whole, r, Digests::default());
+        let mut to = Trickle {
+            sent: Vec::new(),
+            calls: 0,
+            more_before_file: 0,
+        };
+        let mut blocked = 0;
+        while !got.write_to(&mut to).unwrap() {
+            blocked += 1;
+        }
+        assert_eq!(to.sent, expect);
+        assert!(blocked > 0 && got.is_empty());
+        assert!(
+            to.more_before_file > 0,
+            "the bytes before the range say more follows"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use iscsi_proto::login::{LoginStatus, LoginStep, TargetLogin};
 use iscsi_proto::session::{CloseReason, Completion, Event, ExecRequest, Host, Session, TmfAction};
 use iscsi_proto::SessionType;
 use iscsi_wire::frame::FrameLimits;
-use iscsi_wire::outbox::{Digests, MAX_IOVECS};
+use iscsi_wire::outbox::{Digests, WriteOut};
 use iscsi_wire::pdu::{opcode, Itt, LoginReq, LoginResp, Lun, Opcode, SnTriple};
 use iscsi_wire::receive::{ReadInto, Receiver};
 use iscsi_wire::{FrameError, Outbox, RawPdu};
@@ -444,67 +444,11 @@ impl Conn {
         Ok(())
     }
 
-    /// Writes what the socket takes without waiting.
-    ///
-    /// A file range in the queue (a zero-copy read, `scsi::fast`) goes in
-    /// the `writev` from the file's mapping when it has one; otherwise with
-    /// `sendfile(2)` once everything before it has been written, and the
-    /// `writev` in front of it says `MSG_MORE`, so that a header is not sent
-    /// in a packet of its own. A range that ends early (the file shrank
-    /// after its status was queued ahead of it: `sendfile` stops short, the
-    /// `writev` fails with `EFAULT`) closes the connection: short or
-    /// made-up data must never go out under GOOD status.
+    /// Writes what the socket takes without waiting ([`Outbox::write_to`]:
+    /// file ranges by `sendfile` or from their mapping; a range that ends
+    /// early is an error that closes the connection).
     fn try_flush(&mut self) -> io::Result<()> {
-        loop {
-            if self.out.is_broken() {
-                return Err(io::Error::other(
-                    "a read's file shrank, or was written while half sent under a data digest",
-                ));
-            }
-            if self.out.is_empty() {
-                return Ok(());
-            }
-            if let Some(r) = self.out.front_file() {
-                match send_file(&self.stream, r) {
-                    Ok(0) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "a read's file shrank before it was sent",
-                        ))
-                    }
-                    Ok(w) => self.out.advance(w),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-                continue;
-            }
-            let more = self.out.has_file();
-            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-            let n = self.out.io_slices(&mut iov);
-            let r = if more {
-                send_more(&self.stream, &iov[..n])
-            } else {
-                self.stream.try_write_vectored(&iov[..n])
-            };
-            if !matches!(r, Ok(w) if w > 0) {
-                // Writers held off for the write must not wait for the
-                // network (advance does this after a write that took some).
-                self.out.unguard();
-            }
-            match r {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(w) => self.out.advance(w),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
-                    return Err(io::Error::other(
-                        "a read's file shrank before it was sent (mapped pages refused)",
-                    ))
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.out.write_to(&mut Out(&self.stream)).map(|_| ())
     }
 
     fn push_login(&mut self, resp: &LoginResp, text: &[u8]) {
@@ -1138,34 +1082,41 @@ impl ReadVia {
 /// Largest piece of a file range given to one `sendfile` call.
 const SENDFILE_MAX: usize = 1 << 20;
 
-/// Sends what the socket takes of `r` from the page cache, without
-/// waiting; `Ok(0)` means the file ended before the range did.
-fn send_file(stream: &TcpStream, r: &filemap::FileRange) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    let mut off = libc::off_t::try_from(r.offset())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
-    let len = r.len().min(SENDFILE_MAX);
-    // Through `try_io`, so that tokio forgets the socket's write readiness
-    // on EAGAIN and the loop waits for it again.
-    stream.try_io(tokio::io::Interest::WRITABLE, || {
-        // SAFETY: both descriptors are open for the call (the stream and the
-        // range's file are borrowed), and `off` is a valid, exclusive
-        // pointer to an off_t; sendfile(2) moves no memory of ours.
-        let n = unsafe { libc::sendfile(stream.as_raw_fd(), r.file().as_raw_fd(), &mut off, len) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    })
-}
+/// The connection's socket as the send queue writes to it, through tokio's
+/// `try_io`, so that tokio forgets the socket's write readiness on EAGAIN
+/// and the loop waits for it again.
+struct Out<'a>(&'a TcpStream);
 
-/// A vectored write that tells the kernel more data follows at once
-/// (`MSG_MORE`): the bytes in front of a file range.
-fn send_more(stream: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-    stream.try_io(tokio::io::Interest::WRITABLE, || {
-        socket2::SockRef::from(stream).send_vectored_with_flags(iov, libc::MSG_MORE)
-    })
+impl WriteOut for Out<'_> {
+    fn write_vectored(&mut self, iov: &[IoSlice<'_>], more: bool) -> io::Result<usize> {
+        if !more {
+            return self.0.try_write_vectored(iov);
+        }
+        // The bytes in front of a file range: more follows at once.
+        self.0.try_io(tokio::io::Interest::WRITABLE, || {
+            socket2::SockRef::from(self.0).send_vectored_with_flags(iov, libc::MSG_MORE)
+        })
+    }
+
+    fn send_file(&mut self, r: &filemap::FileRange) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let stream = self.0;
+        let mut off = libc::off_t::try_from(r.offset())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+        let len = r.len().min(SENDFILE_MAX);
+        stream.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: both descriptors are open for the call (the stream and
+            // the range's file are borrowed), and `off` is a valid, exclusive
+            // pointer to an off_t; sendfile(2) moves no memory of ours.
+            let n =
+                unsafe { libc::sendfile(stream.as_raw_fd(), r.file().as_raw_fd(), &mut off, len) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        })
+    }
 }
 
 /// Why a connection ended (logged, counted and deciding what becomes of
