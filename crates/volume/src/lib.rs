@@ -28,6 +28,9 @@
 //! * **The write cache**: whether it is write-back now and by default, and
 //!   switching it ([`Volume::set_write_back`]: SCSI's Caching mode page
 //!   WCE bit, NVMe's Volatile Write Cache feature).
+//! * **Reservation holders** ([`reservations`]): registrants, their keys,
+//!   the reservation and its holder, as data the personalities' service
+//!   actions change.
 //! * **Identity** ([`Identity`]): the 16-byte NAA designator, serial
 //!   number, vendor, product and revision, checked once, that every
 //!   personality shows (SCSI VPD pages 80h/83h and INQUIRY; NVMe's NGUID and
@@ -40,6 +43,7 @@
 //! docs/ARCHITECTURE.md, "The volume layer".
 
 pub mod locks;
+pub mod reservations;
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -74,7 +74,8 @@ pub mod access;
 mod persist;
 mod prin;
 mod prout;
-mod state;
+/// The holders themselves are the volume's ([`volume::reservations`]).
+use volume::reservations as state;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,12 +1,18 @@
-//! The persistent reservation state of one logical unit (SPC-4 §5.9.1):
-//! registrations (one per registered I_T nexus, or per initiator port with
-//! ALL_TG_PT), the reservation if any, the PRgeneration counter and the
-//! APTPL setting. Pure data and queries; the service actions that change it
-//! are in [`super::prout`].
+//! The reservation holders of a volume: registrations (one per registered
+//! I_T nexus, or per initiator port through every target port), the
+//! reservation if any and its holder, the generation counter and whether
+//! the state persists through power loss. SPC-4 §5.9.1 (persistent
+//! reservations) defines it; NVMe reservations (NVMe Base Specification
+//! 2.0 §8.19) are the same model (registrants with keys, a holder, six
+//! types with the same meaning under other codes), so both personalities
+//! keep their registrants here. Pure data and queries: the service actions
+//! that change it and their wire format are the personality's (the `scsi`
+//! crate's `pr` module: PERSISTENT RESERVE IN/OUT and the APTPL file).
 
-/// A persistent reservation type (SPC-4 §6.16.3, table 211).
+/// A reservation type, by its SPC-4 code (§6.16.3, table 211; NVMe numbers
+/// the same six types 1h to 6h in this order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PrType {
+pub enum PrType {
     /// 1h: writes only by the holder; reads by anyone.
     WriteExclusive = 1,
     /// 3h: any access only by the holder.
@@ -23,7 +29,7 @@ pub(crate) enum PrType {
 
 impl PrType {
     /// The type for a TYPE field value, `None` for reserved values.
-    pub(crate) fn from_code(code: u8) -> Option<Self> {
+    pub fn from_code(code: u8) -> Option<Self> {
         Some(match code {
             1 => PrType::WriteExclusive,
             3 => PrType::ExclusiveAccess,
@@ -36,12 +42,12 @@ impl PrType {
     }
 
     /// The TYPE field value.
-    pub(crate) fn code(self) -> u8 {
+    pub fn code(self) -> u8 {
         self as u8
     }
 
     /// Every registrant is a reservation holder (types 7h and 8h).
-    pub(crate) fn all_registrants(self) -> bool {
+    pub fn all_registrants(self) -> bool {
         matches!(
             self,
             PrType::WriteExclusiveAllRegistrants | PrType::ExclusiveAccessAllRegistrants
@@ -49,7 +55,7 @@ impl PrType {
     }
 
     /// Registrants that are not the holder still have access (5h, 6h).
-    pub(crate) fn registrants_only(self) -> bool {
+    pub fn registrants_only(self) -> bool {
         matches!(
             self,
             PrType::WriteExclusiveRegistrantsOnly | PrType::ExclusiveAccessRegistrantsOnly
@@ -57,7 +63,7 @@ impl PrType {
     }
 
     /// Reads stay open to every I_T nexus (1h, 5h, 7h).
-    pub(crate) fn write_exclusive(self) -> bool {
+    pub fn write_exclusive(self) -> bool {
         matches!(
             self,
             PrType::WriteExclusive
@@ -69,7 +75,7 @@ impl PrType {
 
 /// The I_T nexus a command came through, as reservations see it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct It<'a> {
+pub struct It<'a> {
     /// iSCSI initiator port name, `iqn…,i,0x<ISID>`.
     pub initiator: &'a str,
     /// SCSI target port name, `iqn…,t,0x<TPGT>`.
@@ -81,7 +87,7 @@ pub(crate) struct It<'a> {
 /// One registration: an I_T nexus (or, with ALL_TG_PT, an initiator port
 /// through every target port) and its reservation key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Registration {
+pub struct Registration {
     /// Initiator port name.
     pub initiator: String,
     /// Target port name; `None` when registered with ALL_TG_PT = 1.
@@ -94,7 +100,7 @@ pub(crate) struct Registration {
 
 impl Registration {
     /// Whether this registration covers the I_T nexus `initiator`/`target`.
-    pub(crate) fn covers(&self, initiator: &str, target: &str) -> bool {
+    pub fn covers(&self, initiator: &str, target: &str) -> bool {
         self.initiator.eq_ignore_ascii_case(initiator)
             && self
                 .target
@@ -106,14 +112,14 @@ impl Registration {
 /// The I_T nexus holding a reservation that is not of an all-registrants
 /// type.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Holder {
+pub struct Holder {
     pub initiator: String,
     pub target: String,
 }
 
 /// The persistent reservation, when one exists (scope is always LU_SCOPE).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Reservation {
+pub struct Reservation {
     pub kind: PrType,
     /// The holder; `None` for all-registrants types, whose holders are
     /// all registrants.
@@ -122,7 +128,7 @@ pub(crate) struct Reservation {
 
 /// Everything SPC-4 lets persist through power loss with APTPL = 1.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PrState {
+pub struct PrState {
     /// PRgeneration (SPC-4 §6.15.2).
     pub generation: u32,
     /// The last APTPL value received with a registration.
@@ -133,14 +139,14 @@ pub(crate) struct PrState {
 
 impl PrState {
     /// The registration of the I_T nexus `it`.
-    pub(crate) fn reg_of(&self, it: &It<'_>) -> Option<usize> {
+    pub fn reg_of(&self, it: &It<'_>) -> Option<usize> {
         self.regs
             .iter()
             .position(|r| r.covers(it.initiator, it.target))
     }
 
     /// Whether `it` holds the reservation (SPC-4 §5.9.10).
-    pub(crate) fn is_holder(&self, it: &It<'_>) -> bool {
+    pub fn is_holder(&self, it: &It<'_>) -> bool {
         match &self.res {
             None => false,
             Some(r) => match &r.holder {
@@ -155,7 +161,7 @@ impl PrState {
 
     /// Whether registration `i` is (or, with ALL_TG_PT, includes) a
     /// reservation holder.
-    pub(crate) fn reg_holds(&self, i: usize) -> bool {
+    pub fn reg_holds(&self, i: usize) -> bool {
         match &self.res {
             None => false,
             Some(r) => match &r.holder {
@@ -167,7 +173,7 @@ impl PrState {
 
     /// The RESERVATION KEY READ RESERVATION reports: the holder's key, 0
     /// for all-registrants types (SPC-4 §6.15.3).
-    pub(crate) fn holder_key(&self) -> u64 {
+    pub fn holder_key(&self) -> u64 {
         match &self.res {
             Some(Reservation {
                 holder: Some(h), ..
@@ -181,7 +187,7 @@ impl PrState {
     }
 
     /// Whether anything is registered or reserved.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.regs.is_empty() && self.res.is_none()
     }
 }
