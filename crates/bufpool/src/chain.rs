@@ -398,20 +398,7 @@ mod tests {
     }
 
     fn tempfile_in_tmp() -> std::fs::File {
-        let p = std::env::temp_dir().join(format!(
-            "bufpool-chain-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
-        let _ = std::fs::remove_file(&p);
-        f
+        tempfile::tempfile().unwrap()
     }
 
     #[test]
