@@ -81,78 +81,34 @@ enum AdminCmd {
     /// Sessions: initiator, ISID, portal, negotiated parameters, I/O.
     Sessions,
     /// Add a LUN: SPEC is mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE.
-    AddLun {
-        target: String,
-        spec: String,
-        /// LUN number (default: the lowest free one).
-        #[arg(long)]
-        number: Option<u16>,
-        /// Logical block size: 512 or 4096.
-        #[arg(long)]
-        block_size: Option<u32>,
-        /// Write-back cache (file LUNs).
-        #[arg(long)]
-        write_back: bool,
-        /// Present the LUN read-only.
-        #[arg(long)]
-        read_only: bool,
-    },
+    AddLun(AddLunArgs),
     /// Remove a LUN (sessions get REPORTED LUNS DATA HAS CHANGED).
-    RemoveLun { target: String, lun: u16 },
+    RemoveLun(RemoveLunArgs),
     /// Resize a LUN to SIZE (sessions get CAPACITY DATA HAS CHANGED).
     ///
     /// Every LUN can grow; RAM and null LUNs can shrink with --shrink.
-    ResizeLun {
-        target: String,
-        lun: u16,
-        size: String,
-        /// Allow making a RAM or null LUN smaller (the data past SIZE is
-        /// lost; file LUNs are never shrunk).
-        #[arg(long)]
-        shrink: bool,
-    },
+    ResizeLun(ResizeLunArgs),
     /// Add a portal (listen address), optionally in an ALUA group.
-    AddPortal {
-        addr: String,
-        #[arg(long)]
-        alua_group: Option<u16>,
-    },
+    AddPortal(AddPortalArgs),
     /// Remove a portal, named by its group tag or its address.
     ///
     /// It stops listening and leaves SendTargets and its ALUA group; its
     /// connections close once their commands are done (initiators fail
     /// over to other portals). The last portal cannot be removed.
-    RemovePortal { portal: String },
+    RemovePortal(RemovePortalArgs),
     /// Show a target's ACL and whether CHAP is set (never a secret).
     ///
     /// TARGET `discovery` shows the CHAP state of discovery sessions.
-    Acl { target: String },
+    Acl(AclArgs),
     /// Allow an initiator name or a source network (CIDR) to log in.
     ///
     /// ENTRY is an iqn./eui./naa. name or a network such as 10.0.0.0/8.
     /// An empty list allows any, so the first entry restricts the target
     /// to the list. New logins are checked at once; sessions already
     /// logged in keep running unless --drop-sessions.
-    Allow {
-        target: String,
-        entry: String,
-        /// End the sessions the new ACL no longer allows (they keep
-        /// running otherwise).
-        #[arg(long)]
-        drop_sessions: bool,
-    },
+    Allow(AllowArgs),
     /// Remove an initiator name or a network from a target's ACL.
-    Disallow {
-        target: String,
-        entry: String,
-        /// Removing the last entry lets any initiator (or address) in:
-        /// say so.
-        #[arg(long)]
-        allow_any: bool,
-        /// End the sessions the new ACL no longer allows.
-        #[arg(long)]
-        drop_sessions: bool,
-    },
+    Disallow(DisallowArgs),
     /// Require CHAP for new logins (--mutual: the target's own credentials).
     ///
     /// TARGET is a target name, or `discovery` for discovery sessions.
@@ -161,38 +117,136 @@ enum AdminCmd {
     /// IRONSAN_CHAP_SECRET, or the first line of standard input; never from
     /// an argument. Sessions already logged in keep running unless
     /// --drop-sessions.
-    SetChap {
-        target: String,
-        user: String,
-        /// The target's own credentials, for mutual CHAP.
-        #[arg(long)]
-        mutual: bool,
-        /// A file on the target host whose first line is the secret.
-        #[arg(long)]
-        secret_file: Option<String>,
-        /// End the target's sessions: they log in again with the new
-        /// credentials.
-        #[arg(long)]
-        drop_sessions: bool,
-    },
+    SetChap(SetChapArgs),
     /// Stop requiring CHAP (clears mutual CHAP too; --mutual: only that).
     ///
     /// TARGET is a target name, or `discovery` for discovery sessions.
-    ClearChap {
-        target: String,
-        #[arg(long)]
-        mutual: bool,
-        /// End the target's sessions.
-        #[arg(long)]
-        drop_sessions: bool,
-    },
+    ClearChap(ClearChapArgs),
     /// Set an ALUA target port group's state: active-optimized,
     /// active-non-optimized, standby or unavailable.
-    SetAlua { group: u16, state: String },
+    SetAlua(SetAluaArgs),
     /// Per-LUN and per-portal counters and the last second's rates.
     Stats,
     /// The Prometheus metrics text.
     Metrics,
+}
+
+/// The arguments of `admin add-lun`.
+#[derive(Args, Debug)]
+struct AddLunArgs {
+    target: String,
+    spec: String,
+    /// LUN number (default: the lowest free one).
+    #[arg(long)]
+    number: Option<u16>,
+    /// Logical block size: 512 or 4096.
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// Write-back cache (file LUNs).
+    #[arg(long)]
+    write_back: bool,
+    /// Present the LUN read-only.
+    #[arg(long)]
+    read_only: bool,
+}
+
+/// The arguments of `admin remove-lun`.
+#[derive(Args, Debug)]
+struct RemoveLunArgs {
+    target: String,
+    lun: u16,
+}
+
+/// The arguments of `admin resize-lun`.
+#[derive(Args, Debug)]
+struct ResizeLunArgs {
+    target: String,
+    lun: u16,
+    size: String,
+    /// Allow making a RAM or null LUN smaller (the data past SIZE is
+    /// lost; file LUNs are never shrunk).
+    #[arg(long)]
+    shrink: bool,
+}
+
+/// The arguments of `admin add-portal`.
+#[derive(Args, Debug)]
+struct AddPortalArgs {
+    addr: String,
+    #[arg(long)]
+    alua_group: Option<u16>,
+}
+
+/// The arguments of `admin remove-portal`.
+#[derive(Args, Debug)]
+struct RemovePortalArgs {
+    portal: String,
+}
+
+/// The arguments of `admin acl`.
+#[derive(Args, Debug)]
+struct AclArgs {
+    target: String,
+}
+
+/// The arguments of `admin allow`.
+#[derive(Args, Debug)]
+struct AllowArgs {
+    target: String,
+    entry: String,
+    /// End the sessions the new ACL no longer allows (they keep
+    /// running otherwise).
+    #[arg(long)]
+    drop_sessions: bool,
+}
+
+/// The arguments of `admin disallow`.
+#[derive(Args, Debug)]
+struct DisallowArgs {
+    target: String,
+    entry: String,
+    /// Removing the last entry lets any initiator (or address) in:
+    /// say so.
+    #[arg(long)]
+    allow_any: bool,
+    /// End the sessions the new ACL no longer allows.
+    #[arg(long)]
+    drop_sessions: bool,
+}
+
+/// The arguments of `admin set-chap`.
+#[derive(Args, Debug)]
+struct SetChapArgs {
+    target: String,
+    user: String,
+    /// The target's own credentials, for mutual CHAP.
+    #[arg(long)]
+    mutual: bool,
+    /// A file on the target host whose first line is the secret.
+    #[arg(long)]
+    secret_file: Option<String>,
+    /// End the target's sessions: they log in again with the new
+    /// credentials.
+    #[arg(long)]
+    drop_sessions: bool,
+}
+
+/// The arguments of `admin clear-chap`.
+#[derive(Args, Debug)]
+struct ClearChapArgs {
+    target: String,
+    #[arg(long)]
+    mutual: bool,
+    /// End the target's sessions.
+    #[arg(long)]
+    drop_sessions: bool,
+}
+
+/// The arguments of `admin set-alua`.
+#[derive(Args, Debug)]
+struct SetAluaArgs {
+    group: u16,
+    state: String,
 }
 
 fn show(json_out: bool, v: &Value, table: impl FnOnce(&Value)) {
@@ -475,201 +529,17 @@ pub fn run(a: AdminArgs) -> Result<()> {
         AdminCmd::Console => console(&ep)?,
         AdminCmd::List => list(&ep, a.json)?,
         AdminCmd::Sessions => sessions(&ep, a.json)?,
-        AdminCmd::AddLun {
-            target,
-            spec,
-            number,
-            block_size,
-            write_back,
-            read_only,
-        } => {
-            let body = lun_body(&spec, number, block_size, write_back, read_only)?;
-            let v = send(
-                &ep,
-                "POST",
-                &format!("/api/targets/{}/luns", seg(&target)),
-                Some(body),
-            )?;
-            show(a.json, &v, |v| {
-                println!(
-                    "added LUN {} ({}, {} bytes)",
-                    v["lun"]["lun"],
-                    v["lun"]["naa"].as_str().unwrap_or(""),
-                    v["lun"]["size_bytes"]
-                );
-                persisted_note(v);
-            });
-        }
-        AdminCmd::RemoveLun { target, lun } => {
-            let v = send(
-                &ep,
-                "DELETE",
-                &format!("/api/targets/{}/luns/{lun}", seg(&target)),
-                None,
-            )?;
-            show(a.json, &v, |v| {
-                println!("removed LUN {lun}");
-                persisted_note(v);
-            });
-        }
-        AdminCmd::ResizeLun {
-            target,
-            lun,
-            size,
-            shrink,
-        } => {
-            let v = send(
-                &ep,
-                "POST",
-                &format!("/api/targets/{}/luns/{lun}/resize", seg(&target)),
-                Some(json!({ "size": size, "shrink": shrink })),
-            )?;
-            show(a.json, &v, |v| {
-                println!("LUN {lun} now has {} bytes", v["lun"]["size_bytes"]);
-                persisted_note(v);
-            });
-        }
-        AdminCmd::AddPortal { addr, alua_group } => {
-            let v = send(
-                &ep,
-                "POST",
-                "/api/portals",
-                Some(json!({ "addr": addr, "alua_group": alua_group })),
-            )?;
-            show(a.json, &v, |v| {
-                println!(
-                    "listening on {} (TPGT {})",
-                    v["portal"]["addr"].as_str().unwrap_or(""),
-                    v["portal"]["tpgt"]
-                );
-                persisted_note(v);
-            });
-        }
-        AdminCmd::RemovePortal { portal } => {
-            let v = send(
-                &ep,
-                "DELETE",
-                &format!("/api/portals/{}", seg(&portal)),
-                None,
-            )?;
-            show(a.json, &v, |v| {
-                println!(
-                    "removed portal {} (TPGT {})",
-                    v["removed"]["addr"].as_str().unwrap_or(""),
-                    v["removed"]["tpgt"]
-                );
-                persisted_note(v);
-            });
-        }
-        AdminCmd::Acl { target } => {
-            let v = if target == "discovery" {
-                ep.get_json("/api/discovery")?
-            } else {
-                ep.get_json(&format!("/api/targets/{}/acl", seg(&target)))?
-            };
-            show(a.json, &v, print_acl);
-        }
-        AdminCmd::Allow {
-            target,
-            entry,
-            drop_sessions,
-        } => {
-            let key = if is_name(&entry) {
-                "initiator"
-            } else {
-                "network"
-            };
-            let v = send(
-                &ep,
-                "POST",
-                &format!(
-                    "/api/targets/{}/acl?drop_sessions={drop_sessions}",
-                    seg(&target)
-                ),
-                Some(json!({ key: entry })),
-            )?;
-            show(a.json, &v, |v| {
-                println!("allowed {entry}");
-                changed(v);
-            });
-        }
-        AdminCmd::Disallow {
-            target,
-            entry,
-            allow_any,
-            drop_sessions,
-        } => {
-            let v = send(
-                &ep,
-                "DELETE",
-                &format!(
-                    "/api/targets/{}/acl/{}?allow_any={allow_any}&drop_sessions={drop_sessions}",
-                    seg(&target),
-                    seg(&entry)
-                ),
-                None,
-            )?;
-            show(a.json, &v, |v| {
-                println!("removed {entry}");
-                changed(v);
-            });
-        }
-        AdminCmd::SetChap {
-            target,
-            user,
-            mutual,
-            secret_file,
-            drop_sessions,
-        } => {
-            let body = match secret_file {
-                Some(f) => json!({ "user": user, "secret_file": f }),
-                None => json!({ "user": user, "secret": read_secret()? }),
-            };
-            let v = send(
-                &ep,
-                "PUT",
-                &format!(
-                    "{}?drop_sessions={drop_sessions}",
-                    chap_path(&target, mutual)
-                ),
-                Some(body),
-            )?;
-            show(a.json, &v, |v| {
-                println!("{} set for {target} (user {user})", chap_key(mutual));
-                changed(v);
-            });
-        }
-        AdminCmd::ClearChap {
-            target,
-            mutual,
-            drop_sessions,
-        } => {
-            let v = send(
-                &ep,
-                "DELETE",
-                &format!(
-                    "{}?drop_sessions={drop_sessions}",
-                    chap_path(&target, mutual)
-                ),
-                None,
-            )?;
-            show(a.json, &v, |v| {
-                println!("{} cleared for {target}", chap_key(mutual));
-                changed(v);
-            });
-        }
-        AdminCmd::SetAlua { group, state } => {
-            let v = send(
-                &ep,
-                "PUT",
-                &format!("/api/alua/{group}"),
-                Some(json!({ "state": state })),
-            )?;
-            show(a.json, &v, |v| {
-                println!("ALUA group {group}: {}", v["state"].as_str().unwrap_or(""));
-                persisted_note(v);
-            });
-        }
+        AdminCmd::AddLun(x) => add_lun(&ep, a.json, x)?,
+        AdminCmd::RemoveLun(x) => remove_lun(&ep, a.json, x)?,
+        AdminCmd::ResizeLun(x) => resize_lun(&ep, a.json, x)?,
+        AdminCmd::AddPortal(x) => add_portal(&ep, a.json, x)?,
+        AdminCmd::RemovePortal(x) => remove_portal(&ep, a.json, x)?,
+        AdminCmd::Acl(x) => acl(&ep, a.json, x)?,
+        AdminCmd::Allow(x) => allow(&ep, a.json, x)?,
+        AdminCmd::Disallow(x) => disallow(&ep, a.json, x)?,
+        AdminCmd::SetChap(x) => set_chap(&ep, a.json, x)?,
+        AdminCmd::ClearChap(x) => clear_chap(&ep, a.json, x)?,
+        AdminCmd::SetAlua(x) => set_alua(&ep, a.json, x)?,
         AdminCmd::Stats => {
             let v = ep.get_json("/api/stats")?;
             show(a.json, &v, |v| crate::top::print_batch(v, false));
@@ -680,5 +550,244 @@ pub fn run(a: AdminArgs) -> Result<()> {
             print!("{text}");
         }
     }
+    Ok(())
+}
+
+/// `ironsan admin add-lun`.
+fn add_lun(ep: &Endpoint, json_out: bool, a: AddLunArgs) -> Result<()> {
+    let AddLunArgs {
+        target,
+        spec,
+        number,
+        block_size,
+        write_back,
+        read_only,
+    } = a;
+    let body = lun_body(&spec, number, block_size, write_back, read_only)?;
+    let v = send(
+        ep,
+        "POST",
+        &format!("/api/targets/{}/luns", seg(&target)),
+        Some(body),
+    )?;
+    show(json_out, &v, |v| {
+        println!(
+            "added LUN {} ({}, {} bytes)",
+            v["lun"]["lun"],
+            v["lun"]["naa"].as_str().unwrap_or(""),
+            v["lun"]["size_bytes"]
+        );
+        persisted_note(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin remove-lun`.
+fn remove_lun(ep: &Endpoint, json_out: bool, a: RemoveLunArgs) -> Result<()> {
+    let RemoveLunArgs { target, lun } = a;
+    let v = send(
+        ep,
+        "DELETE",
+        &format!("/api/targets/{}/luns/{lun}", seg(&target)),
+        None,
+    )?;
+    show(json_out, &v, |v| {
+        println!("removed LUN {lun}");
+        persisted_note(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin resize-lun`.
+fn resize_lun(ep: &Endpoint, json_out: bool, a: ResizeLunArgs) -> Result<()> {
+    let ResizeLunArgs {
+        target,
+        lun,
+        size,
+        shrink,
+    } = a;
+    let v = send(
+        ep,
+        "POST",
+        &format!("/api/targets/{}/luns/{lun}/resize", seg(&target)),
+        Some(json!({ "size": size, "shrink": shrink })),
+    )?;
+    show(json_out, &v, |v| {
+        println!("LUN {lun} now has {} bytes", v["lun"]["size_bytes"]);
+        persisted_note(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin add-portal`.
+fn add_portal(ep: &Endpoint, json_out: bool, a: AddPortalArgs) -> Result<()> {
+    let AddPortalArgs { addr, alua_group } = a;
+    let v = send(
+        ep,
+        "POST",
+        "/api/portals",
+        Some(json!({ "addr": addr, "alua_group": alua_group })),
+    )?;
+    show(json_out, &v, |v| {
+        println!(
+            "listening on {} (TPGT {})",
+            v["portal"]["addr"].as_str().unwrap_or(""),
+            v["portal"]["tpgt"]
+        );
+        persisted_note(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin remove-portal`.
+fn remove_portal(ep: &Endpoint, json_out: bool, a: RemovePortalArgs) -> Result<()> {
+    let RemovePortalArgs { portal } = a;
+    let v = send(
+        ep,
+        "DELETE",
+        &format!("/api/portals/{}", seg(&portal)),
+        None,
+    )?;
+    show(json_out, &v, |v| {
+        println!(
+            "removed portal {} (TPGT {})",
+            v["removed"]["addr"].as_str().unwrap_or(""),
+            v["removed"]["tpgt"]
+        );
+        persisted_note(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin acl`.
+fn acl(ep: &Endpoint, json_out: bool, a: AclArgs) -> Result<()> {
+    let AclArgs { target } = a;
+    let v = if target == "discovery" {
+        ep.get_json("/api/discovery")?
+    } else {
+        ep.get_json(&format!("/api/targets/{}/acl", seg(&target)))?
+    };
+    show(json_out, &v, print_acl);
+    Ok(())
+}
+
+/// `ironsan admin allow`.
+fn allow(ep: &Endpoint, json_out: bool, a: AllowArgs) -> Result<()> {
+    let AllowArgs {
+        target,
+        entry,
+        drop_sessions,
+    } = a;
+    let key = if is_name(&entry) {
+        "initiator"
+    } else {
+        "network"
+    };
+    let v = send(
+        ep,
+        "POST",
+        &format!(
+            "/api/targets/{}/acl?drop_sessions={drop_sessions}",
+            seg(&target)
+        ),
+        Some(json!({ key: entry })),
+    )?;
+    show(json_out, &v, |v| {
+        println!("allowed {entry}");
+        changed(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin disallow`.
+fn disallow(ep: &Endpoint, json_out: bool, a: DisallowArgs) -> Result<()> {
+    let DisallowArgs {
+        target,
+        entry,
+        allow_any,
+        drop_sessions,
+    } = a;
+    let v = send(
+        ep,
+        "DELETE",
+        &format!(
+            "/api/targets/{}/acl/{}?allow_any={allow_any}&drop_sessions={drop_sessions}",
+            seg(&target),
+            seg(&entry)
+        ),
+        None,
+    )?;
+    show(json_out, &v, |v| {
+        println!("removed {entry}");
+        changed(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin set-chap`.
+fn set_chap(ep: &Endpoint, json_out: bool, a: SetChapArgs) -> Result<()> {
+    let SetChapArgs {
+        target,
+        user,
+        mutual,
+        secret_file,
+        drop_sessions,
+    } = a;
+    let body = match secret_file {
+        Some(f) => json!({ "user": user, "secret_file": f }),
+        None => json!({ "user": user, "secret": read_secret()? }),
+    };
+    let v = send(
+        ep,
+        "PUT",
+        &format!(
+            "{}?drop_sessions={drop_sessions}",
+            chap_path(&target, mutual)
+        ),
+        Some(body),
+    )?;
+    show(json_out, &v, |v| {
+        println!("{} set for {target} (user {user})", chap_key(mutual));
+        changed(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin clear-chap`.
+fn clear_chap(ep: &Endpoint, json_out: bool, a: ClearChapArgs) -> Result<()> {
+    let ClearChapArgs {
+        target,
+        mutual,
+        drop_sessions,
+    } = a;
+    let v = send(
+        ep,
+        "DELETE",
+        &format!(
+            "{}?drop_sessions={drop_sessions}",
+            chap_path(&target, mutual)
+        ),
+        None,
+    )?;
+    show(json_out, &v, |v| {
+        println!("{} cleared for {target}", chap_key(mutual));
+        changed(v);
+    });
+    Ok(())
+}
+
+/// `ironsan admin set-alua`.
+fn set_alua(ep: &Endpoint, json_out: bool, a: SetAluaArgs) -> Result<()> {
+    let SetAluaArgs { group, state } = a;
+    let v = send(
+        ep,
+        "PUT",
+        &format!("/api/alua/{group}"),
+        Some(json!({ "state": state })),
+    )?;
+    show(json_out, &v, |v| {
+        println!("ALUA group {group}: {}", v["state"].as_str().unwrap_or(""));
+        persisted_note(v);
+    });
     Ok(())
 }
