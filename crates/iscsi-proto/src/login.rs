@@ -160,6 +160,102 @@ impl TargetLogin {
         self.auth.seed(id, challenge);
     }
 
+    /// Checks a Login Request's header against the login so far (RFC 7143
+    /// §6.3, §11.12): the number of requests, the version, the ISID, TSIH
+    /// and CID staying the same, the stage it is in and where it may go;
+    /// moves the login to that request's stage.
+    fn check_request(&mut self, req: &LoginReq, first: bool) -> Result<(), Fail> {
+        self.requests += 1;
+        if self.requests > MAX_LOGIN_REQUESTS {
+            return Err(Fail(
+                LoginStatus::INITIATOR_ERROR,
+                format!("more than {MAX_LOGIN_REQUESTS} login requests"),
+            ));
+        }
+        if req.version_min > 0 {
+            return Err(Fail(
+                LoginStatus::UNSUPPORTED_VERSION,
+                format!("version-min {}", req.version_min),
+            ));
+        }
+        if !first && (req.isid != self.isid || req.tsih != self.tsih || req.cid != self.cid) {
+            return Err(Fail(
+                LoginStatus::INVALID_DURING_LOGIN,
+                "ISID/TSIH/CID changed during login".into(),
+            ));
+        }
+        let csg = req.csg;
+        let expected = match self.stage {
+            Stage::Start => csg == stage::SECURITY || csg == stage::OPERATIONAL,
+            Stage::Security => csg == stage::SECURITY || csg == stage::OPERATIONAL,
+            Stage::Operational => csg == stage::OPERATIONAL,
+        };
+        if !expected {
+            return Err(Fail(
+                LoginStatus::INVALID_DURING_LOGIN,
+                format!("CSG {csg} not valid now"),
+            ));
+        }
+        if req.transit && (req.nsg <= csg || req.nsg == 2) {
+            return Err(Fail(
+                LoginStatus::INVALID_DURING_LOGIN,
+                format!("transit from {csg} to {}", req.nsg),
+            ));
+        }
+        if req.transit && req.cont {
+            return Err(Fail(
+                LoginStatus::INVALID_DURING_LOGIN,
+                "T and C both set".into(),
+            ));
+        }
+        self.stage = if csg == stage::SECURITY {
+            Stage::Security
+        } else {
+            Stage::Operational
+        };
+        Ok(())
+    }
+
+    /// The first request's names: the initiator's, and for a normal
+    /// session the target's, which must exist, admit the initiator
+    /// (`FORBIDDEN` otherwise) and decides the authentication asked for.
+    fn first_request(
+        &mut self,
+        pairs: &[(String, String)],
+        dir: &dyn TargetDirectory,
+    ) -> Result<(), Fail> {
+        if self.params.initiator_name.is_empty() {
+            return Err(Fail(
+                LoginStatus::MISSING_PARAMETER,
+                "no InitiatorName".into(),
+            ));
+        }
+        if self.params.session_type == SessionType::Normal {
+            let name = pairs
+                .iter()
+                .find(|(k, _)| k == "TargetName")
+                .map(|(_, v)| v.as_str());
+            let Some(name) = name else {
+                return Err(Fail(LoginStatus::MISSING_PARAMETER, "no TargetName".into()));
+            };
+            let Some(t) = dir.find(name, &self.params.initiator_name) else {
+                return Err(Fail(LoginStatus::NOT_FOUND, format!("no target {name}")));
+            };
+            if !dir.authorize(&t.name, &self.params.initiator_name) {
+                return Err(Fail(
+                    LoginStatus::FORBIDDEN,
+                    format!("initiator not allowed on {}", t.name),
+                ));
+            }
+            self.params.target_name = t.name.clone();
+            self.auth.policy = dir.chap(Some(&t.name));
+            self.target = Some(t);
+        } else {
+            self.auth.policy = dir.chap(None);
+        }
+        Ok(())
+    }
+
     /// Handles one Login Request with its data segment.
     pub fn handle(&mut self, req: &LoginReq, data: &[u8], dir: &dyn TargetDirectory) -> LoginStep {
         let first = self.stage == Stage::Start;
@@ -209,54 +305,8 @@ impl TargetLogin {
         dir: &dyn TargetDirectory,
         first: bool,
     ) -> Result<LoginStep, Fail> {
-        self.requests += 1;
-        if self.requests > MAX_LOGIN_REQUESTS {
-            return Err(Fail(
-                LoginStatus::INITIATOR_ERROR,
-                format!("more than {MAX_LOGIN_REQUESTS} login requests"),
-            ));
-        }
-        if req.version_min > 0 {
-            return Err(Fail(
-                LoginStatus::UNSUPPORTED_VERSION,
-                format!("version-min {}", req.version_min),
-            ));
-        }
-        if !first && (req.isid != self.isid || req.tsih != self.tsih || req.cid != self.cid) {
-            return Err(Fail(
-                LoginStatus::INVALID_DURING_LOGIN,
-                "ISID/TSIH/CID changed during login".into(),
-            ));
-        }
         let csg = req.csg;
-        let expected = match self.stage {
-            Stage::Start => csg == stage::SECURITY || csg == stage::OPERATIONAL,
-            Stage::Security => csg == stage::SECURITY || csg == stage::OPERATIONAL,
-            Stage::Operational => csg == stage::OPERATIONAL,
-        };
-        if !expected {
-            return Err(Fail(
-                LoginStatus::INVALID_DURING_LOGIN,
-                format!("CSG {csg} not valid now"),
-            ));
-        }
-        if req.transit && (req.nsg <= csg || req.nsg == 2) {
-            return Err(Fail(
-                LoginStatus::INVALID_DURING_LOGIN,
-                format!("transit from {csg} to {}", req.nsg),
-            ));
-        }
-        if req.transit && req.cont {
-            return Err(Fail(
-                LoginStatus::INVALID_DURING_LOGIN,
-                "T and C both set".into(),
-            ));
-        }
-        self.stage = if csg == stage::SECURITY {
-            Stage::Security
-        } else {
-            Stage::Operational
-        };
+        self.check_request(req, first)?;
 
         let whole = match self.cont.push(data, req.cont) {
             Ok(Some(t)) => t,
@@ -296,35 +346,7 @@ impl TargetLogin {
         }
 
         if first {
-            if self.params.initiator_name.is_empty() {
-                return Err(Fail(
-                    LoginStatus::MISSING_PARAMETER,
-                    "no InitiatorName".into(),
-                ));
-            }
-            if self.params.session_type == SessionType::Normal {
-                let name = pairs
-                    .iter()
-                    .find(|(k, _)| k == "TargetName")
-                    .map(|(_, v)| v.as_str());
-                let Some(name) = name else {
-                    return Err(Fail(LoginStatus::MISSING_PARAMETER, "no TargetName".into()));
-                };
-                let Some(t) = dir.find(name, &self.params.initiator_name) else {
-                    return Err(Fail(LoginStatus::NOT_FOUND, format!("no target {name}")));
-                };
-                if !dir.authorize(&t.name, &self.params.initiator_name) {
-                    return Err(Fail(
-                        LoginStatus::FORBIDDEN,
-                        format!("initiator not allowed on {}", t.name),
-                    ));
-                }
-                self.params.target_name = t.name.clone();
-                self.auth.policy = dir.chap(Some(&t.name));
-                self.target = Some(t);
-            } else {
-                self.auth.policy = dir.chap(None);
-            }
+            self.first_request(&pairs, dir)?;
         }
         if csg == stage::SECURITY {
             self.auth.handle(&security, &mut out)?;
