@@ -56,7 +56,7 @@ mod ua;
 mod vpd;
 mod xcopy;
 
-pub use alua::{AccessState, AluaError, AluaOwner, GroupSpec, PortGroups};
+pub use alua::{AccessRefusal, AccessState, AluaError, AluaOwner, GroupSpec, PortGroups};
 pub use fast::{FastIo, FastKind, ZERO_COPY_MIN};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,

@@ -342,7 +342,7 @@ impl LogicalUnit {
     /// the INQUIRY TPGS field. Without it the unit has implicit ALUA with
     /// every port active/optimized.
     pub fn with_port_groups(mut self, pg: Arc<PortGroups>) -> Self {
-        self.std_inquiry[5] = (self.std_inquiry[5] & !0x30) | (pg.tpgs() << 4);
+        self.std_inquiry[5] = (self.std_inquiry[5] & !0x30) | (alua::tpgs(&pg) << 4);
         self.alua = pg;
         self
     }
@@ -529,7 +529,10 @@ impl LogicalUnit {
         let access = self.alua.state(cmd.tpg);
         if !access.is_active() {
             if let Some(s) = alua::refusal(access, cdb) {
-                let s = self.alua.owner_refusal(cmd.tpg, access).unwrap_or(s);
+                let s = self
+                    .alua
+                    .owner_refusal(cmd.tpg, access)
+                    .map_or(s, alua::refusal_sense);
                 return Err(Outcome::check(s));
             }
         }

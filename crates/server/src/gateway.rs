@@ -50,7 +50,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use scsi::{AccessState, AluaOwner, Asc, LogicalUnit, PortGroups, Sense, SenseKey};
+use scsi::{AccessRefusal, AccessState, AluaOwner, Asc, LogicalUnit, PortGroups};
 
 use crate::config::GatewayConfig;
 
@@ -305,15 +305,12 @@ fn ownership(lu: &LogicalUnit) -> &dyn storage::Ownership {
 }
 
 impl AluaOwner for Gateway {
-    fn refused_access(&self, tpg: u16, state: AccessState) -> Option<Sense> {
+    fn refused_access(&self, tpg: u16, state: AccessState) -> Option<AccessRefusal> {
         if tpg != self.own || !self.implicit || state != AccessState::Standby {
             return None;
         }
         if self.transitioning.load(Ordering::Acquire) {
-            return Some(Sense::new(
-                SenseKey::NotReady,
-                Asc::NOT_ACCESSIBLE_TRANSITIONING,
-            ));
+            return Some(AccessRefusal::Transitioning);
         }
         {
             let mut last = self.last_probe.lock();
@@ -339,14 +336,13 @@ impl AluaOwner for Gateway {
         None
     }
 
-    fn set_target_port_groups(&self, changes: &[(u16, AccessState)]) -> Result<bool, Sense> {
+    fn set_states(&self, changes: &[(u16, AccessState)]) -> Result<bool, AccessRefusal> {
         let _g = self.busy.lock();
-        let at = |k: usize| (4 + 4 * k) as u16;
         // The peers' groups: only their present state may be asked for.
         let pg = self
             .pg
             .upgrade()
-            .ok_or_else(|| Sense::new(SenseKey::NotReady, Asc::NOT_ACCESSIBLE_UNAVAILABLE))?;
+            .ok_or(AccessRefusal::InState(AccessState::Unavailable))?;
         let mine = changes
             .iter()
             .find(|(g, _)| *g == self.own)
@@ -363,7 +359,7 @@ impl AluaOwner for Gateway {
                 now
             };
             if st != then {
-                return Err(Sense::invalid_param(at(k), Some(3)));
+                return Err(AccessRefusal::InvalidChange(k));
             }
         }
         let owner = match mine {
@@ -371,17 +367,14 @@ impl AluaOwner for Gateway {
             Some(st) if st.is_active() => {
                 if let Err(e) = self.take_over() {
                     tracing::error!(target = %self.target, "gateway: take-over failed: {e}");
-                    return Err(Sense::new(SenseKey::NotReady, Asc::NOT_ACCESSIBLE_STANDBY));
+                    return Err(AccessRefusal::InState(AccessState::Standby));
                 }
                 Owner::Me
             }
             Some(st) => {
                 if let Err(e) = self.release() {
                     tracing::error!(target = %self.target, "gateway: release failed: {e}");
-                    return Err(Sense::new(
-                        SenseKey::HardwareError,
-                        Asc::INTERNAL_TARGET_FAILURE,
-                    ));
+                    return Err(AccessRefusal::Failed);
                 }
                 // Standby or unavailable, as asked; the peers keep theirs.
                 return Ok(pg.set_state(self.own, st).unwrap_or(false));

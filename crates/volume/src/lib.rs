@@ -42,6 +42,7 @@
 //! reporting. See
 //! docs/ARCHITECTURE.md, "The volume layer".
 
+pub mod access;
 pub mod locks;
 pub mod reservations;
 
