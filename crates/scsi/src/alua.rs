@@ -302,12 +302,7 @@ mod tests {
     use super::*;
 
     fn spec(id: u16, ports: &[u16], state: AccessState) -> GroupSpec {
-        GroupSpec {
-            id,
-            ports: ports.to_vec(),
-            state,
-            preferred: false,
-        }
+        GroupSpec::new(id, ports, state)
     }
 
     #[test]

@@ -153,6 +153,18 @@ pub struct GroupSpec {
     pub preferred: bool,
 }
 
+impl GroupSpec {
+    /// Group `id` of `ports` in `state`, not preferred.
+    pub fn new(id: u16, ports: &[u16], state: AccessState) -> Self {
+        GroupSpec {
+            id,
+            ports: ports.to_vec(),
+            state,
+            preferred: false,
+        }
+    }
+}
+
 /// Why a port group description was refused.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GroupError {
@@ -453,12 +465,7 @@ mod tests {
     use super::*;
 
     fn spec(id: u16, ports: &[u16], state: AccessState) -> GroupSpec {
-        GroupSpec {
-            id,
-            ports: ports.to_vec(),
-            state,
-            preferred: false,
-        }
+        GroupSpec::new(id, ports, state)
     }
 
     #[test]
