@@ -175,9 +175,13 @@ impl Connection {
 
     /// Sends everything queued.
     pub fn flush(&mut self) -> Result<(), Error> {
-        // A blocking socket: the queue is empty when this returns.
+        // A blocking socket (a timeout is an error): the queue is empty
+        // when this returns Ok.
         match self.out.write_to(&mut Blocking(&self.stream)) {
-            Ok(_) => Ok(()),
+            Ok(done) => {
+                debug_assert!(done, "a blocking write never defers");
+                Ok(())
+            }
             Err(e) if e.kind() == io::ErrorKind::WriteZero => Err(Error::Closed),
             Err(e) => Err(e.into()),
         }
@@ -442,7 +446,14 @@ struct Blocking<'a>(&'a TcpStream);
 impl WriteOut for Blocking<'_> {
     fn write_vectored(&mut self, iov: &[IoSlice<'_>], _more: bool) -> io::Result<usize> {
         let mut s = self.0;
-        s.write_vectored(iov)
+        match s.write_vectored(iov) {
+            // On a blocking socket EAGAIN means the write timeout expired:
+            // an error, never "try later" (the queue would be left unsent).
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                Err(io::Error::new(io::ErrorKind::TimedOut, e))
+            }
+            r => r,
+        }
     }
 
     fn send_file(&mut self, _: &FileRange) -> io::Result<usize> {

@@ -192,8 +192,13 @@ impl NullConn {
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        // A blocking socket: the queue is empty when this returns.
-        self.out.write_to(&mut Blocking(&self.s)).map(|_| ())
+        // A blocking socket: the queue is empty when this returns Ok (a
+        // write that would block could only be a timeout).
+        if self.out.write_to(&mut Blocking(&self.s))? {
+            Ok(())
+        } else {
+            Err(std::io::ErrorKind::TimedOut.into())
+        }
     }
 
     fn handle(&mut self, raw: iscsi_wire::RawPdu) -> bool {
