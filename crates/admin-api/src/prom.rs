@@ -244,29 +244,32 @@ fn latency_histograms(o: &mut Out, lun_labels: &Rows<'_>) {
 
 /// Commands in flight and rejects per session.
 fn session_gauges(o: &mut Out, snap: &Snapshot, sess_labels: &Rows<'_>) {
-    o.family(
-        "ironsan_session_in_flight",
-        "gauge",
-        "Commands received and not yet answered (queue depth in use).",
-    );
-    for (s, (lab, _)) in snap.sessions.iter().zip(sess_labels) {
-        o.sample("ironsan_session_in_flight", lab, s.in_flight);
-    }
-    o.family(
-        "ironsan_session_in_flight_max",
-        "gauge",
-        "The most commands in flight since login.",
-    );
-    for (s, (lab, _)) in snap.sessions.iter().zip(sess_labels) {
-        o.sample("ironsan_session_in_flight_max", lab, s.max_in_flight);
-    }
-    o.family(
-        "ironsan_session_rejects_total",
-        "counter",
-        "Reject PDUs sent to the session.",
-    );
-    for (s, (lab, _)) in snap.sessions.iter().zip(sess_labels) {
-        o.sample("ironsan_session_rejects_total", lab, s.rejects);
+    type Field = fn(&server::stats::SessionSnapshot) -> u64;
+    let families: [(&str, &str, &str, Field); 3] = [
+        (
+            "ironsan_session_in_flight",
+            "gauge",
+            "Commands received and not yet answered (queue depth in use).",
+            |s| u64::from(s.in_flight),
+        ),
+        (
+            "ironsan_session_in_flight_max",
+            "gauge",
+            "The most commands in flight since login.",
+            |s| u64::from(s.max_in_flight),
+        ),
+        (
+            "ironsan_session_rejects_total",
+            "counter",
+            "Reject PDUs sent to the session.",
+            |s| s.rejects,
+        ),
+    ];
+    for (name, kind, help, f) in families {
+        o.family(name, kind, help);
+        for (s, (lab, _)) in snap.sessions.iter().zip(sess_labels) {
+            o.sample(name, lab, f(s));
+        }
     }
 }
 
