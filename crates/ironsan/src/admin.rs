@@ -257,6 +257,21 @@ fn show(json_out: bool, v: &Value, table: impl FnOnce(&Value)) {
     }
 }
 
+/// Sends a change to the API and shows its answer: the JSON, or `table`'s
+/// lines.
+fn change(
+    json_out: bool,
+    ep: &Endpoint,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    table: impl FnOnce(&Value),
+) -> Result<()> {
+    let v = send(ep, method, path, body)?;
+    show(json_out, &v, table);
+    Ok(())
+}
+
 fn send(ep: &Endpoint, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
     let b = body.map(|b| b.to_string());
     let (code, text) = ep.request(method, path, b.as_deref())?;
@@ -564,38 +579,38 @@ fn add_lun(ep: &Endpoint, json_out: bool, a: AddLunArgs) -> Result<()> {
         read_only,
     } = a;
     let body = lun_body(&spec, number, block_size, write_back, read_only)?;
-    let v = send(
+    change(
+        json_out,
         ep,
         "POST",
         &format!("/api/targets/{}/luns", seg(&target)),
         Some(body),
-    )?;
-    show(json_out, &v, |v| {
-        println!(
-            "added LUN {} ({}, {} bytes)",
-            v["lun"]["lun"],
-            v["lun"]["naa"].as_str().unwrap_or(""),
-            v["lun"]["size_bytes"]
-        );
-        persisted_note(v);
-    });
-    Ok(())
+        |v| {
+            println!(
+                "added LUN {} ({}, {} bytes)",
+                v["lun"]["lun"],
+                v["lun"]["naa"].as_str().unwrap_or(""),
+                v["lun"]["size_bytes"]
+            );
+            persisted_note(v);
+        },
+    )
 }
 
 /// `ironsan admin remove-lun`.
 fn remove_lun(ep: &Endpoint, json_out: bool, a: RemoveLunArgs) -> Result<()> {
     let RemoveLunArgs { target, lun } = a;
-    let v = send(
+    change(
+        json_out,
         ep,
         "DELETE",
         &format!("/api/targets/{}/luns/{lun}", seg(&target)),
         None,
-    )?;
-    show(json_out, &v, |v| {
-        println!("removed LUN {lun}");
-        persisted_note(v);
-    });
-    Ok(())
+        |v| {
+            println!("removed LUN {lun}");
+            persisted_note(v);
+        },
+    )
 }
 
 /// `ironsan admin resize-lun`.
@@ -606,57 +621,57 @@ fn resize_lun(ep: &Endpoint, json_out: bool, a: ResizeLunArgs) -> Result<()> {
         size,
         shrink,
     } = a;
-    let v = send(
+    change(
+        json_out,
         ep,
         "POST",
         &format!("/api/targets/{}/luns/{lun}/resize", seg(&target)),
         Some(json!({ "size": size, "shrink": shrink })),
-    )?;
-    show(json_out, &v, |v| {
-        println!("LUN {lun} now has {} bytes", v["lun"]["size_bytes"]);
-        persisted_note(v);
-    });
-    Ok(())
+        |v| {
+            println!("LUN {lun} now has {} bytes", v["lun"]["size_bytes"]);
+            persisted_note(v);
+        },
+    )
 }
 
 /// `ironsan admin add-portal`.
 fn add_portal(ep: &Endpoint, json_out: bool, a: AddPortalArgs) -> Result<()> {
     let AddPortalArgs { addr, alua_group } = a;
-    let v = send(
+    change(
+        json_out,
         ep,
         "POST",
         "/api/portals",
         Some(json!({ "addr": addr, "alua_group": alua_group })),
-    )?;
-    show(json_out, &v, |v| {
-        println!(
-            "listening on {} (TPGT {})",
-            v["portal"]["addr"].as_str().unwrap_or(""),
-            v["portal"]["tpgt"]
-        );
-        persisted_note(v);
-    });
-    Ok(())
+        |v| {
+            println!(
+                "listening on {} (TPGT {})",
+                v["portal"]["addr"].as_str().unwrap_or(""),
+                v["portal"]["tpgt"]
+            );
+            persisted_note(v);
+        },
+    )
 }
 
 /// `ironsan admin remove-portal`.
 fn remove_portal(ep: &Endpoint, json_out: bool, a: RemovePortalArgs) -> Result<()> {
     let RemovePortalArgs { portal } = a;
-    let v = send(
+    change(
+        json_out,
         ep,
         "DELETE",
         &format!("/api/portals/{}", seg(&portal)),
         None,
-    )?;
-    show(json_out, &v, |v| {
-        println!(
-            "removed portal {} (TPGT {})",
-            v["removed"]["addr"].as_str().unwrap_or(""),
-            v["removed"]["tpgt"]
-        );
-        persisted_note(v);
-    });
-    Ok(())
+        |v| {
+            println!(
+                "removed portal {} (TPGT {})",
+                v["removed"]["addr"].as_str().unwrap_or(""),
+                v["removed"]["tpgt"]
+            );
+            persisted_note(v);
+        },
+    )
 }
 
 /// `ironsan admin acl`.
@@ -683,7 +698,8 @@ fn allow(ep: &Endpoint, json_out: bool, a: AllowArgs) -> Result<()> {
     } else {
         "network"
     };
-    let v = send(
+    change(
+        json_out,
         ep,
         "POST",
         &format!(
@@ -691,12 +707,11 @@ fn allow(ep: &Endpoint, json_out: bool, a: AllowArgs) -> Result<()> {
             seg(&target)
         ),
         Some(json!({ key: entry })),
-    )?;
-    show(json_out, &v, |v| {
-        println!("allowed {entry}");
-        changed(v);
-    });
-    Ok(())
+        |v| {
+            println!("allowed {entry}");
+            changed(v);
+        },
+    )
 }
 
 /// `ironsan admin disallow`.
@@ -707,7 +722,8 @@ fn disallow(ep: &Endpoint, json_out: bool, a: DisallowArgs) -> Result<()> {
         allow_any,
         drop_sessions,
     } = a;
-    let v = send(
+    change(
+        json_out,
         ep,
         "DELETE",
         &format!(
@@ -716,12 +732,11 @@ fn disallow(ep: &Endpoint, json_out: bool, a: DisallowArgs) -> Result<()> {
             seg(&entry)
         ),
         None,
-    )?;
-    show(json_out, &v, |v| {
-        println!("removed {entry}");
-        changed(v);
-    });
-    Ok(())
+        |v| {
+            println!("removed {entry}");
+            changed(v);
+        },
+    )
 }
 
 /// `ironsan admin set-chap`.
@@ -737,7 +752,8 @@ fn set_chap(ep: &Endpoint, json_out: bool, a: SetChapArgs) -> Result<()> {
         Some(f) => json!({ "user": user, "secret_file": f }),
         None => json!({ "user": user, "secret": read_secret()? }),
     };
-    let v = send(
+    change(
+        json_out,
         ep,
         "PUT",
         &format!(
@@ -745,12 +761,11 @@ fn set_chap(ep: &Endpoint, json_out: bool, a: SetChapArgs) -> Result<()> {
             chap_path(&target, mutual)
         ),
         Some(body),
-    )?;
-    show(json_out, &v, |v| {
-        println!("{} set for {target} (user {user})", chap_key(mutual));
-        changed(v);
-    });
-    Ok(())
+        |v| {
+            println!("{} set for {target} (user {user})", chap_key(mutual));
+            changed(v);
+        },
+    )
 }
 
 /// `ironsan admin clear-chap`.
@@ -760,7 +775,8 @@ fn clear_chap(ep: &Endpoint, json_out: bool, a: ClearChapArgs) -> Result<()> {
         mutual,
         drop_sessions,
     } = a;
-    let v = send(
+    change(
+        json_out,
         ep,
         "DELETE",
         &format!(
@@ -768,26 +784,25 @@ fn clear_chap(ep: &Endpoint, json_out: bool, a: ClearChapArgs) -> Result<()> {
             chap_path(&target, mutual)
         ),
         None,
-    )?;
-    show(json_out, &v, |v| {
-        println!("{} cleared for {target}", chap_key(mutual));
-        changed(v);
-    });
-    Ok(())
+        |v| {
+            println!("{} cleared for {target}", chap_key(mutual));
+            changed(v);
+        },
+    )
 }
 
 /// `ironsan admin set-alua`.
 fn set_alua(ep: &Endpoint, json_out: bool, a: SetAluaArgs) -> Result<()> {
     let SetAluaArgs { group, state } = a;
-    let v = send(
+    change(
+        json_out,
         ep,
         "PUT",
         &format!("/api/alua/{group}"),
         Some(json!({ "state": state })),
-    )?;
-    show(json_out, &v, |v| {
-        println!("ALUA group {group}: {}", v["state"].as_str().unwrap_or(""));
-        persisted_note(v);
-    });
-    Ok(())
+        |v| {
+            println!("ALUA group {group}: {}", v["state"].as_str().unwrap_or(""));
+            persisted_note(v);
+        },
+    )
 }
