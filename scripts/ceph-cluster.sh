@@ -10,8 +10,9 @@
 # Environment: CEPH_MON_PORT (default 17300, msgr2 only), CEPH_OSD_PORTS
 # (default 17310-17399), CEPH_MEMSTORE_BYTES (default 2 GiB: the OSD keeps
 # every object in RAM up to this), CEPH_TIMEOUT (seconds, default 90),
-# CEPH_WATCH_TIMEOUT (osd_client_watch_timeout, default 5 s here: how long
-# a dead client keeps watching an image).
+# CEPH_WATCH_TIMEOUT (osd_client_watch_timeout, Ceph's default of 30 s
+# unless set: how long a dead client keeps watching an image; the gateway
+# tests run at the default).
 #
 # There is no ceph-mgr (it would pull in a Python web stack): PG states are
 # then not reported, so readiness is HEALTH_OK + the OSD up and in + a
@@ -131,9 +132,8 @@ mon_data_avail_warn = 2
 mon_data_avail_crit = 1
 # No ceph-mgr here: do not warn about it.
 mon_mgr_mkfs_grace = 100000000
-# A client that died stops watching its images after this many seconds
-# (default 30): how soon a standby gateway may take over implicitly.
-osd_client_watch_timeout = ${CEPH_WATCH_TIMEOUT:-5}
+# A client that died stops watching its images after this many seconds.
+osd_client_watch_timeout = ${CEPH_WATCH_TIMEOUT:-30}
 EOF
   say "creating the monitor"
   monmaptool --create --addv a "[v2:127.0.0.1:$mon_port]" --fsid "$fsid" "$dir/monmap" \

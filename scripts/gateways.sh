@@ -14,11 +14,21 @@
 #      the data reads back right;
 #   4. a resize made elsewhere (`rbd resize`, while A owns the image and B
 #      is standby) reaches both: A reports the new capacity within
-#      seconds, and so does B once A is killed and B has taken over.
+#      seconds, and so does B once A is killed and B has taken over;
+#   5. a hung owner: the owner is stopped (SIGSTOP) for 15 s; a plain client
+#      is served by the other within 10 s (it fences the owner and takes
+#      over); the hung one, resumed, steps down by itself (REPORT TARGET
+#      PORT GROUPS agrees on both paths), connects to the cluster again, and
+#      takes over in its turn when the other is killed; the data written
+#      before reads back right.
+#
+# Takeovers must take under 10 s at Ceph's default osd_client_watch_timeout
+# (30 s): the owner's liveness is probed, not waited out.
 #
 #   scripts/gateways.sh [IRONSAN_BINARY]
 #
-# Environment: GW_PORT (first of two loopback ports, default 17370).
+# Environment: GW_PORT (first of two loopback ports, default 17270, below
+# the test cluster's OSD ports); GW_KEEP=1 keeps the gateways' logs.
 # Prints "gateways: N passed, M failed"; exits non-zero on a failure.
 set -uo pipefail
 
@@ -27,7 +37,7 @@ bin=${1:-${CARGO_TARGET_DIR:-target}/release/ironsan}
   echo "gateways: set CEPH_CONF (scripts/rbd.sh does)" >&2
   exit 1
 }
-port_a=${GW_PORT:-17370}
+port_a=${GW_PORT:-17270}
 port_b=$((port_a + 1))
 iqn=iqn.2026-12.io.ironsan:gateways
 image=rbd/gateways
@@ -55,9 +65,14 @@ stop() { # PID...
   done
 }
 cleanup() {
+  kill -CONT "$pid_a" "$pid_b" 2>/dev/null || true
   stop "$pid_a" "$pid_b"
   rbd rm "$image" >/dev/null 2>&1 || true
-  rm -rf "$work"
+  if [ -n "${GW_KEEP:-}" ]; then
+    say "logs kept in $work"
+  else
+    rm -rf "$work"
+  fi
 }
 trap cleanup EXIT
 
@@ -80,6 +95,30 @@ gateway() {
 
 # served URL: whether a plain libiscsi client can use the LU through URL.
 served() { iscsi-readcapacity16 "$1" >"$work/rc.txt" 2>&1; }
+
+# since T0: seconds since T0 (date +%s.%N), one decimal.
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+# within10 SECONDS: whether a takeover took under 10 s.
+within10() { awk -v t="$1" 'BEGIN { exit !(t < 10) }'; }
+
+# wait_served URL: polls URL with a plain client (at most 30 s); sets took.
+wait_served() {
+  local t0 ok=
+  t0=$(date +%s.%N)
+  for _ in $(seq 120); do
+    if served "$1"; then
+      ok=1
+      break
+    fi
+    sleep 0.25
+  done
+  took=$(since "$t0")
+  [ -n "$ok" ]
+}
+
+# rtpg URL: the target port groups as REPORT TARGET PORT GROUPS through URL
+# gives them (`ironsan inq`).
+rtpg() { "$bin" inq "$1" 2>/dev/null | grep '^  group'; }
 
 rbd create --size 256M "$image" || exit 1
 gateway a "$port_a" 1 1 2 17 || exit 1
@@ -162,10 +201,10 @@ for _ in $(seq 60); do
   sleep 0.25
 done
 took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-if [ -n "$ok" ] && [ -n "$id" ] &&
+if [ -n "$ok" ] && [ -n "$id" ] && within10 "$took" &&
   "$bin" --log warn bench --rw read --bs 1m --iodepth 8 --verify --verify-id "$id" "$url_a" \
     >"$work/read2.txt" 2>&1; then
-  step "A took over ${took} s after B died, all blocks good" pass
+  step "A took over ${took} s after B died (kill -9), all blocks good" pass
 else
   cat "$work/rc.txt" "$work/read2.txt" 2>/dev/null | tail -5 >&2
   step "implicit take-over" "fail (after ${took} s)"
@@ -202,6 +241,73 @@ if rbd resize --size 512M "$image" >"$work/resize.txt" 2>&1; then
 else
   cat "$work/resize.txt" >&2
   step "rbd resize" fail
+fi
+
+say "5. a hung owner (SIGSTOP) is fenced and taken over; resumed, it steps down"
+gateway a "$port_a" 1 1 2 17 || exit 1
+# One of them owns the image now (A, restarted, takes its dead former self's
+# lock over at start); x is the owner, y the other.
+x=
+for _ in $(seq 120); do
+  if served "$url_a"; then x=a; elif served "$url_b"; then x=b; fi
+  [ -n "$x" ] && break
+  sleep 0.25
+done
+if [ "$x" = a ]; then
+  y=b url_x=$url_a url_y=$url_b pid_x=$pid_a grp_x=1 grp_y=2
+else
+  x=b y=a url_x=$url_b url_y=$url_a pid_x=$pid_b grp_x=2 grp_y=1
+fi
+id5=
+if "$bin" --log warn bench --rw write --bs 64k --iodepth 8 --size 64M --verify "$url_x" \
+  >"$work/write5.txt" 2>&1; then
+  id5=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/write5.txt" | head -1 | cut -d' ' -f2)
+fi
+[ -n "$id5" ] || {
+  tail -5 "$work/write5.txt" >&2
+  step "write through the owner ${x^^}" fail
+}
+kill -STOP "$pid_x"
+stopped=$(date +%s.%N)
+if wait_served "$url_y" && within10 "$took"; then
+  step "${y^^} took over ${took} s after ${x^^} hung (SIGSTOP)" pass
+else
+  cat "$work/rc.txt" >&2
+  tail -5 "$work/$y.log" >&2
+  step "take-over from a hung owner" "fail (${y^^} not serving after ${took} s)"
+fi
+# The owner stays stopped for 15 s in all.
+rest=$(awk -v s="$(since "$stopped")" 'BEGIN { r = 15 - s; print (r > 0 ? r : 0) }')
+sleep "$rest"
+kill -CONT "$pid_x"
+resumed=$(date +%s.%N)
+agreed=
+for _ in $(seq 40); do
+  rx=$(rtpg "$url_x")
+  ry=$(rtpg "$url_y")
+  if [ -n "$rx" ] && [ "$rx" = "$ry" ] &&
+    grep -q "group $grp_y: active/optimized" <<<"$rx" && grep -q "group $grp_x: standby" <<<"$rx"; then
+    agreed=1
+    break
+  fi
+  sleep 0.25
+done
+took=$(since "$resumed")
+if [ -n "$agreed" ] && ! served "$url_x" && grep -q 'connected to the cluster again' "$work/$x.log"; then
+  step "resumed ${x^^} stepped down and reconnected within ${took} s; both paths agree (${y^^} active/optimized, ${x^^} standby)" pass
+else
+  printf 'through %s:\n%s\nthrough %s:\n%s\n' "${x^^}" "$rx" "${y^^}" "$ry" >&2
+  tail -8 "$work/$x.log" >&2
+  step "resumed ${x^^} steps down" fail
+fi
+if [ "$y" = a ]; then kill -9 "$pid_a"; wait "$pid_a" 2>/dev/null; pid_a=; else kill -9 "$pid_b"; wait "$pid_b" 2>/dev/null; pid_b=; fi
+if wait_served "$url_x" && within10 "$took" && [ -n "$id5" ] &&
+  "$bin" --log warn bench --rw read --bs 1m --iodepth 8 --size 64M --verify --verify-id "$id5" \
+    "$url_x" >"$work/read5.txt" 2>&1; then
+  step "${x^^} took over again ${took} s after ${y^^} died, the data written before reads back right" pass
+else
+  cat "$work/rc.txt" "$work/read5.txt" 2>/dev/null | tail -5 >&2
+  step "take-over by the resumed ${x^^}" "fail (after ${took} s)"
 fi
 
 say "$pass passed, $fail failed"

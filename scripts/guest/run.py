@@ -146,9 +146,17 @@ class Gateways:
                 p.kill()
                 p.wait()
 
+    def signal(self, i, sig):
+        """Sends SIGSTOP or SIGCONT to gateway i (a hung owner)."""
+        p = self.procs[i]
+        if not p or p.poll() is not None:
+            raise RuntimeError(f"gateway {i} is not running")
+        p.send_signal({"STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}[sig])
+
     def stop(self):
         for p in self.procs:
             if p and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
                 p.terminate()
                 try:
                     p.wait(10)
@@ -513,6 +521,10 @@ class Control(threading.Thread):
             return "OK"
         if op == "start":
             t.start(*[int(a) for a in args])
+            return "OK"
+        if op == "signal":
+            # signal N STOP|CONT: pause or resume gateway N.
+            t.signal(int(args[0]), args[1])
             return "OK"
         if op == "port":
             return f"OK 127.0.0.1:{t.ports[int(args[0])]}"

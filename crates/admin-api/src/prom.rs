@@ -190,6 +190,20 @@ fn server_gauges(o: &mut Out, snap: &Snapshot, targets: &[TargetView]) {
         "Sessions in full feature phase.",
     );
     o.sample("ironsan_sessions", "", snap.sessions.len());
+    o.family(
+        "ironsan_storage_faults_total",
+        "counter",
+        "Commands ended on a storage fault, by kind: unresponsive (NOT READY 04/01, retried on \
+         the same path), not_accessible (04/0B, another gateway owns the storage), no_space, \
+         medium (MEDIUM ERROR).",
+    );
+    for (kind, n) in scsi::storage_faults() {
+        o.sample(
+            "ironsan_storage_faults_total",
+            &format!("kind=\"{}\"", kind.name()),
+            n,
+        );
+    }
 
     o.family("ironsan_lun_size_bytes", "gauge", "Capacity of the LUN.");
     for t in targets {

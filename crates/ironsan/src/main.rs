@@ -256,6 +256,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
             peer: a.gateway_peer.clone(),
             check_interval_ms: cfg.gateway.as_ref().map_or(1000, |g| g.check_interval_ms),
             implicit_failover: cfg.gateway.as_ref().is_none_or(|g| g.implicit_failover),
+            owner_timeout_ms: cfg.gateway.as_ref().map_or(3000, |g| g.owner_timeout_ms),
         });
     } else if !a.gateway_peer.is_empty() {
         bail!("--gateway-peer needs --gateway");

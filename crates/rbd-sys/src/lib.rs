@@ -162,6 +162,16 @@ api! {
         fn rados_ioctx_create(rados_t, *const c_char, *mut rados_ioctx_t) -> c_int;
         /// `void rados_ioctx_destroy(rados_ioctx_t io);`
         fn rados_ioctx_destroy(rados_ioctx_t);
+        /// `uint64_t rados_get_instance_id(rados_t cluster);` this client's
+        /// global id (`client.<id>`), as watchers and notify replies name it.
+        fn rados_get_instance_id(rados_t) -> u64;
+        /// `int rados_notify2(rados_ioctx_t io, const char *o, const char *buf,
+        /// int buf_len, uint64_t timeout_ms, char **reply_buffer,
+        /// size_t *reply_buffer_len);` the reply lists who acknowledged and
+        /// who timed out, and is set even when the call returns `-ETIMEDOUT`.
+        fn rados_notify2(rados_ioctx_t, *const c_char, *const c_char, c_int, u64, *mut *mut c_char, *mut usize) -> c_int;
+        /// `void rados_buffer_free(char *buf);`
+        fn rados_buffer_free(*mut c_char);
     }
     rbd {
         /// `void rbd_version(int *major, int *minor, int *extra);`
@@ -246,6 +256,9 @@ api! {
         fn rbd_update_watch(rbd_image_t, *mut u64, rbd_update_callback_t, *mut c_void) -> c_int;
         /// `int rbd_update_unwatch(rbd_image_t image, uint64_t handle);`
         fn rbd_update_unwatch(rbd_image_t, u64) -> c_int;
+        /// `int rbd_get_id(rbd_image_t image, char *id, size_t id_len);` the
+        /// image's id (its header object is `rbd_header.<id>`).
+        fn rbd_get_id(rbd_image_t, *mut c_char, usize) -> c_int;
     }
 }
 

@@ -94,6 +94,9 @@ asc_table! {
     NO_ADDITIONAL_SENSE = (0x00, 0x00), "NO ADDITIONAL SENSE INFORMATION";
     /// 00/16: a command with the same identifier is still being processed.
     OPERATION_IN_PROGRESS = (0x00, 0x16), "OPERATION IN PROGRESS";
+    /// 04/01: the unit cannot serve now but will (storage slow to answer);
+    /// initiators retry the command on the same path.
+    BECOMING_READY = (0x04, 0x01), "LOGICAL UNIT IS IN PROCESS OF BECOMING READY";
     /// 04/02: the unit needs a START STOP UNIT (START = 1).
     NOT_READY_INIT_REQUIRED = (0x04, 0x02), "LOGICAL UNIT NOT READY, INITIALIZING COMMAND REQUIRED";
     /// 04/0A: the target port group is changing its access state.

@@ -44,6 +44,7 @@ mod atomic;
 mod cdb;
 mod defects;
 mod fast;
+mod faults;
 use volume::locks;
 mod lu;
 mod mode;
@@ -58,6 +59,7 @@ mod xcopy;
 
 pub use alua::{AccessRefusal, AccessState, AluaError, AluaOwner, GroupSpec, PortGroups};
 pub use fast::{FastIo, FastKind, ZERO_COPY_MIN};
+pub use faults::{storage_faults, FaultKind};
 pub use lu::{
     Command, LogicalUnit, LuConfig, LuError, NexusId, Outcome, TransferPlan,
     MAX_COMPARE_AND_WRITE_BLOCKS, MAX_LBPPB_EXPONENT, MAX_SERIAL_LEN, MAX_TRANSFER_BYTES,

@@ -236,21 +236,31 @@ pub(crate) fn data_in(mut v: Vec<u8>, alloc: usize) -> Outcome {
 /// PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT (SBC-4 §4.7.3.7), a
 /// backend this gateway may not use now ([`storage::NotAccessible`]) to
 /// NOT READY, LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE,
-/// anything else to MEDIUM ERROR with `asc`.
+/// storage that did not answer in time ([`storage::Unresponsive`]) to NOT
+/// READY, LOGICAL UNIT IS IN PROCESS OF BECOMING READY (retried on the same
+/// path: the path is right, the cluster is slow), anything else to MEDIUM
+/// ERROR with `asc`.
 pub(crate) fn backend_error(e: &io::Error, asc: Asc) -> Sense {
+    use crate::faults::{record, FaultKind};
     // Linux errno values (io::ErrorKind::StorageFull is newer than the MSRV).
     const ENOSPC: i32 = 28;
     const EDQUOT: i32 = 122;
     if e.kind() == io::ErrorKind::InvalidInput {
         Sense::lba_out_of_range()
     } else if storage::NotAccessible::is(e) {
+        record(FaultKind::NotAccessible, e);
         Sense::new(SenseKey::NotReady, Asc::NOT_ACCESSIBLE_STANDBY)
+    } else if storage::Unresponsive::is(e) {
+        record(FaultKind::Unresponsive, e);
+        Sense::new(SenseKey::NotReady, Asc::BECOMING_READY)
     } else if matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT)) {
+        record(FaultKind::NoSpace, e);
         Sense::new(
             SenseKey::DataProtect,
             Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
         )
     } else {
+        record(FaultKind::Medium, e);
         Sense::new(SenseKey::MediumError, asc)
     }
 }
@@ -422,7 +432,7 @@ impl LogicalUnit {
             return;
         };
         let lu = Arc::downgrade(self);
-        shared.on_resized_elsewhere(Box::new(move |bytes| {
+        shared.on_resized_elsewhere(std::sync::Arc::new(move |bytes| {
             if let Some(lu) = lu.upgrade() {
                 lu.medium_resized(bytes);
             }

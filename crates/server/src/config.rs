@@ -152,6 +152,11 @@ pub struct GatewayConfig {
     /// (initiators that fail over without SET TARGET PORT GROUPS).
     #[serde(default = "yes")]
     pub implicit_failover: bool,
+    /// How long the owner has to answer a liveness probe before a standby
+    /// that initiators have turned to fences it and takes over, in
+    /// milliseconds (implicit failover).
+    #[serde(default = "default_owner_timeout_ms")]
+    pub owner_timeout_ms: u64,
 }
 
 fn yes() -> bool {
@@ -174,6 +179,10 @@ fn one() -> u16 {
 
 fn default_gateway_check_ms() -> u64 {
     1000
+}
+
+fn default_owner_timeout_ms() -> u64 {
+    3000
 }
 
 /// The admin endpoint: `ironsan serve --admin` and `--admin-token-file`
@@ -546,6 +555,9 @@ impl Config {
         }
         if !(100..=60_000).contains(&g.check_interval_ms) {
             return inv("gateway.check_interval_ms: must be 100..=60000".into());
+        }
+        if !(500..=60_000).contains(&g.owner_timeout_ms) {
+            return inv("gateway.owner_timeout_ms: must be 500..=60000".into());
         }
         if g.peer.is_empty() {
             return inv("gateway: name the other gateways ([[gateway.peer]] group, ports)".into());

@@ -81,7 +81,7 @@ impl WriteCache {
 
 /// What [`Ownership::on_resized_elsewhere`] calls with the new size in
 /// bytes.
-pub type SizeChanged = Box<dyn Fn(u64) + Send + Sync>;
+pub type SizeChanged = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 
 /// What a backend is and promises ([`BlockBackend::caps`]): fixed once it
 /// is open, but for the write cache policy (MODE SELECT changes it) and a
@@ -337,19 +337,81 @@ pub struct Extent {
 /// layer answers NOT READY, LOGICAL UNIT NOT ACCESSIBLE (SPC-4 §5.15.2.4)
 /// rather than MEDIUM ERROR, so initiators retry on another path.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct NotAccessible(pub String);
+#[error("{msg}")]
+pub struct NotAccessible {
+    /// What happened, for logs.
+    pub msg: String,
+    /// This process was cut off from the storage for good (an RBD client
+    /// blocklisted): only a new connection ([`Ownership::reconnect`]) can
+    /// serve again.
+    pub fenced: bool,
+}
 
 impl NotAccessible {
     /// An `io::Error` carrying a `NotAccessible` with `msg`.
     pub fn error(msg: impl Into<String>) -> io::Error {
-        io::Error::other(NotAccessible(msg.into()))
+        io::Error::other(NotAccessible {
+            msg: msg.into(),
+            fenced: false,
+        })
     }
 
-    /// Whether `e` was made by [`NotAccessible::error`].
+    /// An `io::Error` saying this process was fenced (see
+    /// [`NotAccessible::fenced`]).
+    pub fn fenced(msg: impl Into<String>) -> io::Error {
+        io::Error::other(NotAccessible {
+            msg: msg.into(),
+            fenced: true,
+        })
+    }
+
+    /// Whether `e` was made by [`NotAccessible::error`] or
+    /// [`NotAccessible::fenced`].
     pub fn is(e: &io::Error) -> bool {
         e.get_ref().is_some_and(|i| i.is::<NotAccessible>())
     }
+
+    /// Whether `e` was made by [`NotAccessible::fenced`].
+    pub fn is_fenced(e: &io::Error) -> bool {
+        e.get_ref()
+            .and_then(|i| i.downcast_ref::<NotAccessible>())
+            .is_some_and(|n| n.fenced)
+    }
+}
+
+/// The error a backend returns when the storage did not answer in time
+/// (a RADOS operation past its timeout: an OSD down or paused) while this
+/// process may well be allowed to serve. The data is fine and the path is
+/// the right one; the SCSI layer answers with a status initiators retry on
+/// the same path, not a path failure and not MEDIUM ERROR.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unresponsive(pub String);
+
+impl Unresponsive {
+    /// An `io::Error` carrying an `Unresponsive` with `msg`.
+    pub fn error(msg: impl Into<String>) -> io::Error {
+        io::Error::new(io::ErrorKind::TimedOut, Unresponsive(msg.into()))
+    }
+
+    /// Whether `e` was made by [`Unresponsive::error`].
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|i| i.is::<Unresponsive>())
+    }
+}
+
+/// Whether the process holding shared storage answers, as far as another
+/// process can tell ([`Ownership::owner_liveness`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Nobody else owns the storage (free, or this process owns it).
+    NoOtherOwner,
+    /// Another process owns it and answered.
+    Answers,
+    /// Another process, named here, owns it and is gone or did not answer
+    /// in time (dead, hung, or cut off): it may be fenced and the storage
+    /// taken ([`Ownership::take_over`] with this name).
+    Silent(String),
 }
 
 /// Storage that several gateways (processes, machines) serve at once,
@@ -359,17 +421,25 @@ pub trait Ownership: Send + Sync {
     /// Becomes the owner unless another holds it; whether this process
     /// owns on return.
     fn acquire(&self) -> io::Result<bool>;
-    /// Whether this process is the owner.
+    /// Whether this process is the owner. An error for which
+    /// [`NotAccessible::is_fenced`] holds means this process was fenced.
     fn is_owner(&self) -> io::Result<bool>;
-    /// Becomes the owner whoever holds it, fencing the previous owner
-    /// first so that it can no longer write (its I/O then fails with
-    /// [`NotAccessible`]).
-    fn take_over(&self) -> io::Result<()>;
+    /// Becomes the owner, fencing the previous owner first so that it can
+    /// no longer write (its I/O then fails with [`NotAccessible`]). With
+    /// `only_from`, only while the owner is still that one (a name from
+    /// [`Liveness::Silent`]; `""`: nobody): false, and nothing done, when
+    /// the ownership changed meanwhile (another standby was quicker).
+    fn take_over(&self, only_from: Option<&str>) -> io::Result<bool>;
     /// Stops being the owner (nothing when not).
     fn release(&self) -> io::Result<()>;
-    /// Whether another process owns and is still connected (a dead
-    /// owner's lock stays until broken; false when nobody owns).
-    fn other_owner_alive(&self) -> io::Result<bool>;
+    /// Whether another process owns, and if so whether it answers within
+    /// `within` (a dead owner's lock stays until broken, and a hung one
+    /// still looks connected to the storage until it is asked something).
+    fn owner_liveness(&self, within: std::time::Duration) -> io::Result<Liveness>;
+    /// Replaces this process's connection to the storage with a new one:
+    /// after being fenced the old one is dead for good. I/O in flight on
+    /// the old connection ends with errors; later I/O uses the new one.
+    fn reconnect(&self) -> io::Result<()>;
     /// A value kept with the storage under `key`, the same for every
     /// gateway (which of them owns it, in their terms).
     fn note(&self, key: &str) -> io::Result<Option<String>>;

@@ -3,7 +3,10 @@
 # device section `ironsan tune linux` prints: fio --verify on ext4 while the
 # owner is killed -9; the standby gateway takes the image over and carries
 # the I/O, no error reaches the file system; the killed gateway comes back
-# as standby and its path returns.
+# as standby and its path returns. Then the new owner hangs (SIGSTOP) for
+# 15 s under fio --verify: the other gateway takes over, and the resumed
+# one steps down by itself (its path a standby "ghost" again, the kernel's
+# access states agreeing), with no error reaching the file system.
 step config
 out=$(multipath -t 2>&1 >/dev/null)
 if [ -z "$out" ]; then pass; else fail "multipath -t: $(echo "$out" | tr '\n' '|')"; fi
@@ -59,6 +62,46 @@ info "I/Os per path (gateway 0, gateway 1) before the kill, after: [$s0] [$s2]"
 if [ $rc -ne 0 ]; then fail "fio: $(tail -5 /tmp/fio.err /tmp/fio.out | tr '\n' '|')"
 elif [ $t -ge 40 ]; then fail "the surviving gateway did not carry the I/O within 40 s"
 elif multipath -ll 2>/dev/null | grep -q failed; then fail "gateway 0's path did not return"
+else pass; fi
+[ $rc = 124 ] && { echo "GUEST DONE $FAILS"; sync; poweroff -f; }
+step owner-hung-under-load
+fio --eta=never --name=gw2 --directory=/mnt/g --size=64M --rw=randrw --bs=16k --ioengine=libaio \
+  --iodepth=8 --direct=1 --runtime=60 --time_based --verify=crc32c --do_verify=1 \
+  --verify_fatal=1 --output=/tmp/fio2.out 2>/tmp/fio2.err &
+fio_pid=$!
+sleep 5
+s0=$(stats)
+t_stop=$(now_ms)
+host signal 1 STOP >/dev/null
+# The other gateway (0) takes over: its path carries I/O again.
+t=0; s1=$(stats)
+while [ $t -lt 45 ]; do
+  sleep 1; t=$((t + 1))
+  set -- $s1; a1=$1; set -- $(stats); a=$1
+  [ $((a - a1)) -gt 200 ] && break
+done
+info "gateway 1 stopped; I/O moved to gateway 0 $(($(now_ms) - t_stop)) ms later; $(multipath -ll 2>&1 | tr '\n' '|')"
+rest=$((15000 - ($(now_ms) - t_stop)))
+[ $rest -gt 0 ] && sleep $((rest / 1000))
+host signal 1 CONT >/dev/null
+t_cont=$(now_ms)
+# The resumed gateway steps down: its path is a standby (ghost) again.
+i=0
+while [ $i -lt 150 ]; do
+  st0=$(cat /sys/block/${d0#/dev/}/device/access_state); st1=$(cat /sys/block/${d1#/dev/}/device/access_state)
+  [ "$st0" = active/optimized ] && [ "$st1" = standby ] &&
+    multipath -ll 2>/dev/null | grep -qE 'active ghost running' && break
+  sleep 0.2; i=$((i + 1))
+done
+info "gateway 1 resumed; access states after $(($(now_ms) - t_cont)) ms: $st0 / $st1; $(multipath -ll 2>&1 | tr '\n' '|')"
+i=0; while kill -0 $fio_pid 2>/dev/null && [ $i -lt 900 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 $fio_pid 2>/dev/null; then rc=124; else wait $fio_pid; rc=$?; fi
+s2=$(stats)
+info "I/Os per path (gateway 0, gateway 1) before the stop, after: [$s0] [$s2]"
+info "target log: fenced $(host log 'this client was fenced') connected-again $(host log 'connected to the cluster again')"
+if [ $rc -ne 0 ]; then fail "fio: $(tail -5 /tmp/fio2.err /tmp/fio2.out | tr '\n' '|')"
+elif [ $t -ge 45 ]; then fail "gateway 0 did not carry the I/O within 45 s of gateway 1 hanging"
+elif [ "$st0" != active/optimized ] || [ "$st1" != standby ]; then fail "access states $st0 / $st1 after gateway 1 resumed (want active/optimized / standby)"
 else pass; fi
 [ $rc = 124 ] && { echo "GUEST DONE $FAILS"; sync; poweroff -f; }
 step umount

@@ -273,14 +273,17 @@ impl storage::Ownership for TestBackend {
     fn is_owner(&self) -> io::Result<bool> {
         Ok(true)
     }
-    fn take_over(&self) -> io::Result<()> {
-        Ok(())
+    fn take_over(&self, _only_from: Option<&str>) -> io::Result<bool> {
+        Ok(true)
     }
     fn release(&self) -> io::Result<()> {
         Ok(())
     }
-    fn other_owner_alive(&self) -> io::Result<bool> {
-        Ok(false)
+    fn owner_liveness(&self, _within: std::time::Duration) -> io::Result<storage::Liveness> {
+        Ok(storage::Liveness::NoOtherOwner)
+    }
+    fn reconnect(&self) -> io::Result<()> {
+        Ok(())
     }
     fn note(&self, _key: &str) -> io::Result<Option<String>> {
         Ok(None)

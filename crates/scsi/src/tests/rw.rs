@@ -386,6 +386,36 @@ fn backend_errors_become_medium_errors() {
     );
 }
 
+/// Storage that did not answer in time is NOT READY, BECOMING READY
+/// (retried on the same path), not standby and not MEDIUM ERROR; another
+/// gateway owning the storage is standby; each is counted by kind.
+#[test]
+fn storage_faults_are_told_apart_and_counted() {
+    use crate::faults::{storage_faults, FaultKind};
+    let count = |k: FaultKind| storage_faults()[k as usize].1;
+    let (slow, away, medium) = (
+        count(FaultKind::Unresponsive),
+        count(FaultKind::NotAccessible),
+        count(FaultKind::Medium),
+    );
+    let e = storage::Unresponsive::error("rbd p/i: write: the cluster did not answer in time");
+    let s = crate::lu::backend_error(&e, Asc::WRITE_ERROR);
+    assert_eq!((s.key, s.code), (SenseKey::NotReady, Asc::BECOMING_READY));
+    let e = storage::NotAccessible::fenced("rbd p/i: write: fenced");
+    let s = crate::lu::backend_error(&e, Asc::WRITE_ERROR);
+    assert_eq!(
+        (s.key, s.code),
+        (SenseKey::NotReady, Asc::NOT_ACCESSIBLE_STANDBY)
+    );
+    let e = std::io::Error::other("EIO");
+    let s = crate::lu::backend_error(&e, Asc::WRITE_ERROR);
+    assert_eq!((s.key, s.code), (SenseKey::MediumError, Asc::WRITE_ERROR));
+    // Other tests run at once and may count too: at least one each.
+    assert!(count(FaultKind::Unresponsive) > slow);
+    assert!(count(FaultKind::NotAccessible) > away);
+    assert!(count(FaultKind::Medium) > medium);
+}
+
 #[test]
 fn four_kib_blocks() {
     let mut c = cfg();

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rbd_sys::{rbd_completion_t, Api};
 
-use super::{rbd_error, RbdBackend};
+use super::{rbd_error, Conn, RbdBackend};
 use crate::{check_range, AsyncIo, BlockBackend, ReadDone, WriteDone};
 
 enum Op {
@@ -43,6 +43,8 @@ enum Op {
 /// Boxed and handed to librbd as the completion's argument.
 struct Pending {
     api: &'static Api,
+    /// The connection the request went through, open until it completes.
+    _conn: Arc<Conn>,
     spec: Arc<str>,
     offset: u64,
     op: Op,
@@ -103,7 +105,11 @@ unsafe extern "C" fn complete(c: rbd_completion_t, arg: *mut c_void) {
         (p.api.rbd_aio_release)(c);
         r
     };
+    // Dropping the request may drop the last holder of an old connection,
+    // which must not be closed on this (librbd's) thread.
+    super::ON_LIBRBD_THREAD.with(|f| f.set(true));
     let _ = catch_unwind(AssertUnwindSafe(move || p.finish(r as i64)));
+    super::ON_LIBRBD_THREAD.with(|f| f.set(false));
 }
 
 impl AsyncIo for RbdBackend {
@@ -111,8 +117,11 @@ impl AsyncIo for RbdBackend {
         let mut buf: Vec<u8> = Vec::with_capacity(len);
         // The heap block does not move when the Vec does.
         let ptr = buf.as_mut_ptr().cast::<c_char>();
+        let conn = self.conn();
+        let image = conn.image;
         let p = Box::new(Pending {
             api: self.api,
+            _conn: conn,
             spec: self.spec.clone(),
             offset,
             op: Op::Read { buf, done },
@@ -120,7 +129,7 @@ impl AsyncIo for RbdBackend {
         if let Err(e) = check_range(self.size(), offset, len) {
             return p.refuse(e);
         }
-        let (api, image) = (self.api, self.image);
+        let api = self.api;
         self.submit(p, |c| {
             // SAFETY: the buffer has `len` bytes of capacity and lives in
             // the Pending that librbd hands back at completion, so it stays
@@ -134,8 +143,11 @@ impl AsyncIo for RbdBackend {
     fn submit_write(&self, offset: u64, data: Bytes, _fua: bool, done: WriteDone) {
         let len = data.len();
         let ptr = data.as_ptr().cast::<c_char>();
+        let conn = self.conn();
+        let image = conn.image;
         let p = Box::new(Pending {
             api: self.api,
+            _conn: conn,
             spec: self.spec.clone(),
             offset,
             op: Op::Write { _data: data, done },
@@ -143,7 +155,7 @@ impl AsyncIo for RbdBackend {
         if let Err(e) = check_range(self.size(), offset, len) {
             return p.refuse(e);
         }
-        let (api, image) = (self.api, self.image);
+        let api = self.api;
         self.submit(p, |c| {
             // SAFETY: `ptr` points into the `Bytes` kept in the Pending until
             // completion; `Bytes` never moves its data.

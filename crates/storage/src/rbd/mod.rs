@@ -60,6 +60,7 @@ use crate::{
 
 mod aio;
 mod lock;
+mod notify;
 mod watch;
 
 /// Where an RBD image is and how to reach its cluster.
@@ -97,9 +98,12 @@ impl RbdOptions {
 /// A LUN on an RBD image; see the module docs.
 pub struct RbdBackend {
     api: &'static Api,
-    cluster: rados_t,
-    ioctx: rados_ioctx_t,
-    image: rbd_image_t,
+    /// How to connect again ([`crate::Ownership::reconnect`]).
+    opts: RbdOptions,
+    /// The connection I/O goes through: replaced after this client was
+    /// fenced. Every call clones it and holds it for as long as librbd
+    /// may use the image (to the completion, for asynchronous requests).
+    conn: parking_lot::RwLock<Arc<Conn>>,
     spec: Arc<str>,
     /// The size ranges are checked against; shared with the helper of
     /// [`crate::Ownership::on_resized_elsewhere`] (`watch`).
@@ -109,18 +113,68 @@ pub struct RbdBackend {
     /// Offer [`AsyncIo`]; `IRONSAN_RBD_WAIT=1` at open turns it off (every
     /// call then runs on the I/O pool, for comparison).
     completions: bool,
-    /// The header watch that follows resizes made elsewhere, once asked for.
-    size_watch: parking_lot::Mutex<Option<watch::SizeWatch>>,
+    /// The header watch that follows resizes made elsewhere, once asked
+    /// for, and its callback (to watch again through a new connection).
+    size_watch: parking_lot::Mutex<Option<(watch::SizeWatch, crate::SizeChanged)>>,
+}
+
+/// One connection to the cluster and the image opened through it. The
+/// image is closed and the cluster handle shut down when the last holder
+/// lets go: the backend, a blocking call, or a request in flight.
+pub(super) struct Conn {
+    api: &'static Api,
+    cluster: rados_t,
+    ioctx: rados_ioctx_t,
+    image: rbd_image_t,
+    /// `rbd_header.<id>`: the object every client of the image watches.
+    header: CString,
 }
 
 // SAFETY: the handles are plain pointers to librados/librbd objects that
 // are documented thread-safe (QEMU and tcmu-runner issue aio on one image
-// from many threads); they are freed only in Drop, when no call can be in
-// flight since Drop takes `&mut self`.
-unsafe impl Send for RbdBackend {}
-// SAFETY: as above; every method takes `&self` and librbd serialises
-// internally.
-unsafe impl Sync for RbdBackend {}
+// from many threads); they are freed only in Drop, when no holder is left.
+unsafe impl Send for Conn {}
+// SAFETY: as above; librbd serialises internally.
+unsafe impl Sync for Conn {}
+
+thread_local! {
+    /// Set while a librbd completion callback runs on this thread.
+    static ON_LIBRBD_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A raw handle moved to the thread that closes it.
+struct Handle(*mut c_void);
+// SAFETY: librados/librbd handles may be closed from any thread.
+unsafe impl Send for Handle {}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let api = self.api;
+        let handles = [Handle(self.image), Handle(self.ioctx), Handle(self.cluster)];
+        let close = move || {
+            let [image, ioctx, cluster] = handles;
+            // SAFETY: handles created in `Conn::open`, closed once, image
+            // before its ioctx before its cluster; no holder is left.
+            unsafe {
+                (api.rbd_close)(image.0);
+                (api.rados_ioctx_destroy)(ioctx.0);
+                (api.rados_shutdown)(cluster.0);
+            }
+        };
+        // The last holder may be a request completing on librbd's own
+        // thread, where closing the image would wait for itself.
+        if ON_LIBRBD_THREAD.with(std::cell::Cell::get) {
+            if let Err(e) = std::thread::Builder::new()
+                .name("rbd-close".into())
+                .spawn(close)
+            {
+                tracing::warn!("rbd: cannot start a thread to close an old connection: {e}");
+            }
+        } else {
+            close();
+        }
+    }
+}
 
 impl std::fmt::Debug for RbdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,15 +194,22 @@ pub fn rbd_error(spec: &str, op: &str, r: i64) -> io::Error {
     match errno {
         // Kept raw: the SCSI layer looks at the errno.
         libc::ENOSPC | libc::EDQUOT => os,
-        // This client was blocklisted (EBLOCKLISTED is ESHUTDOWN in Ceph),
-        // or it wrote without the exclusive lock another client holds
-        // (EROFS; an image opened read-only never gets that far, writes to
-        // a read-only LUN are refused by the SCSI layer): another gateway
-        // owns the image.
-        // ETIMEDOUT: the cluster did not answer within `op_timeout`; the
-        // path is as good as down.
-        libc::ESHUTDOWN | libc::EROFS | libc::ETIMEDOUT => crate::NotAccessible::error(format!(
+        // This client was blocklisted (EBLOCKLISTED is ESHUTDOWN in Ceph):
+        // fenced for good, another gateway took the image over.
+        libc::ESHUTDOWN => crate::NotAccessible::fenced(format!(
+            "rbd {spec}: {op}: {os} (this client was fenced: another gateway took the image over)"
+        )),
+        // It wrote without the exclusive lock another client holds (an
+        // image opened read-only never gets that far, writes to a
+        // read-only LUN are refused by the SCSI layer).
+        libc::EROFS => crate::NotAccessible::error(format!(
             "rbd {spec}: {op}: {os} (another gateway owns the image)"
+        )),
+        // The cluster did not answer within `op_timeout`: an OSD or
+        // monitor is down or slow; nothing says another gateway is better
+        // placed.
+        libc::ETIMEDOUT => crate::Unresponsive::error(format!(
+            "rbd {spec}: {op}: the cluster did not answer in time ({os})"
         )),
         // Not "LBA out of range" (which InvalidInput means to the SCSI
         // layer): ranges are checked here before librbd sees them.
@@ -199,14 +260,11 @@ impl Drop for Partial {
     }
 }
 
-impl RbdBackend {
-    /// Connects to the cluster and opens the image, growing it to
-    /// `min_size` when smaller. Blocks until the monitors answer, at most
-    /// 30 s (`client_mount_timeout`).
-    pub fn open(o: &RbdOptions, policy: WriteCache) -> io::Result<RbdBackend> {
+impl Conn {
+    /// Connects to the cluster and opens the image. Blocks until the
+    /// monitors answer, at most 30 s (`client_mount_timeout`).
+    fn open(api: &'static Api, o: &RbdOptions) -> io::Result<Conn> {
         let spec = o.spec();
-        let api = rbd_sys::api()
-            .map_err(|e| io::Error::new(io::ErrorKind::NotFound, format!("rbd {spec}: {e}")))?;
         let fail = |op: &str, r: c_int| rbd_error(&spec, op, i64::from(r));
         let name = cstring(
             "client name",
@@ -293,11 +351,43 @@ impl RbdBackend {
         }
         let (cluster, ioctx) = (p.cluster, p.ioctx);
         std::mem::forget(p);
-        let mut b = RbdBackend {
+        let mut conn = Conn {
             api,
             cluster,
             ioctx,
             image,
+            header: CString::default(),
+        };
+        let mut id = [0u8; 64];
+        // SAFETY: an open image and a buffer of the length passed.
+        let r = unsafe { (api.rbd_get_id)(image, id.as_mut_ptr().cast::<c_char>(), id.len()) };
+        if r < 0 {
+            return Err(fail("rbd_get_id", r));
+        }
+        let id = std::ffi::CStr::from_bytes_until_nul(&id)
+            .map_err(|_| io::Error::other(format!("rbd {spec}: the image id is too long")))?;
+        conn.header = cstring(
+            "header object",
+            &format!("rbd_header.{}", id.to_string_lossy()),
+        )?;
+        Ok(conn)
+    }
+}
+
+impl RbdBackend {
+    /// Connects to the cluster and opens the image, growing it to
+    /// `min_size` when smaller. Blocks until the monitors answer, at most
+    /// 30 s (`client_mount_timeout`).
+    pub fn open(o: &RbdOptions, policy: WriteCache) -> io::Result<RbdBackend> {
+        let spec = o.spec();
+        let api = rbd_sys::api()
+            .map_err(|e| io::Error::new(io::ErrorKind::NotFound, format!("rbd {spec}: {e}")))?;
+        let conn = Conn::open(api, o)?;
+        let image = conn.image;
+        let b = RbdBackend {
+            api,
+            opts: o.clone(),
+            conn: parking_lot::RwLock::new(Arc::new(conn)),
             spec: spec.into(),
             size: Arc::new(AtomicU64::new(0)),
             obj_size: 0,
@@ -305,11 +395,12 @@ impl RbdBackend {
             completions: std::env::var_os("IRONSAN_RBD_WAIT").is_none_or(|v| v != "1"),
             size_watch: parking_lot::Mutex::new(None),
         };
+        let mut b = b;
         let mut info = rbd_sys::rbd_image_info_t::default();
         // SAFETY: an open image and a struct of the size passed.
         let r = unsafe {
             (api.rbd_stat)(
-                b.image,
+                image,
                 &mut info,
                 std::mem::size_of::<rbd_sys::rbd_image_info_t>(),
             )
@@ -335,6 +426,11 @@ impl RbdBackend {
             ));
         }
         Ok(b)
+    }
+
+    /// The connection to use now (see [`RbdBackend::conn`]'s field docs).
+    fn conn(&self) -> Arc<Conn> {
+        self.conn.read().clone()
     }
 
     /// `POOL/IMAGE`.
@@ -387,6 +483,7 @@ impl RbdBackend {
     /// # Safety
     /// `ptr` must be valid for `len` bytes of writes for the whole call.
     unsafe fn read_raw(&self, ptr: *mut u8, len: usize, offset: u64) -> io::Result<()> {
+        let conn = self.conn();
         check_range(self.size(), offset, len)?;
         if len == 0 {
             return Ok(());
@@ -395,7 +492,7 @@ impl RbdBackend {
             // SAFETY: the caller guarantees the buffer; `run` waits for the
             // completion before returning, so it outlives the request.
             i64::from(unsafe {
-                (self.api.rbd_aio_read)(self.image, offset, len, ptr.cast::<c_char>(), c)
+                (self.api.rbd_aio_read)(conn.image, offset, len, ptr.cast::<c_char>(), c)
             })
         })?;
         if usize::try_from(n).ok() != Some(len) {
@@ -413,15 +510,9 @@ impl RbdBackend {
 
 impl Drop for RbdBackend {
     fn drop(&mut self) {
-        // The watch ends (and its helper is joined) while the image is open.
+        // The watch ends (and its helper is joined) while the image is
+        // open; the connection closes when its last holder lets go.
         drop(self.size_watch.get_mut().take());
-        // SAFETY: handles created in `open`, closed once, image before its
-        // ioctx before its cluster; `&mut self` means no call is running.
-        unsafe {
-            (self.api.rbd_close)(self.image);
-            (self.api.rados_ioctx_destroy)(self.ioctx);
-            (self.api.rados_shutdown)(self.cluster);
-        }
     }
 }
 
@@ -501,6 +592,7 @@ impl BlockBackend for RbdBackend {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
+        let conn = self.conn();
         // Without librbd's cache an acknowledged write is stable: FUA needs
         // nothing more (module docs).
         check_range(self.size(), offset, buf.len())?;
@@ -512,7 +604,7 @@ impl BlockBackend for RbdBackend {
             // completion.
             i64::from(unsafe {
                 (self.api.rbd_aio_write)(
-                    self.image,
+                    conn.image,
                     offset,
                     buf.len(),
                     buf.as_ptr().cast::<c_char>(),
@@ -524,16 +616,18 @@ impl BlockBackend for RbdBackend {
     }
 
     fn flush(&self) -> io::Result<()> {
+        let conn = self.conn();
         self.run("flush", |c| {
             // SAFETY: an open image and a fresh completion.
-            i64::from(unsafe { (self.api.rbd_aio_flush)(self.image, c) })
+            i64::from(unsafe { (self.api.rbd_aio_flush)(conn.image, c) })
         })?;
         Ok(())
     }
 
     fn resize(&self, new_size: u64) -> io::Result<()> {
+        let conn = self.conn();
         // SAFETY: an open image; librbd serialises a resize against I/O.
-        let r = unsafe { (self.api.rbd_resize)(self.image, new_size) };
+        let r = unsafe { (self.api.rbd_resize)(conn.image, new_size) };
         if r < 0 {
             return Err(self.err("resize", i64::from(r)));
         }
@@ -548,7 +642,7 @@ impl BlockBackend for RbdBackend {
         loop {
             let mut seen = 0u64;
             // SAFETY: an open image; out pointer to a local.
-            let r = unsafe { (self.api.rbd_get_size)(self.image, &mut seen) };
+            let r = unsafe { (self.api.rbd_get_size)(conn.image, &mut seen) };
             if r < 0 {
                 return Err(self.err("get size", i64::from(r)));
             }
@@ -586,6 +680,7 @@ impl BlockBackend for RbdBackend {
     }
 
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        let conn = self.conn();
         check_range_u64(self.size(), offset, len)?;
         let mut scan = DiffScan {
             start: offset,
@@ -596,7 +691,7 @@ impl BlockBackend for RbdBackend {
         // `scan`, alive for this synchronous call.
         let r = unsafe {
             (self.api.rbd_diff_iterate2)(
-                self.image,
+                conn.image,
                 ptr::null(),
                 offset,
                 len,
@@ -641,6 +736,7 @@ impl FastPaths for RbdBackend {
 
 impl RbdBackend {
     fn zero(&self, offset: u64, len: u64, flags: c_int) -> io::Result<()> {
+        let conn = self.conn();
         check_range_u64(self.size(), offset, len)?;
         if len == 0 {
             return Ok(());
@@ -650,7 +746,7 @@ impl RbdBackend {
         self.run("write zeroes", |c| {
             // SAFETY: an open image and a fresh completion; no buffer.
             i64::from(unsafe {
-                (self.api.rbd_aio_write_zeroes)(self.image, offset, n, c, flags, 0)
+                (self.api.rbd_aio_write_zeroes)(conn.image, offset, n, c, flags, 0)
             })
         })?;
         Ok(())
@@ -672,12 +768,20 @@ mod tests {
         assert_ne!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("rbd p/i: read"), "{e}");
         // Another gateway owns the image (lock held elsewhere, this client
-        // blocklisted), or the cluster did not answer in time: the path is
-        // not usable, the data is fine.
-        for errno in [libc::EROFS, libc::ESHUTDOWN, libc::ETIMEDOUT] {
+        // blocklisted): the path is not usable, the data is fine.
+        for errno in [libc::EROFS, libc::ESHUTDOWN] {
             let e = rbd_error("p/i", "write", -i64::from(errno));
             assert!(crate::NotAccessible::is(&e), "{errno}: {e}");
+            assert_eq!(
+                crate::NotAccessible::is_fenced(&e),
+                errno == libc::ESHUTDOWN
+            );
         }
+        // The cluster did not answer in time: retry, the path is right.
+        let e = rbd_error("p/i", "write", -i64::from(libc::ETIMEDOUT));
+        assert!(crate::Unresponsive::is(&e), "{e}");
+        assert!(!crate::NotAccessible::is(&e));
+        assert!(!e.to_string().contains("another gateway"), "{e}");
         let e = rbd_error("p/i", "read", -i64::from(libc::EIO));
         assert!(!crate::NotAccessible::is(&e));
         assert_eq!(e.raw_os_error(), None);
@@ -900,9 +1004,11 @@ mod live_lock {
             "lock owners: {owners:?}, watchers: {:?}",
             b.watchers().unwrap()
         );
-        assert!(
-            b.lock_owner_alive().unwrap(),
-            "a holds the lock and watches"
+        assert_eq!(
+            b.lock_owner_liveness(std::time::Duration::from_secs(5))
+                .unwrap(),
+            crate::Liveness::Answers,
+            "a holds the lock and answers"
         );
         let mut back = vec![0u8; 4096];
         b.read_at(&mut back, 0).unwrap();
@@ -921,10 +1027,12 @@ mod live_lock {
         // EINVAL past the old end until b's handle refreshed itself).
         // a, watching, hears of each resize and checks ranges against it.
         let (tx, rx) = std::sync::mpsc::channel();
-        let tx = std::sync::Mutex::new(tx);
-        a.on_resized_elsewhere(Box::new(move |n| {
-            let _ = tx.lock().unwrap().send(n);
-        }));
+        let tx = Arc::new(std::sync::Mutex::new(tx));
+        let told = tx.clone();
+        let tell: crate::SizeChanged = Arc::new(move |n| {
+            let _ = told.lock().unwrap().send(n);
+        });
+        a.on_resized_elsewhere(tell.clone());
         let heard = || rx.recv_timeout(std::time::Duration::from_secs(10));
         let size = b.size();
         b.resize(size + 4096).unwrap();
@@ -937,9 +1045,10 @@ mod live_lock {
         assert_eq!(heard(), Ok(size));
         assert!(a.read_at(&mut back, size).is_err(), "past the end again");
         // A second watch replaces the first (whose helper is joined).
-        a.on_resized_elsewhere(Box::new(|_| {}));
+        a.on_resized_elsewhere(Arc::new(|_| {}));
+        a.on_resized_elsewhere(tell);
         // b takes over: a is fenced (blocklisted), b writes.
-        b.lock_take_over().unwrap();
+        assert!(b.lock_take_over(None).unwrap());
         assert!(b.is_lock_owner().unwrap());
         b.write_at(&[0x5Au8; 4096], 0, true).unwrap();
         let e = a.write_at(&data, 0, true).unwrap_err();
@@ -949,7 +1058,40 @@ mod live_lock {
             back.iter().all(|&x| x == 0x5A),
             "a's late write did not land"
         );
-        b.lock_release().unwrap();
-        assert!(!b.is_lock_owner().unwrap());
+        // a finds out it was fenced, connects again as a new client, and is
+        // a working standby: it reads, sees b answer, and can take over.
+        let owner = a.is_lock_owner();
+        let note = a.metadata_get("ironsan.test");
+        eprintln!("fenced a: is_lock_owner {owner:?}, metadata_get {note:?}");
+        assert!(
+            [owner.err(), note.err()]
+                .iter()
+                .flatten()
+                .any(crate::NotAccessible::is_fenced),
+            "a fenced client's cluster calls say so"
+        );
+        a.reconnect_now().unwrap();
+        assert!(!a.is_lock_owner().unwrap());
+        a.read_at(&mut back, 0).unwrap();
+        assert!(back.iter().all(|&x| x == 0x5A));
+        let within = std::time::Duration::from_secs(5);
+        assert_eq!(
+            a.lock_owner_liveness(within).unwrap(),
+            crate::Liveness::Answers
+        );
+        // The size watch moved to the new connection.
+        b.resize(size + 4096).unwrap();
+        assert_eq!(heard(), Ok(size + 4096));
+        b.resize(size).unwrap();
+        assert_eq!(heard(), Ok(size));
+        assert!(!a.lock_take_over(Some("")).unwrap(), "b holds it");
+        assert!(a
+            .lock_take_over(Some(&b.lock_owners().unwrap().join(",")))
+            .unwrap());
+        a.write_at(&data, 0, true).unwrap();
+        let e = b.write_at(&data, 0, true).unwrap_err();
+        assert!(crate::NotAccessible::is_fenced(&e), "{e}");
+        a.lock_release().unwrap();
+        assert!(!a.is_lock_owner().unwrap());
     }
 }

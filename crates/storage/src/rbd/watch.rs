@@ -24,27 +24,22 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rbd_sys::{rbd_image_t, Api};
+use rbd_sys::Api;
 
+use super::Conn;
 use crate::SizeChanged;
 
 /// A registered watch; see the module docs for how it ends.
 pub(super) struct SizeWatch {
     api: &'static Api,
-    image: rbd_image_t,
+    /// The connection watched through, open until the watch has ended.
+    conn: Arc<Conn>,
     /// The watch's handle; `None` when registering it failed.
     handle: Option<u64>,
     /// The callback's argument: boxed so its address stays put.
     wake: Box<Sender<()>>,
     helper: Option<JoinHandle<()>>,
 }
-
-/// The image handle, for the helper thread.
-struct Image(rbd_image_t);
-// SAFETY: librbd's image handle may be used from any thread (the backend
-// shares it across its I/O threads already); the helper is joined before
-// the handle is closed.
-unsafe impl Send for Image {}
 
 unsafe extern "C" fn header_changed(arg: *mut c_void) {
     // SAFETY: `arg` is the boxed sender of a `SizeWatch`, which unwatches
@@ -54,11 +49,12 @@ unsafe extern "C" fn header_changed(arg: *mut c_void) {
 }
 
 impl SizeWatch {
-    /// Watches `image`'s header; on a change, stores the size `rbd_get_size`
-    /// reports in `size` and, when it differs, calls `changed` with it.
+    /// Watches the header of `conn`'s image; on a change, stores the size
+    /// `rbd_get_size` reports in `size` and, when it differs, calls
+    /// `changed` with it.
     pub(super) fn start(
         api: &'static Api,
-        image: rbd_image_t,
+        conn: Arc<Conn>,
         spec: &str,
         size: Arc<AtomicU64>,
         changed: SizeChanged,
@@ -68,17 +64,18 @@ impl SizeWatch {
         let arg = std::ptr::from_ref::<Sender<()>>(&wake)
             .cast_mut()
             .cast::<c_void>();
-        let img = Image(image);
+        let image = conn.image;
+        let held = conn.clone();
         let helper = std::thread::Builder::new()
             .name("rbd-size".into())
-            .spawn(move || follow(api, img, &rx, &size, &changed))?;
+            .spawn(move || follow(api, &held, &rx, &size, &changed))?;
         let mut handle = 0u64;
         // SAFETY: an open image, an out pointer, and an argument that lives
         // until `Drop` has unwatched.
         let r = unsafe { (api.rbd_update_watch)(image, &mut handle, Some(header_changed), arg) };
         let w = SizeWatch {
             api,
-            image,
+            conn,
             handle: (r >= 0).then_some(handle),
             wake,
             helper: Some(helper),
@@ -94,7 +91,7 @@ impl SizeWatch {
 /// The helper's loop: one size check per burst of notifications.
 fn follow(
     api: &'static Api,
-    image: Image,
+    conn: &Conn,
     rx: &Receiver<()>,
     size: &AtomicU64,
     changed: &SizeChanged,
@@ -102,8 +99,8 @@ fn follow(
     while rx.recv().is_ok() {
         while rx.try_recv().is_ok() {}
         let mut now = 0u64;
-        // SAFETY: the image stays open until this thread is joined.
-        let r = unsafe { (api.rbd_get_size)(image.0, &mut now) };
+        // SAFETY: this thread holds the connection, so the image is open.
+        let r = unsafe { (api.rbd_get_size)(conn.image, &mut now) };
         if r < 0 {
             tracing::warn!(errno = -r, "rbd: could not read the image's new size");
             continue;
@@ -120,7 +117,7 @@ impl Drop for SizeWatch {
         if let Some(h) = self.handle {
             // SAFETY: a watch registered on this open image; librbd waits
             // for a callback in flight before returning.
-            unsafe { (self.api.rbd_update_unwatch)(self.image, h) };
+            unsafe { (self.api.rbd_update_unwatch)(self.conn.image, h) };
         }
         // Closing the channel ends the helper's loop.
         let (tx, _) = channel();
