@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use initiator::scsi;
@@ -143,13 +144,25 @@ pub struct IscsiEngine {
     /// so they can be submitted again after a reconnect or a UNIT
     /// ATTENTION, and how often they were sent again for one.
     inflight: HashMap<u32, (usize, Io, Bytes, u8)>,
+    /// Commands answered NOT READY, waiting to be sent again: when, the
+    /// I/O, its payload, and when it was first refused.
+    held: std::collections::VecDeque<(Instant, Io, Bytes, Instant)>,
+    /// When each I/O in flight was first answered NOT READY, by tag.
+    not_ready_since: HashMap<u32, Instant>,
     keep_data: bool,
     scratch: Vec<(Itt, initiator::TaskResult)>,
     /// Times the connection was lost and the session reinstated.
     reconnects: u32,
-    /// UNIT ATTENTIONs retried, by sense key/ASC/ASCQ.
+    /// UNIT ATTENTIONs and NOT READYs retried, by sense key/ASC/ASCQ.
     unit_attentions: std::collections::BTreeMap<(u8, u8, u8), u64>,
 }
+
+/// How long one I/O answered NOT READY (becoming ready, a transition, a
+/// standby or unavailable port) is sent again before it fails, as the
+/// Linux SCSI layer retries within its 30 s command timeout.
+pub const NOT_READY_DEADLINE: Duration = Duration::from_secs(30);
+/// The pause before an I/O answered NOT READY is sent again.
+const NOT_READY_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How often a single-path engine logs in again before giving up.
 const MAX_RECONNECTS: u32 = 5;
@@ -234,6 +247,8 @@ impl IscsiEngine {
             inflight: HashMap::new(),
             keep_data,
             scratch: Vec::new(),
+            held: Default::default(),
+            not_ready_since: HashMap::new(),
             reconnects: 0,
             unit_attentions: Default::default(),
         })
@@ -277,9 +292,29 @@ impl IscsiEngine {
         Ok(())
     }
 
-    /// Commands in flight.
+    /// Commands in flight or waiting to be sent again.
     pub fn outstanding(&self) -> usize {
-        self.inflight.len()
+        self.inflight.len() + self.held.len()
+    }
+
+    /// Sends the I/Os held after a NOT READY whose pause is over; when
+    /// nothing else is in flight, first sleeps until the next one is due.
+    fn send_held(&mut self) {
+        if self.inflight.is_empty() {
+            if let Some((due, ..)) = self.held.front() {
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+        }
+        let now = Instant::now();
+        while self.held.front().is_some_and(|(due, ..)| *due <= now) {
+            let Some((_, io, payload, first)) = self.held.pop_front() else {
+                break;
+            };
+            let (cdb, n, dir) = scsi_io(&io, self.bs, &payload);
+            let itt = self.conn.submit(self.lun, &cdb[..n], dir);
+            self.not_ready_since.insert(itt.0, first);
+            self.inflight.insert(itt.0, (io.slot, io, payload, 0));
+        }
     }
 }
 
@@ -303,6 +338,11 @@ impl Engine for IscsiEngine {
         Ok(())
     }
     fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String> {
+        self.send_held();
+        if self.inflight.is_empty() {
+            // Everything waits out a NOT READY back-off.
+            return Ok(());
+        }
         if let Err(e) = self.conn.wait(&mut self.scratch) {
             match e {
                 // The connection is gone: reinstate the session and go on.
@@ -323,10 +363,36 @@ impl Engine for IscsiEngine {
             // A UNIT ATTENTION (a LUN added, a resize, a reset) reports an
             // event, not a failure of the command: every initiator sends
             // it again (SAM-5 §5.14), and so does this one.
+            let refused = self.not_ready_since.remove(&itt.0);
             if r.status == Some(2) && retries < UA_RETRIES {
                 if let Some(code @ (6, _, _)) = scsi::sense_code(&r.sense) {
                     *self.unit_attentions.entry(code).or_default() += 1;
                     self.send_again(io, payload, retries + 1);
+                    continue;
+                }
+            }
+            // NOT READY (the LU becoming ready, an ALUA transition, a
+            // standby port a gateway may take over for): sent again after a
+            // pause, for up to NOT_READY_DEADLINE, then an error naming it.
+            if r.status == Some(2) {
+                if let Some(code @ (2, 0x04, _)) = scsi::sense_code(&r.sense) {
+                    let now = Instant::now();
+                    let first = refused.unwrap_or(now);
+                    if now.duration_since(first) < NOT_READY_DEADLINE {
+                        *self.unit_attentions.entry(code).or_default() += 1;
+                        self.held
+                            .push_back((now + NOT_READY_BACKOFF, io, payload, first));
+                        continue;
+                    }
+                    let why = task_result(&r).err().unwrap_or_default();
+                    done.push(Done {
+                        slot,
+                        result: Err(format!(
+                            "{why} (retried for {} s)",
+                            NOT_READY_DEADLINE.as_secs()
+                        )),
+                        data: None,
+                    });
                     continue;
                 }
             }

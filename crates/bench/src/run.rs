@@ -568,7 +568,8 @@ fn run_prepared(
             )
             .collect();
         notes.push(format!(
-            "UNIT ATTENTIONs retried, as initiators do: {}",
+            "UNIT ATTENTIONs and NOT READYs retried, as initiators do (a UNIT ATTENTION up to \
+             8 times per I/O, a NOT READY for up to 30 s): {}",
             list.join(", ")
         ));
     }

@@ -165,6 +165,7 @@ pub fn sense_meaning(k: u8, asc: u8, ascq: u8) -> Option<&'static str> {
         (5, 0x21, 0) => "LOGICAL BLOCK ADDRESS OUT OF RANGE",
         (5, 0x24, 0) => "INVALID FIELD IN CDB",
         (7, 0x27, _) => "WRITE PROTECTED",
+        (2, 0x04, 0x01) => "NOT READY: LOGICAL UNIT IS IN PROCESS OF BECOMING READY",
         (2, 0x04, 0x0a) => "NOT READY: ASYMMETRIC ACCESS STATE TRANSITION",
         (2, 0x04, 0x0b) => "NOT READY: TARGET PORT IN STANDBY STATE",
         (2, 0x04, 0x0c) => "NOT READY: TARGET PORT IN UNAVAILABLE STATE",
@@ -376,6 +377,9 @@ pub fn target_port_ids(vpd83: &[u8]) -> (Option<u16>, Option<u16>) {
 /// a change (SPC-4 §5.15.2.4, §5.15.2.6; scsi_dh_alua's choices).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathCondition {
+    /// NOT READY 04/01: the LU is becoming ready (storage slow to answer);
+    /// retried on the same path.
+    BecomingReady,
     /// NOT READY 04/0A: asymmetric access state transition.
     Transitioning,
     /// NOT READY 04/0B: target port in standby state.
@@ -394,6 +398,7 @@ impl PathCondition {
     /// The condition of sense data, if it is one to retry.
     pub fn of_sense(sense: &[u8]) -> Option<PathCondition> {
         match sense_code(sense)? {
+            (0x2, 0x04, 0x01) => Some(PathCondition::BecomingReady),
             (0x2, 0x04, 0x0a) => Some(PathCondition::Transitioning),
             (0x2, 0x04, 0x0b) => Some(PathCondition::Standby),
             (0x2, 0x04, 0x0c) => Some(PathCondition::Unavailable),

@@ -298,3 +298,43 @@ fn state_changes_are_retried_not_failed() {
     // The initiator followed the target's choice instead of undoing it.
     assert!(p.iter().all(|p| p["failovers"] == 0), "{p:?}");
 }
+
+#[test]
+fn a_single_path_waits_out_not_ready() {
+    // One path, through a port in standby (NOT READY 04/0B) until the
+    // target makes it active: the I/Os are sent again (not failed), and
+    // the report says so.
+    let s = Server::start(false, ["standby", "standby"]);
+    let args = [
+        "bench",
+        "--rw",
+        "randwrite",
+        "--size",
+        "8M",
+        "--runtime",
+        "3",
+        "--json",
+    ];
+    let url = s.url(0);
+    let child = ironsan()
+        .args(args)
+        .arg(&url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    s.admin(&["set-alua", "1", "active-optimized"]);
+    let out = child.wait_with_output().unwrap();
+    let v = json_of(&args, &out);
+    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    assert!(
+        v["jobs"][0]["write"]["total_ios"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let notes = v["ironsan"]["notes"].to_string();
+    assert!(
+        notes.contains("NOT READYs retried") && notes.contains("2/04/0b"),
+        "{notes}"
+    );
+}

@@ -755,7 +755,10 @@ fn unit_attentions_do_not_end_a_run() {
         );
         if i == 0 {
             assert!(text.contains(" 0 errors"), "{text}");
-            assert!(text.contains("UNIT ATTENTIONs retried"), "{text}");
+            assert!(
+                text.contains("UNIT ATTENTIONs and NOT READYs retried"),
+                "{text}"
+            );
         }
         admin(&["remove-lun", IQN, "1"]);
     }

@@ -531,6 +531,11 @@ impl MultipathEngine {
     /// An I/O came back with a condition to retry: stop sending and read
     /// the states again (ALUA), or hold back a little (no ALUA, NOT READY).
     fn on_condition(&mut self, c: PathCondition, now: Instant) {
+        if c == PathCondition::BecomingReady {
+            // Not about paths: the storage behind every one is slow.
+            self.hold_until = Some(now + alua::BACKOFF_MAX);
+            return;
+        }
         let Some(a) = &mut self.alua else {
             if matches!(
                 c,
