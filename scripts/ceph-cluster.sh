@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # A one-node Ceph cluster on loopback for tests: 1 monitor, 1 memstore OSD,
-# pool size 1, no authentication, no systemd. Everything lives in DIR.
+# pool size 1, cephx authentication, no systemd. Everything lives in DIR.
 #
 #   scripts/ceph-cluster.sh up DIR     install when missing, start, create
 #                                      pool `rbd`, wait until it serves I/O
 #   scripts/ceph-cluster.sh down DIR   stop the daemons by PID, remove DIR
 #
-# After `up`, clients use `-c DIR/ceph.conf` (or CEPH_CONF=DIR/ceph.conf).
-# Environment: CEPH_MON_PORT (default 17300, msgr2 only), CEPH_OSD_PORTS
+# After `up`, clients use `-c DIR/ceph.conf` (or CEPH_CONF=DIR/ceph.conf):
+# tools as client.admin (DIR/keyring), gateways as client.ironsan
+# (DIR/client.ironsan.keyring: mon 'profile rbd', osd 'profile rbd pool=rbd').
+# Environment: CEPH_AUTH (cephx, the default, or none), CEPH_MON_PORT
+# (default 17300, msgr2 only), CEPH_OSD_PORTS
 # (default 17310-17399), CEPH_MEMSTORE_BYTES (default 2 GiB: the OSD keeps
 # every object in RAM up to this), CEPH_TIMEOUT (seconds, default 90),
 # CEPH_WATCH_TIMEOUT (osd_client_watch_timeout, Ceph's default of 30 s
@@ -33,6 +36,7 @@ dir=$2
 [ -n "$dir" ] && [ "$dir" != / ] || die "refusing DIR '$dir'"
 
 mon_port=${CEPH_MON_PORT:-17300}
+auth=${CEPH_AUTH:-cephx}
 osd_ports=${CEPH_OSD_PORTS:-17310-17399}
 memstore_bytes=${CEPH_MEMSTORE_BYTES:-$((2 << 30))}
 timeout_s=${CEPH_TIMEOUT:-90}
@@ -106,11 +110,16 @@ cluster_addr = 127.0.0.1
 ms_bind_msgr1 = false
 ms_bind_port_min = ${osd_ports%-*}
 ms_bind_port_max = ${osd_ports#*-}
-auth_cluster_required = none
-auth_service_required = none
-auth_client_required = none
+auth_cluster_required = $auth
+auth_service_required = $auth
+auth_client_required = $auth
 run_dir = $dir/run
 admin_socket = $dir/run/\$name.asok
+[client]
+# One socket per client process (ironsan, rbd, ceph): with one per name,
+# every client.admin process after the first said "AdminSocket ... File exists".
+admin_socket = $dir/run/\$name.\$pid.asok
+[global]
 pid_file = $dir/\$name.pid
 log_file = $dir/log/\$name.log
 keyring = $dir/keyring
@@ -132,13 +141,26 @@ mon_data_avail_warn = 2
 mon_data_avail_crit = 1
 # No ceph-mgr here: do not warn about it.
 mon_mgr_mkfs_grace = 100000000
+# A PG's read lease lasts osd_heartbeat_grace x 0.8; a lone OSD paused past
+# it (the tests pause it 35 s) finds its PGs "laggy" and, with no peer to
+# renew the lease, never serves them again. Real clusters have peers.
+osd_heartbeat_grace = 60
 # A client that died stops watching its images after this many seconds.
 osd_client_watch_timeout = ${CEPH_WATCH_TIMEOUT:-30}
 EOF
+  say "creating the keys (authentication: $auth)"
+  # The monitor imports every key of the keyring at --mkfs: its own, the
+  # admin's and the OSD's.
+  ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' \
+    >/dev/null || die "ceph-authtool"
+  ceph-authtool "$dir/keyring" --gen-key -n client.admin --cap mon 'allow *' \
+    --cap osd 'allow *' --cap mgr 'allow *' >/dev/null || die "ceph-authtool"
+  ceph-authtool "$dir/keyring" --gen-key -n osd.0 --cap mon 'allow profile osd' \
+    --cap osd 'allow *' --cap mgr 'allow profile osd' >/dev/null || die "ceph-authtool"
   say "creating the monitor"
   monmaptool --create --addv a "[v2:127.0.0.1:$mon_port]" --fsid "$fsid" "$dir/monmap" \
     >/dev/null || die "monmaptool"
-  ceph-mon -c "$dir/ceph.conf" --mkfs -i a --monmap "$dir/monmap" \
+  ceph-mon -c "$dir/ceph.conf" --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/keyring" \
     || die "ceph-mon --mkfs (see $dir/log/mon.a.log)"
   say "starting ceph-mon"
   ceph-mon -c "$dir/ceph.conf" -i a || die "ceph-mon (see $dir/log/mon.a.log)"
@@ -169,6 +191,11 @@ EOF
     sleep 0.5
   done
   rados -c "$dir/ceph.conf" -p rbd rm ceph-cluster-probe || die "rados rm"
+  # The client a gateway should run as: what `rbd` needs on one pool, and
+  # the monitor's blocklist command that fencing (lock break) uses, which
+  # `profile rbd` grants (docs/GATEWAYS.md).
+  ceph_ auth get-or-create client.ironsan mon 'profile rbd' osd 'profile rbd pool=rbd' \
+    -o "$dir/client.ironsan.keyring" || die "ceph auth get-or-create client.ironsan"
   rm -f "$dir/probe" "$dir/probe.back"
   say "waiting for HEALTH_OK"
   local h

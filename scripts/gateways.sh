@@ -28,7 +28,8 @@
 #   scripts/gateways.sh [IRONSAN_BINARY]
 #
 # Environment: GW_PORT (first of two loopback ports, default 17270, below
-# the test cluster's OSD ports); GW_KEEP=1 keeps the gateways' logs.
+# the test cluster's OSD ports); GW_KEEP=1 keeps the gateways' logs;
+# IRONSAN_RBD_OPTS (the LUN's Ceph client options, see below).
 # Prints "gateways: N passed, M failed"; exits non-zero on a failure.
 set -uo pipefail
 
@@ -38,6 +39,14 @@ bin=${1:-${CARGO_TARGET_DIR:-target}/release/ironsan}
   exit 1
 }
 port_a=${GW_PORT:-17270}
+# The gateways' Ceph client: IRONSAN_RBD_OPTS (e.g. ",ceph_client=ironsan,
+# ceph_keyring=K"; scripts/rbd.sh sets it), else client.ironsan when the
+# cluster directory has its keyring (scripts/ceph-cluster.sh makes one).
+lun_opts=${IRONSAN_RBD_OPTS-}
+k=$(dirname "$CEPH_CONF")/client.ironsan.keyring
+if [ -z "$lun_opts" ] && [ -e "$k" ]; then
+  lun_opts=",ceph_client=ironsan,ceph_keyring=$k"
+fi
 port_b=$((port_a + 1))
 iqn=iqn.2026-12.io.ironsan:gateways
 image=rbd/gateways
@@ -80,7 +89,7 @@ trap cleanup EXIT
 # sets pid_NAME.
 gateway() {
   local name=$1 port=$2
-  "$bin" --log info serve --listen "127.0.0.1:$port" --target "$iqn" --lun "rbd:$image" \
+  "$bin" --log info serve --listen "127.0.0.1:$port" --target "$iqn" --lun "rbd:$image$lun_opts" \
     --gateway "$3:$4" --gateway-peer "$5=$6" >>"$work/$name.log" 2>&1 &
   local pid=$!
   eval "pid_$name=$pid"

@@ -6,6 +6,9 @@
 #      --lun rbd:..., expectations tests/conformance/expected-pass-rbd.txt),
 #   3. writes a 64 MiB image through the LUN with qemu-img and reads it
 #      back, and writes/reads all of a 256 MiB LUN with ironsan bench --verify,
+#      and serves a namespace image and a read-only snapshot (3b),
+#   4b. pauses the OSD for 35 s under a bench: retried NOT READY 04/01, no
+#      error, logged once per burst and counted in /metrics,
 #   4. compares 4K random reads at depth 32: rbd bench (librbd directly) and
 #      ironsan bench through the target, on the same image, same run,
 #   5. runs two gateways on one image and kills the owner under a multipath
@@ -56,6 +59,9 @@ t0=$SECONDS
 scripts/ceph-cluster.sh up "$dir"
 say "cluster ready after $((SECONDS - t0)) s"
 export CEPH_CONF=$dir/ceph.conf
+# Every LUN connects as client.ironsan, a non-admin client with the
+# capabilities docs/GATEWAYS.md lists (scripts/ceph-cluster.sh makes it).
+export IRONSAN_RBD_OPTS=",ceph_client=ironsan,ceph_keyring=$dir/client.ironsan.keyring"
 rbd create --size 256M rbd/ironsan
 rbd create --size 64M rbd/conformance
 rbd create --size 64M rbd/scratch
@@ -79,7 +85,7 @@ fi
 
 say "2. iscsi-test-cu on rbd:rbd/conformance"
 t0=$SECONDS
-if python3 scripts/conformance.py --ironsan "$bin" --lun rbd:rbd/conformance \
+if python3 scripts/conformance.py --ironsan "$bin" --lun "rbd:rbd/conformance$IRONSAN_RBD_OPTS" \
   --expect tests/conformance/expected-pass-rbd.txt --log "${CARGO_TARGET_DIR:-target}/conformance-rbd.log" |
   tee "$work/conformance.out" | tail -8; then
   step "conformance" "pass ($(grep -o 'totals: .*' "$work/conformance.out"), $((SECONDS - t0)) s)"
@@ -94,7 +100,7 @@ serve() { # [ENV=VALUE]: (re)starts the target on rbd:rbd/ironsan
   fi
   say "serving rbd:rbd/ironsan on 127.0.0.1:$port $*"
   env "$@" "$bin" --log warn serve --listen "127.0.0.1:$port" --target "$iqn" \
-    --lun rbd:rbd/ironsan >"$work/target.log" 2>&1 &
+    --lun "rbd:rbd/ironsan$IRONSAN_RBD_OPTS" >"$work/target.log" 2>&1 &
   srv=$!
   for _ in $(seq 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return
@@ -131,6 +137,62 @@ else
   step "bench --verify 256M" fail
 fi
 
+say "3b. a namespace LUN and a snapshot LUN, as client.ironsan"
+# A second target on its own port, so the main one keeps serving.
+nsurl=iscsi://127.0.0.1:$((port + 1))/$iqn:more
+ns_ok=
+nssrv=
+if rbd namespace create rbd/tenant1 && rbd create --size 32M rbd/tenant1/vol &&
+  rbd create --size 32M rbd/snapsrc; then
+  "$bin" --log info serve --listen "127.0.0.1:$((port + 1))" --target "$iqn:more" \
+    --lun "rbd:rbd/tenant1/vol$IRONSAN_RBD_OPTS" --lun "rbd:rbd/snapsrc$IRONSAN_RBD_OPTS" \
+    >"$work/ns.log" 2>&1 &
+  nssrv=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null && break
+    sleep 0.1
+  done
+  # Data written to the namespace image reads back; data written to the
+  # image before its snapshot reads back from the snapshot after the image
+  # is overwritten, and the snapshot refuses writes (WRITE PROTECTED).
+  if "$bin" bench --rw write --bs 64k --size 32M --verify "$nsurl/0" >"$work/ns.txt" 2>&1 &&
+    nsid=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/ns.txt" | head -1 | cut -d' ' -f2) &&
+    "$bin" bench --rw read --bs 64k --size 32M --verify --verify-id "$nsid" "$nsurl/0" \
+      >>"$work/ns.txt" 2>&1 &&
+    "$bin" bench --rw write --bs 64k --size 32M --verify "$nsurl/1" >"$work/snap.txt" 2>&1 &&
+    snid=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/snap.txt" | head -1 | cut -d' ' -f2); then
+    kill "$nssrv" 2>/dev/null || true
+    wait "$nssrv" 2>/dev/null || true
+    rbd snap create rbd/snapsrc@monday >/dev/null &&
+      rbd bench --io-type write --io-size 64K --io-total 32M rbd/snapsrc >/dev/null 2>&1
+    "$bin" --log info serve --listen "127.0.0.1:$((port + 1))" --target "$iqn:more" \
+      --lun "rbd:rbd/snapsrc@monday$IRONSAN_RBD_OPTS" >>"$work/ns.log" 2>&1 &
+    nssrv=$!
+    for _ in $(seq 100); do
+      (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null && break
+      sleep 0.1
+    done
+    if "$bin" bench --rw read --bs 64k --size 32M --verify --verify-id "$snid" "$nsurl/0" \
+      >>"$work/snap.txt" 2>&1 &&
+      ! "$bin" bench --rw write --bs 4k --size 1M --runtime 1 "$nsurl/0" >"$work/snapw.txt" 2>&1 &&
+      grep -q 'WRITE PROTECTED' "$work/snapw.txt" &&
+      grep -q 'image=rbd/tenant1/vol client="client.ironsan"' "$work/ns.log"; then
+      ns_ok=1
+    fi
+  fi
+fi
+if [ -n "$nssrv" ]; then
+  kill "$nssrv" 2>/dev/null || true
+  wait "$nssrv" 2>/dev/null || true
+fi
+if [ -n "$ns_ok" ]; then
+  step "namespace and snapshot" pass
+else
+  cat "$work/ns.txt" "$work/snap.txt" "$work/snapw.txt" 2>/dev/null | tail -12 >&2
+  tail -5 "$work/ns.log" >&2
+  step "namespace and snapshot" fail
+fi
+
 say "4. 4K random reads, depth 32, 256 MiB: rbd bench vs ironsan bench"
 # The `rbd` tool links tcmalloc and librbd allocates on every request:
 # serve with the same allocator (docs/CONFIG.md recommends it for rbd LUNs),
@@ -165,6 +227,45 @@ if [ -n "$srv" ]; then
   wait "$srv" 2>/dev/null || true
   srv=
 fi
+say "4b. the OSD paused 35 s under load: NOT READY 04/01, retried, logged, counted; I/O resumes"
+# The requests the OSD does not answer fail after ceph_op_timeout (25 s)
+# with LOGICAL UNIT IS IN PROCESS OF BECOMING READY, which initiators retry
+# on the same path (not a path failure, not standby); the bench retries
+# them for up to 30 s, as the kernel would, and must end with no error.
+rbd create --size 64M rbd/osdpause
+"$bin" --log info serve --listen "127.0.0.1:$((port + 2))" --target "$iqn:pause" \
+  --lun "rbd:rbd/osdpause$IRONSAN_RBD_OPTS" --admin 127.0.0.1:0 --state-dir "$work" \
+  >"$work/pause.log" 2>&1 &
+psrv=$!
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$((port + 2))") 2>/dev/null && break
+  sleep 0.1
+done
+"$bin" bench --rw randwrite --bs 4k --iodepth 4 --size 64M --runtime 50 --time_based \
+  "iscsi://127.0.0.1:$((port + 2))/$iqn:pause/0" >"$work/pause.txt" 2>&1 &
+pbench=$!
+sleep 3
+osd=$(cat "$dir/osd.0.pid")
+kill -STOP "$osd"
+sleep 35
+kill -CONT "$osd"
+prc=0
+wait "$pbench" || prc=$?
+faults=$("$bin" admin --state-dir "$work" metrics 2>/dev/null |
+  awk '/^ironsan_storage_faults_total\{kind="unresponsive"\}/ { print $2 }')
+lines=$(grep -c 'storage fault' "$work/pause.log" || true)
+kill "$psrv" 2>/dev/null || true
+wait "$psrv" 2>/dev/null || true
+cat "$work/pause.txt" >&2
+say "unresponsive faults counted: ${faults:-none}; storage fault log lines: $lines"
+if [ "$prc" = 0 ] && grep -q ' 0 errors' "$work/pause.txt" && grep -q '2/04/01' "$work/pause.txt" &&
+  [ "${faults:-0}" -gt 0 ] && [ "$lines" -ge 1 ] && [ "$lines" -lt "$faults" ]; then
+  step "OSD paused 35 s" "pass ($faults requests NOT READY 04/01 and retried, $lines log lines, 0 errors)"
+else
+  tail -5 "$work/pause.log" >&2
+  step "OSD paused 35 s" fail
+fi
+
 say "5. two gateways, one image: failover"
 if scripts/gateways.sh "$bin" 2>&1 | tee "$work/gateways.out" | grep '^gateways: '; then
   step "gateway failover" "pass ($(grep -o '[0-9]* passed, [0-9]* failed' "$work/gateways.out"))"

@@ -133,7 +133,9 @@ class Gateways:
             me, peer = i + 1, 2 - i
             self.procs[i] = subprocess.Popen(
                 [self.bin, "--log", "info", "serve", "--listen", f"127.0.0.1:{self.ports[i]}",
-                 "--target", IQN, "--lun", f"rbd:{self.image}", "--gateway", f"{me}:{me}",
+                 "--target", IQN, "--lun",
+                 f"rbd:{self.image}{os.environ.get('IRONSAN_RBD_OPTS', '')}",
+                 "--gateway", f"{me}:{me}",
                  "--gateway-peer", f"{peer}={peer}"],
                 stdout=self.log, stderr=self.log, env=dict(os.environ, RUST_BACKTRACE="0"))
             if not wait_port(self.ports[i], 60):
@@ -446,8 +448,9 @@ def scenario_list():
             "dm-multipath over two RBD gateways of one image (ALUA: the owner active/optimized, "
             "the other standby): fio --verify on ext4 while the owner is killed -9; the standby "
             "takes the image over, no error reaches the file system; the killed gateway returns "
-            "as standby and its path is back",
-            [], files=multipath_conf, gateways=True, timeout=300, tgt=False,
+            "as standby and its path is back; then the owner hangs (SIGSTOP 15 s), the other "
+            "takes over, the resumed one steps down to standby",
+            [], files=multipath_conf, gateways=True, timeout=600, tgt=False,
             tgt_reason="it is about ironsan's RBD gateways"),
         Scenario(
             "tmf",

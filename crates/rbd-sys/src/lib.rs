@@ -162,6 +162,9 @@ api! {
         fn rados_ioctx_create(rados_t, *const c_char, *mut rados_ioctx_t) -> c_int;
         /// `void rados_ioctx_destroy(rados_ioctx_t io);`
         fn rados_ioctx_destroy(rados_ioctx_t);
+        /// `void rados_ioctx_set_namespace(rados_ioctx_t io, const char *nspace);`
+        /// (RBD namespaces are RADOS namespaces of the pool).
+        fn rados_ioctx_set_namespace(rados_ioctx_t, *const c_char);
         /// `uint64_t rados_get_instance_id(rados_t cluster);` this client's
         /// global id (`client.<id>`), as watchers and notify replies name it.
         fn rados_get_instance_id(rados_t) -> u64;

@@ -710,6 +710,13 @@ pub struct LunConfig {
     /// The RBD image in `pool` (rbd backend); it must exist.
     #[serde(default)]
     pub image: Option<String>,
+    /// The RADOS namespace of the image within `pool` (rbd backend;
+    /// `rbd namespace create POOL/NAMESPACE`); default: none.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Serve this snapshot of the image, read-only (rbd backend).
+    #[serde(default)]
+    pub snapshot: Option<String>,
     /// ceph.conf of the cluster (rbd backend); default: librados' search
     /// (`$CEPH_CONF`, `/etc/ceph/ceph.conf`, `~/.ceph/config`).
     #[serde(default)]
@@ -746,6 +753,15 @@ fn default_thin() -> bool {
     true
 }
 
+/// The `,KEY=VALUE` options of a `--lun` spec.
+const SPEC_OPTIONS: [&str; 5] = [
+    "physical_block_size",
+    "ceph_client",
+    "ceph_conf",
+    "ceph_keyring",
+    "ceph_op_timeout",
+];
+
 impl LunConfig {
     /// Parses the quick-flag form: `mem:SIZE`, `null:SIZE`, `file:PATH`,
     /// `file:PATH:SIZE` or `rbd:POOL/IMAGE` (the cluster from `$CEPH_CONF`
@@ -762,32 +778,35 @@ impl LunConfig {
         };
         // Options are taken from the end, so that a path may hold commas.
         let mut main = spec;
-        let mut physical_block_size = None;
+        let mut opts: Vec<(&str, &str)> = Vec::new();
         while let Some((head, opt)) = main.rsplit_once(',') {
             let Some((key, value)) = opt.split_once('=') else {
                 break;
             };
-            match key {
-                "physical_block_size" if physical_block_size.is_none() => {
-                    physical_block_size = Some(value.parse::<u32>().map_err(|_| {
-                        ConfigError::Invalid(format!(
-                            "--lun {spec:?}: physical_block_size {value:?} is not a number of bytes"
-                        ))
-                    })?);
-                }
-                "physical_block_size" => {
-                    return Err(ConfigError::Invalid(format!(
-                        "--lun {spec:?}: physical_block_size is given twice"
-                    )))
-                }
-                _ => {
-                    return Err(ConfigError::Invalid(format!(
-                        "--lun {spec:?}: unknown option {key:?} (the one option is physical_block_size)"
-                    )))
-                }
+            if !SPEC_OPTIONS.contains(&key) {
+                return Err(ConfigError::Invalid(format!(
+                    "--lun {spec:?}: unknown option {key:?} (the options are {})",
+                    SPEC_OPTIONS.join(", ")
+                )));
             }
+            if opts.iter().any(|(k, _)| *k == key) {
+                return Err(ConfigError::Invalid(format!(
+                    "--lun {spec:?}: {key} is given twice"
+                )));
+            }
+            opts.push((key, value));
             main = head;
         }
+        let opt = |k: &str| opts.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
+        let physical_block_size = opt("physical_block_size")
+            .map(|v| {
+                v.parse::<u32>().map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "--lun {spec:?}: physical_block_size {v:?} is not a number of bytes"
+                    ))
+                })
+            })
+            .transpose()?;
         let (kind, rest) = main.split_once(':').ok_or_else(bad)?;
         let mut l = LunConfig {
             backend: BackendKind::Mem,
@@ -802,6 +821,8 @@ impl LunConfig {
             number: None,
             pool: None,
             image: None,
+            namespace: None,
+            snapshot: None,
             ceph_conf: None,
             ceph_client: None,
             ceph_keyring: None,
@@ -830,15 +851,43 @@ impl LunConfig {
             }
             "rbd" => {
                 l.backend = BackendKind::Rbd;
-                let (pool, image) = rest.split_once('/').ok_or_else(bad)?;
-                check_rbd_name("pool", pool).map_err(|m| {
-                    ConfigError::Invalid(format!("--lun {spec:?}: {m} (expected rbd:POOL/IMAGE)"))
-                })?;
-                check_rbd_name("image", image).map_err(|m| {
-                    ConfigError::Invalid(format!("--lun {spec:?}: {m} (expected rbd:POOL/IMAGE)"))
-                })?;
+                let form =
+                    "expected rbd:POOL/IMAGE, rbd:POOL/NAMESPACE/IMAGE, optionally @SNAPSHOT";
+                let invalid =
+                    |m: String| ConfigError::Invalid(format!("--lun {spec:?}: {m} ({form})"));
+                let (path, snapshot) = match rest.split_once('@') {
+                    Some((p, snap)) => (p, Some(snap)),
+                    None => (rest, None),
+                };
+                let parts: Vec<&str> = path.split('/').collect();
+                let (pool, namespace, image) = match parts[..] {
+                    [pool, image] => (pool, None, image),
+                    [pool, ns, image] => (pool, Some(ns), image),
+                    _ => return Err(invalid("not POOL/IMAGE".into())),
+                };
+                check_rbd_name("pool", pool).map_err(invalid)?;
+                check_rbd_name("image", image).map_err(invalid)?;
+                if let Some(ns) = namespace {
+                    check_rbd_name("namespace", ns).map_err(invalid)?;
+                }
+                if let Some(snap) = snapshot {
+                    check_rbd_name("snapshot", snap).map_err(invalid)?;
+                    l.read_only = true;
+                }
                 l.pool = Some(pool.to_string());
                 l.image = Some(image.to_string());
+                l.namespace = namespace.map(str::to_string);
+                l.snapshot = snapshot.map(str::to_string);
+                l.ceph_client = opt("ceph_client").map(str::to_string);
+                l.ceph_conf = opt("ceph_conf").map(PathBuf::from);
+                l.ceph_keyring = opt("ceph_keyring").map(PathBuf::from);
+                l.ceph_op_timeout = opt("ceph_op_timeout")
+                    .map(|v| {
+                        v.parse::<u64>().map_err(|_| {
+                            invalid(format!("ceph_op_timeout {v:?} is not a number of seconds"))
+                        })
+                    })
+                    .transpose()?;
             }
             _ => return Err(bad()),
         }
@@ -846,6 +895,13 @@ impl LunConfig {
             && l.path.as_ref().is_none_or(|p| p.as_os_str().is_empty())
         {
             return Err(bad());
+        }
+        if l.backend != BackendKind::Rbd {
+            if let Some((k, _)) = opts.iter().find(|(k, _)| k.starts_with("ceph_")) {
+                return Err(ConfigError::Invalid(format!(
+                    "--lun {spec:?}: {k} belongs to rbd LUNs only"
+                )));
+            }
         }
         Ok(l)
     }
@@ -1021,9 +1077,20 @@ impl Config {
                             check_rbd_name(what, v)
                                 .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
                         }
-                        if let Some(c) = &lun.ceph_client {
-                            check_rbd_name("ceph_client", c)
-                                .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+                        for (what, v) in [
+                            ("ceph_client", &lun.ceph_client),
+                            ("namespace", &lun.namespace),
+                            ("snapshot", &lun.snapshot),
+                        ] {
+                            if let Some(v) = v {
+                                check_rbd_name(what, v)
+                                    .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+                            }
+                        }
+                        if lun.snapshot.is_some() && !lun.read_only {
+                            return inv(format!(
+                                "{at}: a snapshot is served read-only (read_only = true)"
+                            ));
                         }
                         if let Some(size) = size {
                             check_lun_size(&at, size, lun.block_size)?;
@@ -1033,6 +1100,8 @@ impl Config {
                 if lun.backend != BackendKind::Rbd
                     && (lun.pool.is_some()
                         || lun.image.is_some()
+                        || lun.namespace.is_some()
+                        || lun.snapshot.is_some()
                         || lun.ceph_conf.is_some()
                         || lun.ceph_client.is_some()
                         || lun.ceph_keyring.is_some()
@@ -1093,8 +1162,7 @@ pub fn check_rbd_name(what: &str, n: &str) -> Result<(), String> {
         .any(|c| c == '/' || c == '@' || c.is_whitespace() || c.is_control())
     {
         return Err(format!(
-            "{what} name {n:?} contains '/', '@', whitespace or control characters \
-             (namespaces and snapshots are not supported)"
+            "{what} name {n:?} contains '/', '@', whitespace or control characters"
         ));
     }
     Ok(())
@@ -1113,6 +1181,8 @@ impl LunConfig {
         Ok(Some(RbdLun {
             pool: need(&self.pool, "pool")?,
             image: need(&self.image, "image")?,
+            namespace: self.namespace.clone(),
+            snapshot: self.snapshot.clone(),
             ceph_conf: self.ceph_conf.clone(),
             client_name: self.ceph_client.as_ref().map(|c| {
                 if c.contains('.') {
@@ -1137,6 +1207,10 @@ pub struct RbdLun {
     pub pool: String,
     /// The image.
     pub image: String,
+    /// The RADOS namespace, if any.
+    pub namespace: Option<String>,
+    /// The snapshot served (read-only), if any.
+    pub snapshot: Option<String>,
     /// ceph.conf, or librados' default search.
     pub ceph_conf: Option<PathBuf>,
     /// Full entity name (`client.x`), or `client.admin`.
@@ -1412,14 +1486,39 @@ mod tests {
         assert_eq!((o.pool.as_str(), o.image.as_str()), ("rbd", "ironsan"));
         assert_eq!((o.ceph_conf, o.client_name, o.min_size), (None, None, None));
         assert_eq!(o.op_timeout, DEFAULT_CEPH_OP_TIMEOUT);
+        let l = LunConfig::from_spec(
+            "rbd:rbd/ns/img@monday,ceph_client=ironsan,ceph_keyring=/k,ceph_conf=/c.conf,\
+             ceph_op_timeout=10",
+        )
+        .unwrap();
+        let o = l.rbd_options().unwrap().unwrap();
+        assert_eq!(
+            (o.pool.as_str(), o.namespace.as_deref(), o.image.as_str()),
+            ("rbd", Some("ns"), "img")
+        );
+        assert_eq!(o.snapshot.as_deref(), Some("monday"));
+        assert!(l.read_only, "a snapshot is served read-only");
+        assert_eq!(o.client_name.as_deref(), Some("client.ironsan"));
+        assert_eq!(o.keyring.as_deref(), Some(std::path::Path::new("/k")));
+        assert_eq!(
+            o.ceph_conf.as_deref(),
+            Some(std::path::Path::new("/c.conf"))
+        );
+        assert_eq!(o.op_timeout, 10);
         for bad in [
             "rbd:",
             "rbd:ironsan",
             "rbd:/ironsan",
             "rbd:rbd/",
-            "rbd:rbd/ns/img",
-            "rbd:rbd/img@snap",
+            "rbd:rbd//img",
+            "rbd:rbd/a/b/c",
+            "rbd:rbd/img@",
+            "rbd:rbd/img@a@b",
             "rbd:rb d/img",
+            "rbd:rbd/img,ceph_op_timeout=soon",
+            "rbd:rbd/img,ceph_client=a,ceph_client=b",
+            "mem:1M,ceph_client=a",
+            "rbd:rbd/img,colour=red",
         ] {
             assert!(LunConfig::from_spec(bad).is_err(), "accepted {bad}");
         }

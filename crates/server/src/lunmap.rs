@@ -343,6 +343,8 @@ fn open_rbd(l: &LunConfig, policy: WriteCache) -> Result<Arc<dyn BlockBackend>, 
     let opts = storage::RbdOptions {
         pool: o.pool,
         image: o.image,
+        namespace: o.namespace,
+        snapshot: o.snapshot,
         ceph_conf: o.ceph_conf,
         client_name: o.client_name,
         keyring: o.keyring,

@@ -70,6 +70,10 @@ pub struct RbdOptions {
     pub pool: String,
     /// The image in the pool.
     pub image: String,
+    /// The RADOS namespace of the image, if any.
+    pub namespace: Option<String>,
+    /// Open this snapshot of the image (read-only), if any.
+    pub snapshot: Option<String>,
     /// ceph.conf to read; none: librados' default search (`$CEPH_CONF`,
     /// `/etc/ceph/ceph.conf`, `~/.ceph/config`, `./ceph.conf`).
     pub ceph_conf: Option<PathBuf>,
@@ -89,9 +93,17 @@ pub struct RbdOptions {
 }
 
 impl RbdOptions {
-    /// `POOL/IMAGE`, for messages.
+    /// `POOL[/NAMESPACE]/IMAGE[@SNAPSHOT]`, as `rbd` names it.
     pub fn spec(&self) -> String {
-        format!("{}/{}", self.pool, self.image)
+        let mut s = self.pool.clone();
+        if let Some(ns) = &self.namespace {
+            s = format!("{s}/{ns}");
+        }
+        s = format!("{s}/{}", self.image);
+        if let Some(snap) = &self.snapshot {
+            s = format!("{s}@{snap}");
+        }
+        s
     }
 }
 
@@ -327,23 +339,65 @@ impl Conn {
         let pool = cstring("pool", &o.pool)?;
         // SAFETY: a connected cluster, a NUL-terminated name, an out pointer.
         let r = unsafe { (api.rados_ioctx_create)(p.cluster, pool.as_ptr(), &mut p.ioctx) };
+        if r == -libc::ENOENT {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "rbd {spec}: no pool {:?} (create it: ceph osd pool create {0}; rbd pool init {0})",
+                    o.pool
+                ),
+            ));
+        }
         if r < 0 {
             return Err(fail(&format!("opening pool {}", o.pool), r));
         }
+        if let Some(ns) = &o.namespace {
+            let ns = cstring("namespace", ns)?;
+            // SAFETY: a live ioctx and a NUL-terminated name.
+            unsafe { (api.rados_ioctx_set_namespace)(p.ioctx, ns.as_ptr()) };
+        }
         let image_name = cstring("image", &o.image)?;
+        let snap = o
+            .snapshot
+            .as_deref()
+            .map(|s| cstring("snapshot", s))
+            .transpose()?;
         let mut image: rbd_image_t = ptr::null_mut();
-        let open = if o.read_only {
+        let open = if o.read_only || snap.is_some() {
             api.rbd_open_read_only
         } else {
             api.rbd_open
         };
         // SAFETY: a live ioctx, a NUL-terminated name, an out pointer, and
-        // NULL for "no snapshot".
-        let r = unsafe { open(p.ioctx, image_name.as_ptr(), &mut image, ptr::null()) };
+        // a snapshot name or NULL for the image itself.
+        let r = unsafe {
+            open(
+                p.ioctx,
+                image_name.as_ptr(),
+                &mut image,
+                snap.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+            )
+        };
         if r == -libc::ENOENT {
+            let hint = match (&o.namespace, &o.snapshot) {
+                (_, Some(_)) => format!(
+                    "no such image or snapshot (rbd snap ls {})",
+                    RbdOptions {
+                        snapshot: None,
+                        ..o.clone()
+                    }
+                    .spec()
+                ),
+                (Some(ns), None) => format!(
+                    "no such image or namespace (rbd namespace create {}/{ns}; \
+                     rbd create --size SIZE {spec})",
+                    o.pool
+                ),
+                (None, None) => format!("no such image (create it: rbd create --size SIZE {spec})"),
+            };
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("rbd {spec}: no such image (create it: rbd create --size SIZE {spec})"),
+                format!("rbd {spec}: {hint}"),
             ));
         }
         if r < 0 {
@@ -383,6 +437,12 @@ impl RbdBackend {
         let api = rbd_sys::api()
             .map_err(|e| io::Error::new(io::ErrorKind::NotFound, format!("rbd {spec}: {e}")))?;
         let conn = Conn::open(api, o)?;
+        tracing::info!(
+            image = %spec,
+            client = o.client_name.as_deref().unwrap_or("client.admin"),
+            read_only = o.read_only || o.snapshot.is_some(),
+            "rbd: image open"
+        );
         let image = conn.image;
         let b = RbdBackend {
             api,
