@@ -258,11 +258,12 @@ impl IscsiEngine {
         self.send_again(io, payload, 0);
     }
 
-    /// Sends `io` (after `retries` UNIT ATTENTIONs).
-    fn send_again(&mut self, io: Io, payload: Bytes, retries: u8) {
+    /// Sends `io` (after `retries` UNIT ATTENTIONs); returns its tag.
+    fn send_again(&mut self, io: Io, payload: Bytes, retries: u8) -> u32 {
         let (cdb, n, dir) = scsi_io(&io, self.bs, &payload);
         let itt = self.conn.submit(self.lun, &cdb[..n], dir);
         self.inflight.insert(itt.0, (io.slot, io, payload, retries));
+        itt.0
     }
 
     /// After a lost connection: log in again (the target reinstates the
@@ -281,13 +282,18 @@ impl IscsiEngine {
                 Err(e) => eprintln!("ironsan bench: reconnect failed: {e}"),
             }
         }
-        let pending: Vec<_> = self.inflight.drain().map(|(_, v)| v).collect();
+        let pending: Vec<_> = self.inflight.drain().collect();
         eprintln!(
             "ironsan bench: connection lost ({why}); session reinstated, {} I/Os submitted again",
             pending.len()
         );
-        for (_, io, payload, retries) in pending {
-            self.send_again(io, payload, retries);
+        for (itt, (_, io, payload, retries)) in pending {
+            // An I/O already refused NOT READY keeps its deadline.
+            let refused = self.not_ready_since.remove(&itt);
+            let new = self.send_again(io, payload, retries);
+            if let Some(first) = refused {
+                self.not_ready_since.insert(new, first);
+            }
         }
         Ok(())
     }
@@ -310,10 +316,8 @@ impl IscsiEngine {
             let Some((_, io, payload, first)) = self.held.pop_front() else {
                 break;
             };
-            let (cdb, n, dir) = scsi_io(&io, self.bs, &payload);
-            let itt = self.conn.submit(self.lun, &cdb[..n], dir);
-            self.not_ready_since.insert(itt.0, first);
-            self.inflight.insert(itt.0, (io.slot, io, payload, 0));
+            let itt = self.send_again(io, payload, 0);
+            self.not_ready_since.insert(itt, first);
         }
     }
 }

@@ -29,10 +29,15 @@ mkdir -p /mnt/g
 mkfs.ext4 -q -F "$mp" && mount "$mp" /mnt/g && pass || fail mkfs
 step owner-killed-under-load
 stats() { for d in $d0 $d1; do awk '{print $1 + $5}' /sys/block/${d#/dev/}/stat; done | tr '\n' ' '; }
-fio --eta=never --name=gw --directory=/mnt/g --size=64M --rw=randrw --bs=16k --ioengine=libaio \
-  --iodepth=8 --direct=1 --runtime=75 --time_based --verify=crc32c --do_verify=1 \
-  --verify_fatal=1 --output=/tmp/fio.out 2>/tmp/fio.err &
-fio_pid=$!
+# load NAME SECONDS: fio --verify on the file system in the background
+# (/tmp/NAME.out, /tmp/NAME.err), its PID in fio_pid.
+load() {
+  fio --eta=never --name="$1" --directory=/mnt/g --size=64M --rw=randrw --bs=16k --ioengine=libaio \
+    --iodepth=8 --direct=1 --runtime="$2" --time_based --verify=crc32c --do_verify=1 \
+    --verify_fatal=1 --output="/tmp/$1.out" 2>"/tmp/$1.err" &
+  fio_pid=$!
+}
+load fio 75
 sleep 5
 s0=$(stats)
 t_kill=$(now_ms)
@@ -70,10 +75,7 @@ elif multipath -ll 2>/dev/null | grep -q failed; then fail "gateway 0's path did
 else pass; fi
 [ $rc = 124 ] && { echo "GUEST DONE $FAILS"; sync; poweroff -f; }
 step owner-hung-under-load
-fio --eta=never --name=gw2 --directory=/mnt/g --size=64M --rw=randrw --bs=16k --ioengine=libaio \
-  --iodepth=8 --direct=1 --runtime=60 --time_based --verify=crc32c --do_verify=1 \
-  --verify_fatal=1 --output=/tmp/fio2.out 2>/tmp/fio2.err &
-fio_pid=$!
+load fio2 60
 sleep 5
 s0=$(stats)
 t_stop=$(now_ms)

@@ -229,6 +229,27 @@ impl RbdBackend {
         })
     }
 
+    /// Watches the header through `conn` for `changed` and keeps the watch
+    /// in `slot`; a failure to watch is logged, and the LU then keeps the
+    /// size it had.
+    fn watch_size(
+        &self,
+        slot: &mut Option<(SizeWatch, crate::SizeChanged)>,
+        conn: Arc<Conn>,
+        changed: crate::SizeChanged,
+    ) {
+        match SizeWatch::start(
+            self.api,
+            conn,
+            &self.spec,
+            self.size.clone(),
+            changed.clone(),
+        ) {
+            Ok(sw) => *slot = Some((sw, changed)),
+            Err(e) => tracing::warn!(error = %e, "rbd: resizes made elsewhere will not be seen"),
+        }
+    }
+
     /// Opens a new connection to the cluster and the image, and moves
     /// every later call (and the size watch) to it; the old one closes
     /// once the requests still using it have ended. A blocklisted client
@@ -244,23 +265,10 @@ impl RbdBackend {
         }
         let old = std::mem::replace(&mut *self.conn.write(), conn.clone());
         let mut w = self.size_watch.lock();
-        let changed = w.take().map(|(watch, changed)| {
+        if let Some((watch, changed)) = w.take() {
+            // The old watch (and its helper) ends before the new one starts.
             drop(watch);
-            changed
-        });
-        if let Some(changed) = changed {
-            match SizeWatch::start(
-                self.api,
-                conn,
-                &self.spec,
-                self.size.clone(),
-                changed.clone(),
-            ) {
-                Ok(sw) => *w = Some((sw, changed.clone())),
-                Err(e) => {
-                    tracing::warn!(error = %e, "rbd: resizes made elsewhere will not be seen")
-                }
-            }
+            self.watch_size(&mut w, conn, changed.clone());
             if self.size.swap(now, Ordering::AcqRel) != now {
                 changed(now);
             }
@@ -405,15 +413,6 @@ impl Ownership for RbdBackend {
         let mut w = self.size_watch.lock();
         // The old watch (and its helper) ends before the new one starts.
         drop(w.take());
-        match SizeWatch::start(
-            self.api,
-            conn,
-            &self.spec,
-            self.size.clone(),
-            changed.clone(),
-        ) {
-            Ok(sw) => *w = Some((sw, changed)),
-            Err(e) => tracing::warn!(error = %e, "rbd: resizes made elsewhere will not be seen"),
-        }
+        self.watch_size(&mut w, conn, changed);
     }
 }
