@@ -57,9 +57,12 @@ info "multipathd: $(multipathd show paths format '%d %t %T %p %s' 2>&1 | tr '\n'
 host start 0 >/dev/null
 # Normally back within seconds. Once in five runs here the guest's iscsid
 # could not log in again for minutes ("can't bind conn 1:0 to session 1,
-# retcode -107": the socket it got was already closed) while the restarted
-# gateway listened and saw no connection; the wait covers that, and the
-# time is reported.
+# retcode -107"). That is open-iscsi's bug #387, fixed in 2.1.9 (commit
+# 9f20745, "stop connection for recovery if error is not timeout"); Debian
+# 12 ships 2.1.8. It needs the connection to close while iscsid reopens it,
+# which the guestfwd makes likely: while the gateway is down, socat accepts
+# the guest's connection and then closes it, where a real network would
+# refuse the connect. The wait covers that, and the time is reported.
 i=0; while multipath -ll 2>/dev/null | grep -q 'failed' && [ $i -lt 1200 ]; do sleep 0.2; i=$((i + 1)); done
 info "gateway 0 back after $((i / 5)) s: $(multipath -ll 2>&1 | tr '\n' '|')"
 info "iscsid: $(tail -12 /tmp/iscsid.log | tr '\n' '|')"
