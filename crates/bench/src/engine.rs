@@ -141,14 +141,12 @@ pub struct IscsiEngine {
     bs: u32,
     capacity: u64,
     /// Commands in flight: their slot, the I/O, (writes) the payload, kept
-    /// so they can be submitted again after a reconnect or a UNIT
-    /// ATTENTION, and how often they were sent again for one.
-    inflight: HashMap<u32, (usize, Io, Bytes, u8)>,
+    /// so they can be submitted again after a reconnect, a UNIT ATTENTION
+    /// or a NOT READY, and what they met so far.
+    inflight: HashMap<u32, (usize, Io, Bytes, Tries)>,
     /// Commands answered NOT READY, waiting to be sent again: when, the
-    /// I/O, its payload, and when it was first refused.
-    held: std::collections::VecDeque<(Instant, Io, Bytes, Instant)>,
-    /// When each I/O in flight was first answered NOT READY, by tag.
-    not_ready_since: HashMap<u32, Instant>,
+    /// I/O, its payload, and what they met so far.
+    held: std::collections::VecDeque<(Instant, Io, Bytes, Tries)>,
     keep_data: bool,
     scratch: Vec<(Itt, initiator::TaskResult)>,
     /// Times the connection was lost and the session reinstated.
@@ -163,6 +161,14 @@ pub struct IscsiEngine {
 pub const NOT_READY_DEADLINE: Duration = Duration::from_secs(30);
 /// The pause before an I/O answered NOT READY is sent again.
 const NOT_READY_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What one I/O of the iSCSI engine met before: how often it was sent
+/// again after a UNIT ATTENTION, and when it was first answered NOT READY.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tries {
+    unit_attentions: u8,
+    not_ready_since: Option<Instant>,
+}
 
 /// How often a single-path engine logs in again before giving up.
 const MAX_RECONNECTS: u32 = 5;
@@ -248,22 +254,20 @@ impl IscsiEngine {
             keep_data,
             scratch: Vec::new(),
             held: Default::default(),
-            not_ready_since: HashMap::new(),
             reconnects: 0,
             unit_attentions: Default::default(),
         })
     }
 
     fn send(&mut self, io: Io, payload: Bytes) {
-        self.send_again(io, payload, 0);
+        self.send_again(io, payload, Tries::default());
     }
 
-    /// Sends `io` (after `retries` UNIT ATTENTIONs); returns its tag.
-    fn send_again(&mut self, io: Io, payload: Bytes, retries: u8) -> u32 {
+    /// Sends `io`, which met `tries` before.
+    fn send_again(&mut self, io: Io, payload: Bytes, tries: Tries) {
         let (cdb, n, dir) = scsi_io(&io, self.bs, &payload);
         let itt = self.conn.submit(self.lun, &cdb[..n], dir);
-        self.inflight.insert(itt.0, (io.slot, io, payload, retries));
-        itt.0
+        self.inflight.insert(itt.0, (io.slot, io, payload, tries));
     }
 
     /// After a lost connection: log in again (the target reinstates the
@@ -282,18 +286,13 @@ impl IscsiEngine {
                 Err(e) => eprintln!("ironsan bench: reconnect failed: {e}"),
             }
         }
-        let pending: Vec<_> = self.inflight.drain().collect();
+        let pending: Vec<_> = self.inflight.drain().map(|(_, v)| v).collect();
         eprintln!(
             "ironsan bench: connection lost ({why}); session reinstated, {} I/Os submitted again",
             pending.len()
         );
-        for (itt, (_, io, payload, retries)) in pending {
-            // An I/O already refused NOT READY keeps its deadline.
-            let refused = self.not_ready_since.remove(&itt);
-            let new = self.send_again(io, payload, retries);
-            if let Some(first) = refused {
-                self.not_ready_since.insert(new, first);
-            }
+        for (_, io, payload, tries) in pending {
+            self.send_again(io, payload, tries);
         }
         Ok(())
     }
@@ -313,11 +312,10 @@ impl IscsiEngine {
         }
         let now = Instant::now();
         while self.held.front().is_some_and(|(due, ..)| *due <= now) {
-            let Some((_, io, payload, first)) = self.held.pop_front() else {
+            let Some((_, io, payload, tries)) = self.held.pop_front() else {
                 break;
             };
-            let itt = self.send_again(io, payload, 0);
-            self.not_ready_since.insert(itt, first);
+            self.send_again(io, payload, tries);
         }
     }
 }
@@ -361,17 +359,20 @@ impl Engine for IscsiEngine {
         // allocation for the next round.
         let mut results = std::mem::take(&mut self.scratch);
         for (itt, r) in results.drain(..) {
-            let Some((slot, io, payload, retries)) = self.inflight.remove(&itt.0) else {
+            let Some((slot, io, payload, tries)) = self.inflight.remove(&itt.0) else {
                 continue;
             };
             // A UNIT ATTENTION (a LUN added, a resize, a reset) reports an
             // event, not a failure of the command: every initiator sends
             // it again (SAM-5 §5.14), and so does this one.
-            let refused = self.not_ready_since.remove(&itt.0);
-            if r.status == Some(2) && retries < UA_RETRIES {
+            if r.status == Some(2) && tries.unit_attentions < UA_RETRIES {
                 if let Some(code @ (6, _, _)) = scsi::sense_code(&r.sense) {
                     *self.unit_attentions.entry(code).or_default() += 1;
-                    self.send_again(io, payload, retries + 1);
+                    let tries = Tries {
+                        unit_attentions: tries.unit_attentions + 1,
+                        ..tries
+                    };
+                    self.send_again(io, payload, tries);
                     continue;
                 }
             }
@@ -381,11 +382,16 @@ impl Engine for IscsiEngine {
             if r.status == Some(2) {
                 if let Some(code @ (2, 0x04, _)) = scsi::sense_code(&r.sense) {
                     let now = Instant::now();
-                    let first = refused.unwrap_or(now);
+                    let first = tries.not_ready_since.unwrap_or(now);
                     if now.duration_since(first) < NOT_READY_DEADLINE {
                         *self.unit_attentions.entry(code).or_default() += 1;
+                        // As before, the UNIT ATTENTIONs count again from 0.
+                        let tries = Tries {
+                            unit_attentions: 0,
+                            not_ready_since: Some(first),
+                        };
                         self.held
-                            .push_back((now + NOT_READY_BACKOFF, io, payload, first));
+                            .push_back((now + NOT_READY_BACKOFF, io, payload, tries));
                         continue;
                     }
                     let why = task_result(&r).err().unwrap_or_default();

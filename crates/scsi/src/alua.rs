@@ -301,13 +301,13 @@ pub(crate) fn set(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
 mod tests {
     use super::*;
 
-    fn spec(id: u16, ports: &[u16], state: AccessState) -> GroupSpec {
-        GroupSpec::new(id, ports, state)
-    }
-
     #[test]
     fn tpgs_follows_explicit() {
-        let pg = PortGroups::new(vec![spec(10, &[1], AccessState::ActiveOptimized)], true).unwrap();
+        let pg = PortGroups::new(
+            vec![GroupSpec::new(10, &[1], AccessState::ActiveOptimized)],
+            true,
+        )
+        .unwrap();
         assert_eq!(tpgs(&pg), 0b11);
         assert_eq!(tpgs(&PortGroups::default()), 0b01);
     }

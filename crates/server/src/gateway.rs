@@ -491,9 +491,7 @@ impl Gateway {
         }
         self.transitioning.store(false, Ordering::Release);
     }
-}
 
-impl Gateway {
     /// Starts a probe of the owner ([`Gateway::take_over_if_owner_gone`])
     /// on a thread of its own (cluster calls block), unless one started
     /// less than a check interval ago.
@@ -516,6 +514,14 @@ impl Gateway {
         if let Err(e) = spawned {
             tracing::warn!("gateway: cannot start a probe: {e}");
         }
+    }
+
+    /// Gives every lock up.
+    fn release(&self) -> std::io::Result<()> {
+        for lu in self.units() {
+            ownership(&lu).release()?;
+        }
+        Ok(())
     }
 }
 
@@ -587,16 +593,6 @@ impl AluaOwner for Gateway {
             }
         }
         Ok(pg.states() != before)
-    }
-}
-
-impl Gateway {
-    /// Gives every lock up.
-    fn release(&self) -> std::io::Result<()> {
-        for lu in self.units() {
-            ownership(&lu).release()?;
-        }
-        Ok(())
     }
 }
 
@@ -767,18 +763,8 @@ mod tests {
         let pg = Arc::new(
             PortGroups::new(
                 vec![
-                    GroupSpec {
-                        id: group,
-                        ports: vec![port],
-                        state: AccessState::Standby,
-                        preferred: false,
-                    },
-                    GroupSpec {
-                        id: peer.0,
-                        ports: vec![peer.1],
-                        state: AccessState::Standby,
-                        preferred: false,
-                    },
+                    GroupSpec::new(group, &[port], AccessState::Standby),
+                    GroupSpec::new(peer.0, &[peer.1], AccessState::Standby),
                 ],
                 true,
             )
@@ -834,6 +820,16 @@ mod tests {
         }
     }
 
+    /// One image and gateways A (group 1, port 1) and B (group 2, port
+    /// 17) on it; A, up first, owns it.
+    fn two_gateways() -> (Arc<Mutex<Cluster>>, Arc<MemBackend>, Gw, Gw) {
+        let cluster = Arc::new(Mutex::new(Cluster::default()));
+        let data = Arc::new(MemBackend::new(1 << 20));
+        let a = gateway(1, 1, 1, (2, 17), &cluster, &data);
+        let b = gateway(2, 2, 17, (1, 1), &cluster, &data);
+        (cluster, data, a, b)
+    }
+
     fn run(g: &Gw, cdb: &[u8], data_out: &[u8]) -> scsi::Outcome {
         let data = bufpool::WriteData::Owned(bytes::Bytes::copy_from_slice(data_out));
         let cmd = Command {
@@ -868,10 +864,7 @@ mod tests {
 
     #[test]
     fn first_gateway_owns_and_failover_moves_the_lock() {
-        let cluster = Arc::new(Mutex::new(Cluster::default()));
-        let data = Arc::new(MemBackend::new(1 << 20));
-        let a = gateway(1, 1, 1, (2, 17), &cluster, &data);
-        let b = gateway(2, 2, 17, (1, 1), &cluster, &data);
+        let (cluster, data, a, b) = two_gateways();
         // Both report the same states: A active/optimized, B standby.
         for g in [&a, &b] {
             assert_eq!(g.pg.state(1), AccessState::ActiveOptimized);
@@ -928,10 +921,7 @@ mod tests {
 
     #[test]
     fn media_access_takes_over_only_from_a_dead_owner() {
-        let cluster = Arc::new(Mutex::new(Cluster::default()));
-        let data = Arc::new(MemBackend::new(1 << 20));
-        let a = gateway(1, 1, 1, (2, 17), &cluster, &data);
-        let b = gateway(2, 2, 17, (1, 1), &cluster, &data);
+        let (cluster, _data, a, b) = two_gateways();
         let block = vec![0x11u8; 512];
         // A alive: writes through B are refused, however often.
         for _ in 0..3 {
@@ -1033,10 +1023,7 @@ mod tests {
     /// is never left without a serving gateway.
     #[test]
     fn a_fenced_owner_steps_down_reconnects_and_can_take_over_again() {
-        let cluster = Arc::new(Mutex::new(Cluster::default()));
-        let data = Arc::new(MemBackend::new(1 << 20));
-        let a = gateway(1, 1, 1, (2, 17), &cluster, &data);
-        let b = gateway(2, 2, 17, (1, 1), &cluster, &data);
+        let (cluster, data, a, b) = two_gateways();
         let block = vec![0x22u8; 512];
         // A hangs: it does not answer probes; a command through B takes over.
         cluster.lock().dead.insert(1);
@@ -1085,10 +1072,7 @@ mod tests {
     /// each check.
     #[test]
     fn an_unreachable_cluster_changes_nothing_and_reconnection_is_retried() {
-        let cluster = Arc::new(Mutex::new(Cluster::default()));
-        let data = Arc::new(MemBackend::new(1 << 20));
-        let a = gateway(1, 1, 1, (2, 17), &cluster, &data);
-        let b = gateway(2, 2, 17, (1, 1), &cluster, &data);
+        let (cluster, _data, a, b) = two_gateways();
         cluster.lock().unreachable = true;
         assert!(a.gw.check() && b.gw.check());
         assert_eq!(a.gw.role(), Role::Owner);
@@ -1119,10 +1103,7 @@ mod tests {
     /// leaves the first's fresh lock alone instead of fencing it.
     #[test]
     fn a_standby_beaten_to_the_takeover_leaves_the_new_owner_alone() {
-        let cluster = Arc::new(Mutex::new(Cluster::default()));
-        let data = Arc::new(MemBackend::new(1 << 20));
-        let _a = gateway(1, 1, 1, (2, 17), &cluster, &data);
-        let b = gateway(2, 2, 17, (1, 1), &cluster, &data);
+        let (cluster, data, _a, b) = two_gateways();
         let c = gateway(3, 3, 33, (1, 1), &cluster, &data);
         cluster.lock().dead.insert(1);
         let silent = vec!["1".to_string()];

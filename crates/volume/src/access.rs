@@ -464,41 +464,46 @@ impl PortGroups {
 mod tests {
     use super::*;
 
-    fn spec(id: u16, ports: &[u16], state: AccessState) -> GroupSpec {
-        GroupSpec::new(id, ports, state)
-    }
-
     #[test]
     fn validation() {
         use AccessState::*;
         assert_eq!(
-            PortGroups::new(vec![spec(0, &[1], ActiveOptimized)], false).unwrap_err(),
+            PortGroups::new(vec![GroupSpec::new(0, &[1], ActiveOptimized)], false).unwrap_err(),
             GroupError::ZeroGroup
         );
         assert_eq!(
-            PortGroups::new(vec![spec(1, &[0], ActiveOptimized)], false).unwrap_err(),
+            PortGroups::new(vec![GroupSpec::new(1, &[0], ActiveOptimized)], false).unwrap_err(),
             GroupError::ZeroPort
         );
         assert_eq!(
-            PortGroups::new(vec![spec(1, &[1], Standby), spec(1, &[2], Standby)], false)
-                .unwrap_err(),
+            PortGroups::new(
+                vec![
+                    GroupSpec::new(1, &[1], Standby),
+                    GroupSpec::new(1, &[2], Standby)
+                ],
+                false
+            )
+            .unwrap_err(),
             GroupError::DuplicateGroup(1)
         );
         assert_eq!(
             PortGroups::new(
-                vec![spec(1, &[1, 2], Standby), spec(2, &[2], Standby)],
+                vec![
+                    GroupSpec::new(1, &[1, 2], Standby),
+                    GroupSpec::new(2, &[2], Standby)
+                ],
                 false
             )
             .unwrap_err(),
             GroupError::DuplicatePort(2)
         );
         assert_eq!(
-            PortGroups::new(vec![spec(3, &[], Standby)], false).unwrap_err(),
+            PortGroups::new(vec![GroupSpec::new(3, &[], Standby)], false).unwrap_err(),
             GroupError::EmptyGroup(3)
         );
         let many: Vec<u16> = (1..=256).collect();
         assert_eq!(
-            PortGroups::new(vec![spec(3, &many, Standby)], false).unwrap_err(),
+            PortGroups::new(vec![GroupSpec::new(3, &many, Standby)], false).unwrap_err(),
             GroupError::TooMany
         );
     }
@@ -521,8 +526,8 @@ mod tests {
     fn lookups() {
         let pg = PortGroups::new(
             vec![
-                spec(10, &[1, 3], AccessState::ActiveOptimized),
-                spec(20, &[2], AccessState::Standby),
+                GroupSpec::new(10, &[1, 3], AccessState::ActiveOptimized),
+                GroupSpec::new(20, &[2], AccessState::Standby),
             ],
             true,
         )

@@ -45,18 +45,25 @@ impl RbdBackend {
     /// notify's timeout (30 s). So a lock with a holder is reported held
     /// without asking (the holders keep it under the standard policy).
     pub fn lock_acquire(&self) -> io::Result<bool> {
+        Ok(self.acquire_or_holders()?.is_ok())
+    }
+
+    /// [`RbdBackend::lock_acquire`], saying who holds the lock when it is
+    /// not this client (empty when another took it meanwhile).
+    fn acquire_or_holders(&self) -> io::Result<Result<(), Vec<String>>> {
         if self.is_lock_owner()? {
-            return Ok(true);
+            return Ok(Ok(()));
         }
-        if !self.lock_owners()?.is_empty() {
-            return Ok(false);
+        let holders = self.lock_owners()?;
+        if !holders.is_empty() {
+            return Ok(Err(holders));
         }
         let conn = self.conn();
         // SAFETY: an open image.
         let r = unsafe { (self.api.rbd_lock_acquire)(conn.image, RBD_LOCK_MODE_EXCLUSIVE) };
         match -r {
-            0 => Ok(true),
-            libc::EROFS | libc::EBUSY | libc::EAGAIN => Ok(false),
+            0 => Ok(Ok(())),
+            libc::EROFS | libc::EBUSY | libc::EAGAIN => Ok(Err(Vec::new())),
             libc::EINVAL => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -292,10 +299,9 @@ impl RbdBackend {
         for _ in 0..5 {
             // The holders are broken first: asking a dead one to hand the
             // lock over would wait for its answer (see `lock_acquire`).
-            if self.lock_acquire()? {
+            let Err(owners) = self.acquire_or_holders()? else {
                 return Ok(true);
-            }
-            let owners = self.lock_owners()?;
+            };
             if only_from.is_some_and(|h| h != owners.join(",")) {
                 return Ok(false);
             }
