@@ -9,6 +9,8 @@
 #      and serves a namespace image and a read-only snapshot (3b),
 #   4b. pauses the OSD for 35 s under a bench: retried NOT READY 04/01, no
 #      error, logged once per burst and counted in /metrics,
+#   4c. starts serve with the monitor down: it listens, reports the LU
+#      becoming ready, and serves it once the monitor is back,
 #   4. compares 4K random reads at depth 32: rbd bench (librbd directly) and
 #      ironsan bench through the target, on the same image, same run,
 #   5. runs two gateways on one image and kills the owner under a multipath
@@ -265,6 +267,57 @@ else
   tail -5 "$work/pause.log" >&2
   step "OSD paused 35 s" fail
 fi
+
+say "4c. the monitor down at start: serve listens, the LU is becoming ready, served once it is back"
+# With no monitor, opening the image cannot finish: serve waits
+# ceph_start_wait (5 s), listens, answers NOT READY 04/01 (becoming ready)
+# with the LU's identity, and keeps trying in the background. A bench
+# started meanwhile retries NOT READY and must end with no error; what it
+# wrote reads back.
+rbd create --size 64M rbd/late
+mon=$(cat "$dir/mon.a.pid")
+kill "$mon"
+for _ in $(seq 100); do kill -0 "$mon" 2>/dev/null || break; sleep 0.1; done
+lurl=iscsi://127.0.0.1:$((port + 3))/$iqn:late/0
+mkdir -p "$work/late"
+t0=$SECONDS
+"$bin" --log info serve --listen "127.0.0.1:$((port + 3))" --target "$iqn:late" \
+  --lun "rbd:rbd/late$IRONSAN_RBD_OPTS" --admin 127.0.0.1:0 --state-dir "$work/late" \
+  >"$work/late.log" 2>&1 &
+lsrv=$!
+listening=
+for _ in $(seq 300); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$((port + 3))") 2>/dev/null; then
+    listening=$((SECONDS - t0))
+    break
+  fi
+  kill -0 "$lsrv" 2>/dev/null || break
+  sleep 0.1
+done
+"$bin" inq "$lurl" >"$work/late-inq.txt" 2>&1 || true
+"$bin" admin --state-dir "$work/late" list >"$work/late-list.txt" 2>&1 || true
+"$bin" bench --rw write --bs 64k --size 64M --verify "$lurl" >"$work/late-w.txt" 2>&1 &
+lbench=$!
+sleep 3
+t1=$SECONDS
+ceph-mon -c "$dir/ceph.conf" -i a
+lrc=0
+wait "$lbench" || lrc=$?
+lid=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/late-w.txt" | head -1 | cut -d' ' -f2)
+opened=$(grep -oE 'open after [0-9]+ attempt\(s\) in [0-9.]+ s' "$work/late.log" | head -1)
+cat "$work/late-inq.txt" "$work/late-list.txt" "$work/late-w.txt" >&2
+if [ -n "$listening" ] && [ "$lrc" = 0 ] && [ -n "$lid" ] && [ -n "$opened" ] &&
+  grep -q 'BECOMING READY' "$work/late-inq.txt" && grep -q 'Device identifier: naa' "$work/late-inq.txt" &&
+  grep -q 'opening (NOT READY' "$work/late-list.txt" && grep -q ' 0 errors' "$work/late-w.txt" &&
+  "$bin" bench --rw read --bs 64k --size 64M --verify --verify-id "$lid" "$lurl" >"$work/late-r.txt" 2>&1; then
+  step "monitor down at start" "pass (listening after ${listening} s, NOT READY 04/01 meanwhile; $opened, the monitor restarted at $((t1 - t0)) s; bench 0 errors, data read back)"
+else
+  tail -8 "$work/late.log" >&2
+  cat "$work/late-r.txt" 2>/dev/null >&2
+  step "monitor down at start" fail
+fi
+kill "$lsrv" 2>/dev/null || true
+wait "$lsrv" 2>/dev/null || true
 
 say "5. two gateways, one image: failover"
 if scripts/gateways.sh "$bin" 2>&1 | tee "$work/gateways.out" | grep '^gateways: '; then

@@ -180,7 +180,27 @@ pub fn open_session(
     initiator_name: &str,
 ) -> Result<(Connection, u16, u64, u32), String> {
     let (mut conn, lun) = login_lun(url, initiator_name)?;
-    let r = read_capacity(&mut conn, lun).map_err(|e| format!("{url}: {e}"))?;
+    // A LUN becoming ready (storage still opening), in transition, or with
+    // a unit attention: asked again for as long as an I/O would be.
+    let deadline = Instant::now() + NOT_READY_DEADLINE;
+    let mut told = false;
+    let r = loop {
+        let r = read_capacity(&mut conn, lun).map_err(|e| format!("{url}: {e}"))?;
+        let again = r.status == Some(0x02)
+            && matches!(scsi::sense_code(&r.sense), Some((2, 0x04, _) | (6, _, _)));
+        if !again || Instant::now() >= deadline {
+            break r;
+        }
+        if !told && scsi::sense_code(&r.sense).is_some_and(|(k, _, _)| k == 2) {
+            eprintln!(
+                "ironsan: {url}: not ready ({}); asking again for up to {} s",
+                task_result(&r).err().unwrap_or_default(),
+                NOT_READY_DEADLINE.as_secs()
+            );
+            told = true;
+        }
+        std::thread::sleep(NOT_READY_BACKOFF * 3);
+    };
     match (r.status, scsi::parse_capacity16(&r.data)) {
         (Some(0), Some((blocks, bs))) => Ok((conn, lun, blocks * u64::from(bs), bs)),
         _ if scsi::sense_code(&r.sense) == Some((5, 0x25, 0)) => Err(format!(

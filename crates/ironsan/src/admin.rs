@@ -450,6 +450,16 @@ fn print_list(v: &Value) {
                     ""
                 }
             );
+            if l["state"].as_str() == Some("opening") {
+                println!(
+                    "          opening (NOT READY, becoming ready meanwhile): {} attempt(s){}",
+                    l["attempts"],
+                    l["last_error"]
+                        .as_str()
+                        .map(|e| format!(", last: {e}"))
+                        .unwrap_or_default()
+                );
+            }
         }
         for g in t["alua"].as_array().into_iter().flatten() {
             println!(

@@ -768,11 +768,25 @@ pub fn inq(a: InqArgs) -> Result<()> {
         println!("Device identifier: {naa}");
     }
     let cap = c.execute(lun, &scsi::read_capacity16(), DataDir::Read(32))?;
-    if let Some((n, bs)) = scsi::parse_capacity16(&cap.data) {
-        println!(
+    match scsi::parse_capacity16(&cap.data) {
+        Some((n, bs)) if cap.status == Some(0) => println!(
             "Capacity: {} bytes ({n} blocks of {bs} bytes)",
             n * u64::from(bs)
-        );
+        ),
+        // Not ready (storage still opening), or another refusal: say which.
+        _ => {
+            let why = scsi::sense_code(&cap.sense).map_or_else(
+                || format!("status {:?}", cap.status),
+                |(k, asc, ascq)| {
+                    let code = format!("sense {k:x}/{asc:02x}/{ascq:02x}");
+                    match scsi::sense_meaning(k, asc, ascq) {
+                        Some(m) => format!("{m} ({code})"),
+                        None => code,
+                    }
+                },
+            );
+            println!("Capacity: not reported: {why}");
+        }
     }
     if let Some(t) = c.tpgt {
         println!("Target portal group: {t}");

@@ -22,6 +22,7 @@
 //! | `defects`| READ DEFECT DATA(10/12)                                     |
 //! | `locks`  | striped LBA range locks that make the read-modify-write commands atomic |
 //! | `vpd`    | INQUIRY and VPD pages 00h, 80h, 83h, 86h, B0h, B1h, B2h (thin)   |
+//! | `becoming` | a unit becoming ready: INQUIRY and REQUEST SENSE, NOT READY 04/01h to the rest |
 //! | `alua`   | target port groups, REPORT / SET TARGET PORT GROUPS, access states |
 //! | `xcopy`  | EXTENDED COPY (LID1), RECEIVE COPY RESULTS                  |
 //! | `mode`   | MODE SENSE / MODE SELECT (Caching, Control pages)           |
@@ -41,6 +42,7 @@ pub use scsi_sense as sense;
 
 mod alua;
 mod atomic;
+mod becoming;
 mod cdb;
 mod defects;
 mod fast;
@@ -58,6 +60,7 @@ mod vpd;
 mod xcopy;
 
 pub use alua::{AccessRefusal, AccessState, AluaError, AluaOwner, GroupSpec, PortGroups};
+pub use becoming::BecomingReady;
 pub use fast::{FastIo, FastKind, ZERO_COPY_MIN};
 pub use faults::{storage_faults, FaultKind};
 pub use lu::{

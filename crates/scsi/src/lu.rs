@@ -377,6 +377,14 @@ impl LogicalUnit {
         &self.alua
     }
 
+    /// From now on, each nexus starts with POWER ON, RESET, OR BUS DEVICE
+    /// RESET OCCURRED (29/00) on its first command: for a unit that takes
+    /// the place of one that was becoming ready ([`crate::BecomingReady`]),
+    /// so initiators that were told to wait learn that the device changed.
+    pub fn announce_power_on(&self) {
+        self.ua.set_power_on(true);
+    }
+
     /// Establish POWER ON, RESET, OR BUS DEVICE RESET OCCURRED (29/00) for
     /// each nexus on its first command, as a freshly powered-on device
     /// does (SAM-5 §6.3.1). Off by default. libiscsi (and Linux) consume

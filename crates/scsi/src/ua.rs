@@ -42,8 +42,8 @@ pub struct UnitAttentions {
     /// something queued. Written only under the mutex.
     known: KnownNexuses,
     /// Establish POWER ON, RESET, OR BUS DEVICE RESET OCCURRED for a nexus
-    /// on its first command.
-    power_on: bool,
+    /// on its first command (read when a nexus is first seen).
+    power_on: std::sync::atomic::AtomicBool,
     inner: Mutex<HashMap<NexusId, VecDeque<Sense>>>,
 }
 
@@ -53,9 +53,16 @@ impl UnitAttentions {
     pub fn new(power_on: bool) -> Self {
         UnitAttentions {
             known: KnownNexuses::new(),
-            power_on,
+            power_on: power_on.into(),
             inner: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether nexuses seen from now on start with POWER ON, RESET, OR BUS
+    /// DEVICE RESET OCCURRED.
+    pub fn set_power_on(&self, on: bool) {
+        self.power_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// True when `n` is known and has nothing queued: the command can run
@@ -126,7 +133,7 @@ impl UnitAttentions {
             return;
         }
         let mut q = VecDeque::new();
-        if self.power_on {
+        if self.power_on.load(std::sync::atomic::Ordering::Relaxed) {
             q.push_back(Sense::new(SenseKey::UnitAttention, Asc::POWER_ON_RESET));
         }
         let attention = !q.is_empty();

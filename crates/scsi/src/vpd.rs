@@ -103,7 +103,7 @@ pub fn inquiry(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
 }
 
 /// A VPD page: the four-byte header (PAGE LENGTH in bytes 2–3) and `body`.
-fn page_with(code: u8, body: &[u8]) -> Vec<u8> {
+pub(crate) fn page_with(code: u8, body: &[u8]) -> Vec<u8> {
     let mut d = Vec::with_capacity(4 + body.len());
     d.extend_from_slice(&[0x00, code]);
     d.extend_from_slice(&(body.len() as u16).to_be_bytes());
@@ -139,7 +139,12 @@ fn scsi_name_value(name: &str) -> Option<Vec<u8>> {
 /// the target port group and the port's SCSI name string, each with PIV = 1
 /// and protocol identifier iSCSI.
 fn device_identification(lu: &LogicalUnit, cmd: &Command<'_>) -> Vec<u8> {
-    let id = lu.vol.identity();
+    identification_of(lu.vol.identity(), cmd)
+}
+
+/// Device Identification (83h) of the unit identified by `id`, for a
+/// command on the path of `cmd` (see [`device_identification`]).
+pub(crate) fn identification_of(id: &volume::Identity, cmd: &Command<'_>) -> Vec<u8> {
     let mut d = vec![0x00, 0x83, 0x00, 0x00];
     // NAA, binary, association LU.
     designator(&mut d, 0x01, 0x03, &id.naa);

@@ -49,6 +49,8 @@
 //! ceph_client = "client.ironsan"      # default: client.admin ("ironsan" = client.ironsan)
 //! ceph_keyring = "/etc/ceph/ceph.client.ironsan.keyring"  # default: from ceph.conf
 //! ceph_op_timeout = 25                # seconds a cluster request may take (0: forever)
+//! ceph_start_wait = 5                 # seconds serve waits for the image before it listens
+//! ceph_retry = 30                     # longest pause between attempts to open it (0: fail at start)
 //! ```
 
 use std::net::SocketAddr;
@@ -648,6 +650,18 @@ pub enum BackendKind {
     Rbd,
 }
 
+impl BackendKind {
+    /// As written in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Mem => "mem",
+            BackendKind::Null => "null",
+            BackendKind::File => "file",
+            BackendKind::Rbd => "rbd",
+        }
+    }
+}
+
 /// Write cache policy as written in the config.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -736,6 +750,17 @@ pub struct LunConfig {
     /// Linux and ESXi); 0: wait forever. Default 25.
     #[serde(default)]
     pub ceph_op_timeout: Option<u64>,
+    /// Seconds `serve` waits at start for the image to open before it
+    /// listens without it (rbd backend): the LU is then reported becoming
+    /// ready (NOT READY 04/01) and opened in the background. Default 5.
+    #[serde(default)]
+    pub ceph_start_wait: Option<u64>,
+    /// The longest pause, in seconds, between two attempts to open the
+    /// image while the cluster does not answer (rbd backend; pauses start
+    /// at 1 s and double); 0: no retry, `serve` fails at start as for any
+    /// other error. Default 30.
+    #[serde(default)]
+    pub ceph_retry: Option<u64>,
     /// Test builds only (feature `test-delay`): a file holding a number of
     /// milliseconds every read and write of this LUN waits first, re-read
     /// every 100 ms, so a test can make the LU slow and fast again (hosts'
@@ -754,12 +779,14 @@ fn default_thin() -> bool {
 }
 
 /// The `,KEY=VALUE` options of a `--lun` spec.
-const SPEC_OPTIONS: [&str; 5] = [
+const SPEC_OPTIONS: [&str; 7] = [
     "physical_block_size",
     "ceph_client",
     "ceph_conf",
     "ceph_keyring",
     "ceph_op_timeout",
+    "ceph_start_wait",
+    "ceph_retry",
 ];
 
 impl LunConfig {
@@ -827,6 +854,8 @@ impl LunConfig {
             ceph_client: None,
             ceph_keyring: None,
             ceph_op_timeout: None,
+            ceph_start_wait: None,
+            ceph_retry: None,
             #[cfg(feature = "test-delay")]
             test_delay_file: None,
         };
@@ -881,13 +910,18 @@ impl LunConfig {
                 l.ceph_client = opt("ceph_client").map(str::to_string);
                 l.ceph_conf = opt("ceph_conf").map(PathBuf::from);
                 l.ceph_keyring = opt("ceph_keyring").map(PathBuf::from);
-                l.ceph_op_timeout = opt("ceph_op_timeout")
-                    .map(|v| {
-                        v.parse::<u64>().map_err(|_| {
-                            invalid(format!("ceph_op_timeout {v:?} is not a number of seconds"))
+                let secs = |k: &str| {
+                    opt(k)
+                        .map(|v| {
+                            v.parse::<u64>().map_err(|_| {
+                                invalid(format!("{k} {v:?} is not a number of seconds"))
+                            })
                         })
-                    })
-                    .transpose()?;
+                        .transpose()
+                };
+                l.ceph_op_timeout = secs("ceph_op_timeout")?;
+                l.ceph_start_wait = secs("ceph_start_wait")?;
+                l.ceph_retry = secs("ceph_retry")?;
             }
             _ => return Err(bad()),
         }
@@ -1105,7 +1139,9 @@ impl Config {
                         || lun.ceph_conf.is_some()
                         || lun.ceph_client.is_some()
                         || lun.ceph_keyring.is_some()
-                        || lun.ceph_op_timeout.is_some())
+                        || lun.ceph_op_timeout.is_some()
+                        || lun.ceph_start_wait.is_some()
+                        || lun.ceph_retry.is_some())
                 {
                     return inv(format!(
                         "{at}: pool, image and ceph_* belong to rbd LUNs only"
@@ -1225,6 +1261,39 @@ pub struct RbdLun {
 
 /// Default [`LunConfig::ceph_op_timeout`]: under the initiators' 30 s.
 pub const DEFAULT_CEPH_OP_TIMEOUT: u64 = 25;
+
+/// Default [`LunConfig::ceph_start_wait`].
+pub const DEFAULT_CEPH_START_WAIT: u64 = 5;
+
+/// Default [`LunConfig::ceph_retry`].
+pub const DEFAULT_CEPH_RETRY: u64 = 30;
+
+/// How an LU whose storage may not answer at start is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenRetry {
+    /// How long `serve` waits for it before listening without it.
+    pub start_wait: std::time::Duration,
+    /// The longest pause between two attempts (never zero).
+    pub max_pause: std::time::Duration,
+}
+
+impl LunConfig {
+    /// How this LU is opened when its storage does not answer: `None`
+    /// (every backend but rbd, or `ceph_retry = 0`) when it must open at
+    /// once or `serve` fails.
+    pub fn open_retry(&self) -> Option<OpenRetry> {
+        if self.backend != BackendKind::Rbd {
+            return None;
+        }
+        let retry = self.ceph_retry.unwrap_or(DEFAULT_CEPH_RETRY);
+        (retry > 0).then(|| OpenRetry {
+            start_wait: std::time::Duration::from_secs(
+                self.ceph_start_wait.unwrap_or(DEFAULT_CEPH_START_WAIT),
+            ),
+            max_pause: std::time::Duration::from_secs(retry),
+        })
+    }
+}
 
 /// Checks an iSCSI name (RFC 7143 §4.2.7): iqn., eui. or naa. form, at
 /// most 223 bytes, no spaces.

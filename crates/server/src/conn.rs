@@ -1214,7 +1214,7 @@ fn execute(
     let Some(t) = env.lus else { return };
     let op = req.cdb.as_slice()[0];
     let lun = req.lun.index().unwrap_or(u16::MAX);
-    if let Some(c) = answer_above_lu(t, &req) {
+    if let Some(c) = answer_above_lu(t, &req, env.origin) {
         if t.get(req.lun).is_some() {
             stats.completed(lun, op, 0, c.status, env.start);
         }

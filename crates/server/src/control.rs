@@ -51,6 +51,15 @@ pub struct LunView {
     pub size_bytes: u64,
     pub read_only: bool,
     pub thin: bool,
+    /// `ready`, or `opening` while its storage is opened in the background
+    /// (served NOT READY, becoming ready, meanwhile).
+    pub state: &'static str,
+    /// Attempts to open it so far (`opening` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// Why the last attempt failed (`opening` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// A target as the API shows it.
@@ -107,6 +116,34 @@ fn lun_view(n: u16, lu: &LogicalUnit) -> LunView {
         size_bytes: lu.num_blocks() * u64::from(lu.block_size()),
         read_only: lu.volume().read_only(),
         thin: lu.thin(),
+        state: "ready",
+        attempts: None,
+        last_error: None,
+    }
+}
+
+/// The view of LUN `n` becoming ready: its identity, no blocks yet.
+fn pending_view(n: u16, p: &crate::opening::PendingLu) -> LunView {
+    let id = p.unit.identity();
+    LunView {
+        lun: n,
+        naa: format!(
+            "naa.{}",
+            id.naa
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        ),
+        serial: id.serial.clone(),
+        product: id.product.clone(),
+        block_size: p.block_size,
+        blocks: 0,
+        size_bytes: 0,
+        read_only: false,
+        thin: false,
+        state: "opening",
+        attempts: Some(p.progress.attempts()),
+        last_error: p.progress.last_error(),
     }
 }
 
@@ -139,7 +176,13 @@ impl Control {
             .map(|t| TargetView {
                 name: t.name.clone(),
                 alias: t.alias.clone(),
-                luns: t.luns().iter().map(|(n, lu)| lun_view(n, lu)).collect(),
+                luns: {
+                    let luns = t.luns();
+                    let mut v: Vec<LunView> = luns.iter().map(|(n, lu)| lun_view(n, lu)).collect();
+                    v.extend(luns.pending.iter().map(|(n, p)| pending_view(*n, p)));
+                    v.sort_by_key(|l| l.lun);
+                    v
+                },
                 alua: t
                     .port_groups
                     .states()
@@ -173,7 +216,7 @@ impl Control {
     pub fn free_lun(&self, name: &str) -> Result<u16, ControlError> {
         let t = self.luns_of(name)?;
         (0..=255u16)
-            .find(|n| t.luns.get(usize::from(*n)).is_none_or(Option::is_none))
+            .find(|n| !t.in_use(*n))
             .ok_or_else(|| ControlError::Conflict("all 256 LUN numbers are in use".into()))
     }
 
@@ -194,11 +237,7 @@ impl Control {
             return Err(ControlError::Invalid("LUN numbers are 0..=255".into()));
         }
         refuse_on_gateway(t)?;
-        if t.luns()
-            .luns
-            .get(usize::from(n))
-            .is_some_and(Option::is_some)
-        {
+        if t.luns().in_use(n) {
             return Err(ControlError::Conflict(format!("LUN {n} exists")));
         }
         build_lu(
@@ -209,7 +248,7 @@ impl Control {
             t.state_dir.as_deref(),
             true,
         )
-        .map_err(ControlError::Invalid)
+        .map_err(|e| ControlError::Invalid(e.msg))
     }
 
     /// Serves `lu` (from [`Control::build_lun`]) as LUN `n` of `name`.
@@ -220,11 +259,7 @@ impl Control {
         lu: Arc<LogicalUnit>,
     ) -> Result<LunView, ControlError> {
         let t = self.target(name)?;
-        if t.luns()
-            .luns
-            .get(usize::from(n))
-            .is_some_and(Option::is_some)
-        {
+        if t.luns().in_use(n) {
             return Err(ControlError::Conflict(format!("LUN {n} exists")));
         }
         install_abort_hook(&self.shared, &t.name, n, &lu);
@@ -235,14 +270,15 @@ impl Control {
         Ok(view)
     }
 
-    /// Checks that LUN `n` of `name` exists.
+    /// Checks that LUN `n` of `name` exists (ready or becoming ready).
     pub fn lun(&self, name: &str, n: u16) -> Result<LunView, ControlError> {
         let t = self.target(name)?;
-        t.luns()
-            .luns
+        let luns = t.luns();
+        luns.luns
             .get(usize::from(n))
             .and_then(Option::as_ref)
             .map(|lu| lun_view(n, lu))
+            .or_else(|| luns.pending_number(n).map(|p| pending_view(n, p)))
             .ok_or_else(|| ControlError::NotFound(format!("{name} has no LUN {n}")))
     }
 

@@ -18,6 +18,7 @@ pub mod control_acl;
 pub mod gateway;
 mod lunmap;
 mod memory;
+pub mod opening;
 mod server;
 pub mod size;
 pub mod stats;

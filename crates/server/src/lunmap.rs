@@ -15,9 +15,10 @@ use scsi::{
 };
 use storage::{BlockBackend, FileBackend, MemBackend, NullBackend, WriteCache, WriteData};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::config::{BackendKind, CacheConfig, LunConfig, TargetConfig};
+use crate::opening::{Deferred, LunError, OpenFn, Opening, PendingLu, Progress, Waited};
 
 /// The LUNs of one target at one moment: `luns[n]` is LUN n, `None` where
 /// no LUN is (after a removal, or numbers left out in the configuration).
@@ -26,6 +27,9 @@ use crate::config::{BackendKind, CacheConfig, LunConfig, TargetConfig};
 #[derive(Default)]
 pub struct LunTable {
     pub luns: Vec<Option<Arc<LogicalUnit>>>,
+    /// LUNs becoming ready: their storage is being opened
+    /// ([`crate::opening`]). Never at a number `luns` holds.
+    pub pending: Vec<(u16, Arc<PendingLu>)>,
 }
 
 impl LunTable {
@@ -45,9 +49,131 @@ impl LunTable {
             .filter_map(|(i, l)| l.as_ref().map(|l| (i as u16, l)))
     }
 
-    /// How many LUNs exist.
+    /// How many LUNs are ready.
     pub fn count(&self) -> usize {
         self.luns.iter().filter(|l| l.is_some()).count()
+    }
+
+    /// The LUN at `lun` becoming ready, if one is.
+    pub fn pending_at(&self, lun: Lun) -> Option<&Arc<PendingLu>> {
+        let n = lun.index()?;
+        self.pending_number(n)
+    }
+
+    /// The LUN numbered `n` becoming ready, if one is.
+    pub fn pending_number(&self, n: u16) -> Option<&Arc<PendingLu>> {
+        self.pending.iter().find(|(m, _)| *m == n).map(|(_, p)| p)
+    }
+
+    /// Whether LUN number `n` is served, ready or becoming ready.
+    pub fn in_use(&self, n: u16) -> bool {
+        self.luns.get(usize::from(n)).is_some_and(Option::is_some)
+            || self.pending_number(n).is_some()
+    }
+
+    /// Every LUN number served, ready or becoming ready, ascending.
+    pub fn numbers(&self) -> Vec<u16> {
+        let mut v: Vec<u16> = self.iter().map(|(n, _)| n).collect();
+        v.extend(self.pending.iter().map(|(n, _)| *n));
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Runs when an LU is put in a table after start ([`TableCell::replace_pending`]).
+pub type InstallHook = Box<dyn Fn(u16, &LogicalUnit) + Send + Sync>;
+
+/// A target's current LUN table, shared with the threads that open LUNs in
+/// the background ([`crate::opening`]).
+#[derive(Default)]
+pub struct TableCell {
+    table: RwLock<Arc<LunTable>>,
+    generation: AtomicU64,
+    /// What every LU installed by [`TableCell::replace_pending`] gets
+    /// first (the server's reservation abort hook).
+    on_install: std::sync::OnceLock<InstallHook>,
+}
+
+impl TableCell {
+    /// The current table.
+    pub fn get(&self) -> Arc<LunTable> {
+        self.table.read().clone()
+    }
+
+    /// Makes a new table from the current one with `f`.
+    fn change<R>(&self, f: impl FnOnce(&mut LunTable) -> R) -> R {
+        let mut t = self.table.write();
+        let mut new = LunTable {
+            luns: t.luns.clone(),
+            pending: t.pending.clone(),
+        };
+        let r = f(&mut new);
+        while new.luns.last().is_some_and(Option::is_none) {
+            new.luns.pop();
+        }
+        *t = Arc::new(new);
+        self.generation.fetch_add(1, Ordering::Release);
+        r
+    }
+
+    /// Puts `lu` at LUN `n` (or removes LUN `n`, ready or becoming ready,
+    /// with `None`) and returns the ready LU that was there.
+    fn install(&self, n: u16, lu: Option<Arc<LogicalUnit>>) -> Option<Arc<LogicalUnit>> {
+        self.change(|t| {
+            t.pending.retain(|(m, _)| *m != n);
+            let i = usize::from(n);
+            if t.luns.len() <= i {
+                t.luns.resize(i + 1, None);
+            }
+            std::mem::replace(&mut t.luns[i], lu)
+        })
+    }
+
+    /// Serves `p` as LUN `n` while it becomes ready.
+    fn install_pending(&self, n: u16, p: Arc<PendingLu>) {
+        self.change(|t| {
+            if let Some(l) = t.luns.get_mut(usize::from(n)) {
+                *l = None;
+            }
+            t.pending.retain(|(m, _)| *m != n);
+            t.pending.push((n, p));
+        });
+    }
+
+    /// Whether LUN `n` is still `p`, becoming ready.
+    pub fn has_pending(&self, n: u16, p: &Arc<PendingLu>) -> bool {
+        self.get()
+            .pending_number(n)
+            .is_some_and(|q| Arc::ptr_eq(q, p))
+    }
+
+    /// Puts `lu` in the place of `p` at LUN `n`; false (and nothing done)
+    /// when LUN `n` is no longer `p` (removed meanwhile).
+    pub fn replace_pending(&self, n: u16, p: &Arc<PendingLu>, lu: Arc<LogicalUnit>) -> bool {
+        if let Some(hook) = self.on_install.get() {
+            hook(n, &lu);
+        }
+        self.change(|t| {
+            let Some(k) = t
+                .pending
+                .iter()
+                .position(|(m, q)| *m == n && Arc::ptr_eq(q, p))
+            else {
+                return false;
+            };
+            t.pending.remove(k);
+            let i = usize::from(n);
+            if t.luns.len() <= i {
+                t.luns.resize(i + 1, None);
+            }
+            t.luns[i] = Some(lu);
+            true
+        })
+    }
+
+    /// Sets what every LU installed later gets first (once).
+    pub fn on_install(&self, hook: InstallHook) {
+        let _ = self.on_install.set(hook);
     }
 }
 
@@ -58,15 +184,15 @@ impl LunTable {
 pub struct TargetRt {
     pub name: String,
     pub alias: Option<String>,
-    table: RwLock<Arc<LunTable>>,
-    generation: AtomicU64,
+    cell: Arc<TableCell>,
     /// The ALUA target port groups of this target (shared by its LUs).
     pub port_groups: Arc<PortGroups>,
     /// Where LUs keep persistent reservation state.
     pub state_dir: Option<PathBuf>,
     /// The gateway role, when this process is one of several gateways of
-    /// the target's LUs ([`crate::gateway`]).
-    pub gateway: Option<Arc<crate::gateway::Gateway>>,
+    /// the target's LUs ([`crate::gateway`]): set once every LU is open
+    /// (at start, or later when the cluster did not answer then).
+    pub gateway: Option<Arc<std::sync::OnceLock<Arc<crate::gateway::Gateway>>>>,
 }
 
 /// The LUs of one target as a logical unit sees its siblings (EXTENDED
@@ -162,7 +288,9 @@ impl TargetRt {
     /// `state_dir`, each LU keeps its persistent reservation state in
     /// [`pr_state_file`]. With `gateway`, this process is one of several
     /// gateways of the LUs: reservations are refused and the ALUA states
-    /// follow the images' locks ([`crate::gateway`]).
+    /// follow the images' locks ([`crate::gateway`]). An rbd LUN whose
+    /// cluster does not answer in time is served becoming ready and opened
+    /// in the background ([`crate::opening`]).
     pub fn build(
         cfg: &TargetConfig,
         groups: Vec<GroupSpec>,
@@ -176,65 +304,289 @@ impl TargetRt {
         let port_groups = Arc::new(
             PortGroups::new(groups, explicit).map_err(|e| format!("target {}: {e}", cfg.name))?,
         );
-        let mut table = LunTable::default();
-        for (i, l) in cfg.lun.iter().enumerate() {
-            let n = usize::from(l.number.unwrap_or(i as u16));
-            let lu = build_lu(&cfg.name, n, l, &port_groups, state_dir, gateway.is_none())?;
-            if table.luns.len() <= n {
-                table.luns.resize(n + 1, None);
+        let name = cfg.name.as_str();
+        if gateway.is_some() {
+            if let Some(l) = cfg.lun.iter().find(|l| l.backend != BackendKind::Rbd) {
+                return Err(format!(
+                    "gateway: target {name}: a {} LUN has no owner arbitration (only rbd LUNs can \
+                     be served by several gateways)",
+                    l.backend.name()
+                ));
             }
-            table.luns[n] = Some(lu);
         }
-        let gateway = match gateway {
-            Some(g) => {
-                let lus: Vec<Arc<LogicalUnit>> = table.luns.iter().flatten().cloned().collect();
-                Some(crate::gateway::Gateway::start(
-                    &cfg.name,
-                    g,
+        let reservations = gateway.is_none();
+        let numbered = cfg
+            .lun
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.number.unwrap_or(i as u16), l));
+        let t0 = std::time::Instant::now();
+        let mut ready = Vec::new();
+        let mut opening = Vec::new();
+        for (n, l) in numbered {
+            let Some(retry) = l.open_retry() else {
+                let lu = build_lu(
+                    name,
+                    usize::from(n),
+                    l,
                     &port_groups,
-                    &lus,
-                )?)
+                    state_dir,
+                    reservations,
+                )
+                .map_err(|e| e.msg)?;
+                ready.push((n, lu));
+                continue;
+            };
+            let (target, l2, pg, dir) = (
+                name.to_string(),
+                l.clone(),
+                port_groups.clone(),
+                state_dir.map(Path::to_path_buf),
+            );
+            let open: OpenFn = Box::new(move || {
+                build_lu(
+                    &target,
+                    usize::from(n),
+                    &l2,
+                    &pg,
+                    dir.as_deref(),
+                    reservations,
+                )
+            });
+            let o = Opening::start(format!("target {name} LUN {n}"), retry, open)?;
+            opening.push((n, l, o, t0 + retry.start_wait));
+        }
+        let mut pending = Vec::new();
+        for (n, l, o, deadline) in opening {
+            match o.wait(deadline) {
+                Waited::Opened(lu) => ready.push((n, lu)),
+                Waited::Failed(e) => return Err(e.msg),
+                Waited::Pending => pending.push((n, l, o)),
             }
-            None => None,
-        };
+        }
+        let cell = Arc::new(TableCell::default());
+        let slot = gateway.map(|_| Arc::new(std::sync::OnceLock::new()));
+        match (gateway, &slot) {
+            (Some(g), Some(slot)) if pending.is_empty() => {
+                for (n, lu) in &ready {
+                    cell.install(*n, Some(lu.clone()));
+                }
+                let lus: Vec<Arc<LogicalUnit>> = ready.into_iter().map(|(_, lu)| lu).collect();
+                let gw = crate::gateway::Gateway::start(name, g, &port_groups, &lus)?;
+                let _ = slot.set(gw);
+            }
+            (Some(g), Some(slot)) => {
+                // Every LUN waits for the others and for the gateway role.
+                let asm = Arc::new(Assembly {
+                    target: name.to_string(),
+                    cfg: g.clone(),
+                    pg: port_groups.clone(),
+                    cell: Arc::downgrade(&cell),
+                    slot: slot.clone(),
+                    units: Mutex::new(Vec::new()),
+                });
+                for (n, lu) in ready {
+                    let p = pending_lu(name, n, cfg_of(cfg, n), &port_groups, None)?;
+                    cell.install_pending(n, p.clone());
+                    asm.units.lock().push((n, p, Some(lu)));
+                }
+                for (n, l, o) in pending {
+                    let p = pending_lu(name, n, l, &port_groups, Some(&o))?;
+                    cell.install_pending(n, p.clone());
+                    asm.units.lock().push((n, p.clone(), None));
+                    let (asm2, w) = (asm.clone(), Arc::downgrade(&cell));
+                    o.defer(Deferred {
+                        wanted: Box::new(move || w.upgrade().is_some_and(|c| c.has_pending(n, &p))),
+                        deliver: Box::new(move |lu| asm2.opened(n, lu)),
+                    });
+                }
+            }
+            _ => {
+                for (n, lu) in ready {
+                    cell.install(n, Some(lu));
+                }
+                for (n, l, o) in pending {
+                    let p = pending_lu(name, n, l, &port_groups, Some(&o))?;
+                    cell.install_pending(n, p.clone());
+                    let w = Arc::downgrade(&cell);
+                    let (w2, p2) = (w.clone(), p.clone());
+                    o.defer(Deferred {
+                        wanted: Box::new(move || w.upgrade().is_some_and(|c| c.has_pending(n, &p))),
+                        deliver: Box::new(move |lu| {
+                            if let Some(c) = w2.upgrade() {
+                                c.replace_pending(n, &p2, lu);
+                            }
+                        }),
+                    });
+                }
+            }
+        }
         Ok(TargetRt {
             name: cfg.name.clone(),
             alias: cfg.alias.clone(),
-            table: RwLock::new(Arc::new(table)),
-            generation: AtomicU64::new(0),
+            cell,
             port_groups,
             state_dir: state_dir.map(Path::to_path_buf),
-            gateway,
+            gateway: slot,
         })
     }
 
     /// The current LUN table.
     pub fn luns(&self) -> Arc<LunTable> {
-        self.table.read().clone()
+        self.cell.get()
+    }
+
+    /// The table, for what changes it later (the server's install hook).
+    pub fn cell(&self) -> &Arc<TableCell> {
+        &self.cell
     }
 
     /// Moves each time the LUN table changes.
     #[inline]
     pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+        self.cell.generation.load(Ordering::Acquire)
     }
 
-    /// Puts `lu` at LUN `n` (or removes LUN `n` with `None`) and returns
-    /// what was there. Sessions see the change at their next batch of PDUs.
+    /// Puts `lu` at LUN `n` (or removes LUN `n`, ready or becoming ready,
+    /// with `None`) and returns the ready LU that was there. Sessions see
+    /// the change at their next batch of PDUs.
     pub fn install(&self, n: u16, lu: Option<Arc<LogicalUnit>>) -> Option<Arc<LogicalUnit>> {
-        let mut t = self.table.write();
-        let mut luns = t.luns.clone();
-        let n = usize::from(n);
-        if luns.len() <= n {
-            luns.resize(n + 1, None);
+        self.cell.install(n, lu)
+    }
+}
+
+/// The configuration of LUN `n` of `cfg`.
+fn cfg_of(cfg: &TargetConfig, n: u16) -> &LunConfig {
+    cfg.lun
+        .iter()
+        .enumerate()
+        .find(|(i, l)| l.number.unwrap_or(*i as u16) == n)
+        .map(|(_, l)| l)
+        .expect("a LUN of this configuration")
+}
+
+/// The stand-in of LUN `n` (configured as `l`) while it becomes ready,
+/// following `o`'s attempts (none: already open).
+fn pending_lu(
+    target: &str,
+    n: u16,
+    l: &LunConfig,
+    pg: &PortGroups,
+    o: Option<&Opening>,
+) -> Result<Arc<PendingLu>, String> {
+    let at = format!("target {target} LUN {n}");
+    let unit = scsi::BecomingReady::new(identity_for(target, usize::from(n), l), pg)
+        .map_err(|e| format!("{at}: {e}"))?;
+    let what = match l.rbd_options() {
+        Ok(Some(o)) => format!(
+            "rbd {}",
+            storage_spec(
+                &o.pool,
+                o.namespace.as_deref(),
+                &o.image,
+                o.snapshot.as_deref()
+            )
+        ),
+        _ => l.backend.name().to_string(),
+    };
+    let progress = o.map_or_else(|| Arc::new(Progress::done()), |o| o.progress.clone());
+    match progress.last_error() {
+        Some(e) => tracing::warn!(
+            "{at}: {e}; served as becoming ready (NOT READY 04/01) while it is opened in the \
+             background"
+        ),
+        None if o.is_some() => tracing::warn!(
+            "{at}: {what} is not open yet; served as becoming ready (NOT READY 04/01) while it is \
+             opened in the background"
+        ),
+        None => {}
+    }
+    Ok(Arc::new(PendingLu {
+        unit,
+        what,
+        block_size: l.block_size,
+        progress,
+    }))
+}
+
+/// `POOL[/NAMESPACE]/IMAGE[@SNAP]`.
+fn storage_spec(pool: &str, ns: Option<&str>, image: &str, snap: Option<&str>) -> String {
+    let mut s = pool.to_string();
+    if let Some(ns) = ns {
+        s = format!("{s}/{ns}");
+    }
+    s = format!("{s}/{image}");
+    if let Some(snap) = snap {
+        s = format!("{s}@{snap}");
+    }
+    s
+}
+
+/// The LUs of a gateway's target gathering while they open: handed over
+/// together once all are open and the gateway role has started
+/// ([`crate::opening`]).
+struct Assembly {
+    target: String,
+    cfg: crate::config::GatewayConfig,
+    pg: Arc<PortGroups>,
+    cell: std::sync::Weak<TableCell>,
+    slot: Arc<std::sync::OnceLock<Arc<crate::gateway::Gateway>>>,
+    units: Mutex<Vec<Gathered>>,
+}
+
+/// A LUN number, its stand-in, the LU once open.
+type Gathered = (u16, Arc<PendingLu>, Option<Arc<LogicalUnit>>);
+
+impl Assembly {
+    /// LUN `n` is open; the last one starts the gateway.
+    fn opened(self: Arc<Self>, n: u16, lu: Arc<LogicalUnit>) {
+        let all = {
+            let mut units = self.units.lock();
+            if let Some(u) = units.iter_mut().find(|u| u.0 == n) {
+                u.2 = Some(lu);
+            }
+            units.iter().all(|u| u.2.is_some())
+        };
+        if all {
+            let spawned = std::thread::Builder::new()
+                .name("gateway-start".into())
+                .spawn(move || self.start_gateway());
+            if let Err(e) = spawned {
+                tracing::error!("gateway: cannot start a thread: {e}");
+            }
         }
-        let old = std::mem::replace(&mut luns[n], lu);
-        while luns.last().is_some_and(Option::is_none) {
-            luns.pop();
+    }
+
+    /// Starts the gateway role, retrying while the cluster fails it, then
+    /// serves every LU.
+    fn start_gateway(&self) {
+        let units = self.units.lock().clone();
+        let lus: Vec<Arc<LogicalUnit>> = units.iter().filter_map(|u| u.2.clone()).collect();
+        let mut pause = std::time::Duration::from_secs(1);
+        let gw = loop {
+            if self.cell.upgrade().is_none() {
+                return;
+            }
+            match crate::gateway::Gateway::start(&self.target, &self.cfg, &self.pg, &lus) {
+                Ok(gw) => break gw,
+                Err(e) => {
+                    tracing::warn!("{e}; trying again in {} s", pause.as_secs());
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_secs(30));
+                }
+            }
+        };
+        let _ = self.slot.set(gw);
+        let Some(cell) = self.cell.upgrade() else {
+            return;
+        };
+        for (n, p, lu) in units {
+            if let Some(lu) = lu {
+                lu.announce_power_on();
+                cell.replace_pending(n, &p, lu);
+            }
         }
-        *t = Arc::new(LunTable { luns });
-        self.generation.fetch_add(1, Ordering::Release);
-        old
+        tracing::info!(target = %self.target, "gateway: every LUN is open; served");
     }
 }
 
@@ -258,6 +610,25 @@ fn slowed(backend: Arc<dyn BlockBackend>, file: std::path::PathBuf) -> Arc<dyn B
     f
 }
 
+/// The identity of LUN `n` of `target` configured as `l`: its serial
+/// number (configured or derived), NAA designator, vendor, product and
+/// revision, the same in every process serving it.
+pub fn identity_for(target: &str, n: usize, l: &LunConfig) -> volume::Identity {
+    let serial = l.serial.clone().unwrap_or_else(|| serial_for(target, n));
+    volume::Identity {
+        naa: naa_for(target, n, &serial),
+        serial,
+        vendor: "IRONSAN".into(),
+        product: match l.backend {
+            BackendKind::Mem => "RAM DISK".into(),
+            BackendKind::Null => "NULL DISK".into(),
+            BackendKind::File => "FILE DISK".into(),
+            BackendKind::Rbd => "RBD DISK".into(),
+        },
+        revision: "0001".into(),
+    }
+}
+
 /// Opens the backend of LUN `n` of `target` as `l` describes and builds its
 /// logical unit in the target port groups `pg`; without `reservations`
 /// the unit refuses reservation commands (a gateway's units).
@@ -268,7 +639,7 @@ pub fn build_lu(
     pg: &Arc<PortGroups>,
     state_dir: Option<&Path>,
     reservations: bool,
-) -> Result<Arc<LogicalUnit>, String> {
+) -> Result<Arc<LogicalUnit>, LunError> {
     let at = format!("target {target} LUN {n}");
     let size = l.size_bytes().map_err(|e| format!("{at}: {e}"))?;
     let policy = match l.write_cache {
@@ -296,27 +667,25 @@ pub fn build_lu(
                 }
             })?)
         }
-        BackendKind::Rbd => open_rbd(l, policy).map_err(|e| format!("{at}: {e}"))?,
+        BackendKind::Rbd => open_rbd(l, policy).map_err(|e| LunError {
+            msg: format!("{at}: {}", e.msg),
+            transient: e.transient,
+        })?,
     };
     #[cfg(feature = "test-delay")]
     let backend = match &l.test_delay_file {
         Some(f) => slowed(backend, f.clone()),
         None => backend,
     };
-    let serial = l.serial.clone().unwrap_or_else(|| serial_for(target, n));
+    let id = identity_for(target, n, l);
     let lu_cfg = LuConfig {
         block_size: l.block_size,
         physical_block_size: l.physical_block_size,
-        naa: naa_for(target, n, &serial),
-        serial,
-        vendor: "IRONSAN".into(),
-        product: match l.backend {
-            BackendKind::Mem => "RAM DISK".into(),
-            BackendKind::Null => "NULL DISK".into(),
-            BackendKind::File => "FILE DISK".into(),
-            BackendKind::Rbd => "RBD DISK".into(),
-        },
-        revision: "0001".into(),
+        naa: id.naa,
+        serial: id.serial,
+        vendor: id.vendor,
+        product: id.product,
+        revision: id.revision,
         read_only: l.read_only,
         thin: l.thin,
         pr_state: state_dir.map(|d| pr_state_file(d, target, n)),
@@ -335,11 +704,11 @@ pub fn build_lu(
 
 /// Opens the RBD image of an rbd LUN.
 #[cfg(feature = "rbd")]
-fn open_rbd(l: &LunConfig, policy: WriteCache) -> Result<Arc<dyn BlockBackend>, String> {
+fn open_rbd(l: &LunConfig, policy: WriteCache) -> Result<Arc<dyn BlockBackend>, LunError> {
     let o = l
         .rbd_options()
         .map_err(|e| e.to_string())?
-        .ok_or("not an rbd LUN")?;
+        .ok_or_else(|| "not an rbd LUN".to_string())?;
     let opts = storage::RbdOptions {
         pool: o.pool,
         image: o.image,
@@ -352,15 +721,19 @@ fn open_rbd(l: &LunConfig, policy: WriteCache) -> Result<Arc<dyn BlockBackend>, 
         read_only: l.read_only,
         min_size: o.min_size,
     };
-    let b = storage::RbdBackend::open(&opts, policy).map_err(|e| e.to_string())?;
-    Ok(Arc::new(b))
+    match storage::RbdBackend::open(&opts, policy) {
+        Ok(b) => Ok(Arc::new(b)),
+        Err(e) => Err(LunError::from_io(&e)),
+    }
 }
 
 /// Without the `rbd` feature an rbd LUN cannot be opened.
 #[cfg(not(feature = "rbd"))]
-fn open_rbd(l: &LunConfig, _policy: WriteCache) -> Result<Arc<dyn BlockBackend>, String> {
+fn open_rbd(l: &LunConfig, _policy: WriteCache) -> Result<Arc<dyn BlockBackend>, LunError> {
     let _ = l;
-    Err("this ironsan was built without the rbd feature (cargo build --features rbd)".into())
+    Err(LunError::lasting(
+        "this ironsan was built without the rbd feature (cargo build --features rbd)",
+    ))
 }
 
 /// Where a command came from, for VPD 0x83 and per-nexus state.
@@ -509,9 +882,10 @@ where
     Ok(())
 }
 
-/// Answers commands that no single LU can: REPORT LUNS, and anything sent
-/// to a LUN that does not exist. Returns `None` when `lu` should run it.
-pub fn answer_above_lu(t: &LunTable, req: &ExecRequest) -> Option<Completion> {
+/// Answers commands that no single LU can: REPORT LUNS, anything sent to
+/// a LUN that does not exist, and anything sent to one becoming ready
+/// ([`crate::opening`]). Returns `None` when `lu` should run it.
+pub fn answer_above_lu(t: &LunTable, req: &ExecRequest, o: &Origin) -> Option<Completion> {
     let cdb = req.cdb.as_slice();
     let op = cdb[0];
     if op == 0xa0 {
@@ -519,6 +893,12 @@ pub fn answer_above_lu(t: &LunTable, req: &ExecRequest) -> Option<Completion> {
     }
     if t.get(req.lun).is_some() {
         return None;
+    }
+    if let Some(p) = t.pending_at(req.lun) {
+        return Some(completion(
+            p.unit.execute(&command(req, o)),
+            req.cdb_data_out,
+        ));
     }
     Some(match op {
         0x12 => {
@@ -559,11 +939,12 @@ fn report_luns(t: &LunTable, cdb: &[u8]) -> Completion {
     if alloc < 16 {
         return invalid_field_in_cdb(6);
     }
-    let n = t.count();
+    let numbers = t.numbers();
+    let n = numbers.len();
     let mut d = Vec::with_capacity(8 + 8 * n);
     d.extend_from_slice(&((8 * n) as u32).to_be_bytes());
     d.extend_from_slice(&[0; 4]);
-    for (i, _) in t.iter() {
+    for i in numbers {
         d.extend_from_slice(&Lun::from_index(i).0);
     }
     d.truncate(alloc);
@@ -589,6 +970,91 @@ mod tests {
         assert_eq!(a[0] >> 4, 6);
         assert_eq!(serial_for("iqn.x:y", 0).len(), 16);
         assert_eq!(serial_for("iqn.x:y", 3), serial_for("iqn.x:y", 3));
+    }
+
+    fn origin() -> Origin {
+        Origin {
+            nexus: NexusId(1),
+            relative_port: 1,
+            tpg: 1,
+            port_name: "iqn.x:t,t,0x0001".into(),
+            initiator_port_name: "iqn.y,i,0x1".into(),
+            lus: None,
+            zero_copy_reads: false,
+        }
+    }
+
+    fn req(lun: u16, cdb: &[u8]) -> ExecRequest {
+        let mut b = [0u8; 16];
+        b[..cdb.len()].copy_from_slice(cdb);
+        ExecRequest {
+            lun: Lun::from_index(lun),
+            cdb: iscsi_proto::session::Cdb::Short(b),
+            ..ExecRequest::default()
+        }
+    }
+
+    fn sense(c: &Completion) -> Option<(u8, u8, u8)> {
+        c.sense.as_ref().map(|s| (s[2] & 0x0f, s[12], s[13]))
+    }
+
+    #[test]
+    fn a_lun_becoming_ready_is_listed_identified_and_replaced_once_open() {
+        let mut l = LunConfig::from_spec("mem:1M").unwrap();
+        l.backend = BackendKind::Rbd;
+        let pg = Arc::new(PortGroups::default());
+        let p = pending_lu("iqn.x:t", 2, &l, &pg, None).unwrap();
+        let cell = TableCell::default();
+        let lu = build_lu(
+            "iqn.x:t",
+            0,
+            &LunConfig::from_spec("mem:1M").unwrap(),
+            &pg,
+            None,
+            true,
+        )
+        .unwrap();
+        cell.install(0, Some(lu));
+        cell.install_pending(2, p.clone());
+        let t = cell.get();
+        assert!(t.in_use(2) && !t.in_use(1));
+        assert_eq!(t.numbers(), vec![0, 2]);
+
+        // REPORT LUNS lists both.
+        let rl =
+            answer_above_lu(&t, &req(0, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0]), &origin()).unwrap();
+        let d = rl.data_in.contiguous();
+        assert_eq!(&d[..4], &16u32.to_be_bytes());
+        assert_eq!(&d[16..24], &Lun::from_index(2).0);
+
+        // INQUIRY: the identity it will have; TEST UNIT READY: not yet.
+        let inq = answer_above_lu(&t, &req(2, &[0x12, 0, 0, 0, 96, 0]), &origin()).unwrap();
+        assert_eq!(inq.status, 0);
+        assert_eq!(&inq.data_in.contiguous()[16..24], b"RBD DISK");
+        let id = identity_for("iqn.x:t", 2, &l);
+        let vpd = answer_above_lu(&t, &req(2, &[0x12, 1, 0x80, 0, 255, 0]), &origin()).unwrap();
+        assert_eq!(&vpd.data_in.contiguous()[4..], id.serial.as_bytes());
+        let tur = answer_above_lu(&t, &req(2, &[0, 0, 0, 0, 0, 0]), &origin()).unwrap();
+        assert_eq!(sense(&tur), Some((2, 0x04, 0x01)));
+        // A LUN that does not exist stays one.
+        let none = answer_above_lu(&t, &req(1, &[0, 0, 0, 0, 0, 0]), &origin()).unwrap();
+        assert_eq!(sense(&none), Some((5, 0x25, 0)));
+
+        // Once open, the LU takes its place; a stand-in removed meanwhile
+        // is not brought back.
+        let mem = LunConfig::from_spec("mem:1M").unwrap();
+        let open = build_lu("iqn.x:t", 2, &mem, &pg, None, true).unwrap();
+        assert!(cell.has_pending(2, &p));
+        assert!(cell.replace_pending(2, &p, open.clone()));
+        assert!(!cell.has_pending(2, &p));
+        let t = cell.get();
+        assert!(t.pending.is_empty() && t.get(Lun::from_index(2)).is_some());
+        assert!(answer_above_lu(&t, &req(2, &[0, 0, 0, 0, 0, 0]), &origin()).is_none());
+        let q = pending_lu("iqn.x:t", 3, &l, &pg, None).unwrap();
+        cell.install_pending(3, q.clone());
+        cell.install(3, None);
+        assert!(!cell.replace_pending(3, &q, open));
+        assert!(!cell.get().in_use(3));
     }
 
     #[test]

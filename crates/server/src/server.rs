@@ -202,6 +202,14 @@ fn install_abort_hooks(shared: &Arc<Shared>) {
         for (i, lu) in t.luns().iter() {
             install_abort_hook(shared, &t.name, i, lu);
         }
+        // LUs that open later ([`crate::opening`]) get it too.
+        let weak = Arc::downgrade(shared);
+        let name = t.name.clone();
+        t.cell().on_install(Box::new(move |n, lu| {
+            if let Some(shared) = weak.upgrade() {
+                install_abort_hook(&shared, &name, n, lu);
+            }
+        }));
     }
 }
 
