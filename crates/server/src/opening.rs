@@ -294,6 +294,10 @@ fn attempts(label: &str, max_pause: Duration, open: &OpenFn, h: &Handoff, p: &Pr
                 State::Waiting(first) => {
                     first.get_or_insert(e.clone());
                     h.changed.notify_all();
+                    // `serve` fails its start with this reason.
+                    if !e.transient {
+                        return;
+                    }
                 }
                 State::Deferred(Some(d)) if (d.wanted)() => {}
                 _ => return,
