@@ -127,27 +127,28 @@ pub(crate) async fn serve(
             None
         }
     };
-    let Some((session, key, isid)) = login else {
+    let Some((session, joined, isid)) = login else {
         shared
             .stats
             .portal_event(portal.tpgt, |e| e.login_failures += 1);
         return;
     };
     shared.stats.portal_event(portal.tpgt, |e| e.logins += 1);
-    let (nexus, kill, aborts, tsih, conn_id, done) = match &key {
-        Some(k) => {
-            let reg = shared.registry.lock();
-            let e = reg.get(k).expect("registered at login");
-            (
-                e.nexus,
-                e.kill.clone(),
-                e.aborts.clone(),
-                e.tsih,
-                e.conn,
-                Some(e.done.clone()),
-            )
-        }
+    // What the login registered, taken then: another login of the same
+    // session may replace or remove the registry entry since (this
+    // connection's kill is then notified, and it ends at once).
+    let (key, nexus, kill, aborts, tsih, conn_id, done) = match joined {
+        Some(j) => (
+            Some(j.key),
+            j.nexus,
+            j.kill,
+            j.aborts,
+            j.tsih,
+            j.conn,
+            Some(j.done),
+        ),
         None => (
+            None,
             shared.fresh_nexus(),
             Arc::new(tokio::sync::Notify::new()),
             Arc::default(),
@@ -264,6 +265,32 @@ fn keep_session(
         _ => {}
     }
     keep_nexus
+}
+
+/// What a login registered for its session (a copy of its registry entry
+/// as it was then).
+struct Joined {
+    key: SessionKey,
+    nexus: scsi::NexusId,
+    kill: Arc<tokio::sync::Notify>,
+    aborts: Arc<AbortRequests>,
+    tsih: u16,
+    conn: u64,
+    done: Arc<tokio::sync::Notify>,
+}
+
+impl Joined {
+    fn of(key: SessionKey, e: &SessionEntry) -> Joined {
+        Joined {
+            key,
+            nexus: e.nexus,
+            kill: e.kill.clone(),
+            aborts: e.aborts.clone(),
+            tsih: e.tsih,
+            conn: e.conn,
+            done: e.done.clone(),
+        }
+    }
 }
 
 /// The session's nexus and port as the LUs see it, from the login.
@@ -462,7 +489,7 @@ impl Conn {
         shared: &Shared,
         portal: Portal,
         ticket: &crate::admission::Ticket,
-    ) -> io::Result<Option<(Session, Option<SessionKey>, [u8; 6])>> {
+    ) -> io::Result<Option<(Session, Option<Joined>, [u8; 6])>> {
         let mut login = TargetLogin::new(shared.limits.clone(), portal.tpgt);
         let (id, challenge) = crate::access::random_challenge()?;
         login.seed_challenge(id, challenge);
@@ -665,8 +692,8 @@ impl Conn {
         mut resp: LoginResp,
         text: &[u8],
         outcome: Box<iscsi_proto::LoginOutcome>,
-    ) -> io::Result<Option<(Session, Option<SessionKey>, [u8; 6])>> {
-        let mut key = None;
+    ) -> io::Result<Option<(Session, Option<Joined>, [u8; 6])>> {
+        let mut key: Option<Joined> = None;
         if let Some(code) = crate::access::session_refused(shared, &outcome, portal.tpgt) {
             crate::access::refused(shared, self.peer, code, "session limit reached");
             self.push_login(&login_reject(bhs, code), &[]);
@@ -682,9 +709,9 @@ impl Conn {
         if let (Some(k), true) = (&normal, outcome.tsih != 0) {
             let k = k.clone();
             match self.reinstate_connection(shared, &k, &outcome).await {
-                Some(tsih) => {
-                    resp.tsih = tsih;
-                    key = Some(k);
+                Some(j) => {
+                    resp.tsih = j.tsih;
+                    key = Some(j);
                 }
                 None => {
                     let code = LoginStatus::SESSION_DOES_NOT_EXIST;
@@ -697,20 +724,19 @@ impl Conn {
         } else if let Some(k) = normal {
             let tsih = shared.fresh_tsih();
             let nexus = shared.fresh_nexus();
-            let old = shared.registry.lock().insert(
-                k.clone(),
-                SessionEntry {
-                    tsih,
-                    nexus,
-                    peer: self.peer.ip(),
-                    kill: Arc::new(tokio::sync::Notify::new()),
-                    aborts: Arc::default(),
-                    cid: outcome.cid,
-                    conn: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                    failed_by: 0,
-                    done: Arc::new(tokio::sync::Notify::new()),
-                },
-            );
+            let entry = SessionEntry {
+                tsih,
+                nexus,
+                peer: self.peer.ip(),
+                kill: Arc::new(tokio::sync::Notify::new()),
+                aborts: Arc::default(),
+                cid: outcome.cid,
+                conn: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                failed_by: 0,
+                done: Arc::new(tokio::sync::Notify::new()),
+            };
+            let joined = Joined::of(k.clone(), &entry);
+            let old = shared.registry.lock().insert(k.clone(), entry);
             if let Some(old) = old {
                 // Session reinstatement: the old session ends.
                 tracing::info!(initiator = %k.initiator, "session reinstated");
@@ -725,7 +751,7 @@ impl Conn {
                 }
             }
             resp.tsih = tsih;
-            key = Some(k);
+            key = Some(joined);
         } else {
             resp.tsih = shared.fresh_tsih();
         }
@@ -753,20 +779,21 @@ impl Conn {
         shared: &Shared,
         k: &SessionKey,
         outcome: &iscsi_proto::LoginOutcome,
-    ) -> Option<u16> {
-        let (old_kill, old_done, tsih) = {
+    ) -> Option<Joined> {
+        let (old_kill, old_done, joined) = {
             let mut reg = shared.registry.lock();
             let e = reg
                 .get_mut(k)
                 .filter(|e| e.tsih == outcome.tsih && e.cid == outcome.cid)?;
-            let old = (e.kill.clone(), e.done.clone(), e.tsih);
+            let old = (e.kill.clone(), e.done.clone());
             e.kill = Arc::new(tokio::sync::Notify::new());
             e.done = Arc::new(tokio::sync::Notify::new());
             e.conn = NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             e.failed_by = 0;
             e.peer = self.peer.ip();
-            old
+            (old.0, old.1, Joined::of(k.clone(), e))
         };
+        let tsih = joined.tsih;
         old_kill.notify_one();
         let ended = tokio::time::timeout(REINSTATE_WAIT, old_done.notified())
             .await
@@ -778,7 +805,7 @@ impl Conn {
             old_connection_ended = ended,
             "connection reinstated"
         );
-        Some(tsih)
+        Some(joined)
     }
 
     /// The full feature phase; returns why the connection ended.

@@ -335,3 +335,54 @@ fn read_only_lun_end_to_end() {
     let (st, _, _) = c.command(&rw10(0x28, 0, 1), 512, true, &[], 0);
     assert_eq!(st, 0);
 }
+
+/// Logins of one session (same initiator, ISID and portal group) racing
+/// each other, each connection closed right after its login: every newer
+/// login replaces the session, and a connection whose session was
+/// replaced (or already removed) meanwhile ends quietly. The worker
+/// threads must not panic (one did when the registry entry it had just
+/// made was gone before it read it back), and the target still serves.
+#[test]
+fn logins_racing_for_one_session_end_cleanly() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("ironsan-io"))
+        {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+        }
+        prev(info);
+    }));
+    let (addrs, _stop) = start(config(
+        "[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"",
+        "",
+    ));
+    let isid = [0x80, 0, 0, 0, 0x0e, 1];
+    for _ in 0..150 {
+        let racers: Vec<_> = (0..4)
+            .map(|_| {
+                let a = addrs[0];
+                std::thread::spawn(move || {
+                    Client::connect(a).login_normal(isid, &[("DefaultTime2Retain", "0")])
+                })
+            })
+            .collect();
+        for r in racers {
+            r.join().expect("every login succeeds");
+        }
+    }
+    let mut c = Client::connect(addrs[0]);
+    c.login_normal(isid, &[]);
+    let mut st = 2;
+    for _ in 0..3 {
+        st = c.command(&[0; 6], 0, false, &[], 0).0;
+        if st == 0 {
+            break;
+        }
+    }
+    assert_eq!(st, 0, "TEST UNIT READY after the races");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a worker thread panicked");
+}
