@@ -110,11 +110,53 @@ class Ironsan:
         return r.returncode == 0, (r.stdout + r.stderr).strip()
 
 
+class Silence(threading.Thread):
+    """A gateway machine that died, on the port its ironsan listened on:
+    connections are taken and never answered (a dead machine sends no
+    RST; here the guest's connect completes anyway, as qemu's user network
+    and the guestfwd's socat accept it before trying the host). Without it
+    the guestfwd closes every connection the guest opens while the gateway
+    is down, right after accepting it, which no real network does and which
+    sets off open-iscsi 2.1.8's bug #387 (scenarios/gateways.sh): iscsid
+    then cannot log in again for minutes. With it, the guest's logins time
+    out and are tried again, as against a dead host."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.held = []
+        self.start()
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.held.append(c)
+
+    def stop_listening(self):
+        """The machine is back: the gateway takes the port; connections
+        already taken stay silent until the initiator gives them up (its
+        login timeout), as they would to a host that rebooted."""
+        self.sock.close()
+
+    def close(self):
+        self.stop_listening()
+        for c in self.held:
+            c.close()
+
+
 class Gateways:
     """Two ironsan gateways serving one RBD image as one LU
     (docs/GATEWAYS.md) on the Ceph cluster of $CEPH_CONF: gateway 0 is ALUA
     group 1 (portal tag 1), gateway 1 group 2 (tag 2); the first up owns the
-    image. Each can be killed (-9) and started again on its own."""
+    image. Each can be killed (-9) and started again on its own; while one is
+    down its port is silent, as a dead machine is (`Silence`)."""
 
     name = "gateways"
 
@@ -126,11 +168,14 @@ class Gateways:
         subprocess.run(["rbd", "create", "--size", "512M", self.image], check=True)
         self.luns = [{"backend": "rbd"}]
         self.procs = [None, None]
+        self.silent = [None, None]
         self.log = open(os.path.join(work, "target.log"), "ab")
 
     def start(self, *which):
         for i in which or (0, 1):
             me, peer = i + 1, 2 - i
+            if self.silent[i]:
+                self.silent[i].stop_listening()
             self.procs[i] = subprocess.Popen(
                 [self.bin, "--log", "info", "serve", "--listen", f"127.0.0.1:{self.ports[i]}",
                  "--target", IQN, "--lun",
@@ -147,6 +192,9 @@ class Gateways:
             if p and p.poll() is None:
                 p.kill()
                 p.wait()
+            if self.silent[i]:
+                self.silent[i].close()
+            self.silent[i] = Silence(self.ports[i])
 
     def signal(self, i, sig):
         """Sends SIGSTOP or SIGCONT to gateway i (a hung owner)."""
@@ -156,6 +204,9 @@ class Gateways:
         p.send_signal({"STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}[sig])
 
     def stop(self):
+        for h in self.silent:
+            if h:
+                h.close()
         for p in self.procs:
             if p and p.poll() is None:
                 p.send_signal(signal.SIGCONT)

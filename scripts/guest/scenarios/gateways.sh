@@ -60,9 +60,11 @@ host start 0 >/dev/null
 # retcode -107"). That is open-iscsi's bug #387, fixed in 2.1.9 (commit
 # 9f20745, "stop connection for recovery if error is not timeout"); Debian
 # 12 ships 2.1.8. It needs the connection to close while iscsid reopens it,
-# which the guestfwd makes likely: while the gateway is down, socat accepts
-# the guest's connection and then closes it, where a real network would
-# refuse the connect. The wait covers that, and the time is reported.
+# which the guestfwd made likely: while the gateway was down, socat accepted
+# the guest's connection and then closed it, which no real network does. The
+# host now keeps the dead gateway's port silent, as a dead machine is
+# (run.py's Silence): logins time out and are tried again. The wait still
+# covers a slow return, and the time is reported.
 i=0; while multipath -ll 2>/dev/null | grep -q 'failed' && [ $i -lt 1200 ]; do sleep 0.2; i=$((i + 1)); done
 info "gateway 0 back after $((i / 5)) s: $(multipath -ll 2>&1 | tr '\n' '|')"
 info "iscsid: $(tail -12 /tmp/iscsid.log | tr '\n' '|')"
