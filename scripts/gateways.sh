@@ -179,7 +179,10 @@ if wait "$bench"; then
   elif [ -n "$id" ] &&
     "$bin" --log warn bench --rw read --bs 1m --iodepth 8 --verify --verify-id "$id" "$url_b" \
       >"$work/read.txt" 2>&1; then
-    step "bench survived killing the owner, all blocks good through B" pass
+    # The longest an I/O waited: the failover as the application saw it.
+    stall=$(grep -oE 'clat \(usec\): .*max=[0-9.]+' "$work/bench.txt" | grep -oE 'max=[0-9.]+' |
+      head -1 | cut -d= -f2)
+    step "bench survived killing the owner (longest I/O $(awk -v u="${stall:-0}" 'BEGIN { printf "%.1f", u / 1e6 }') s), all blocks good through B" pass
   else
     tail -5 "$work/read.txt" >&2
     step "read back after explicit failover" fail

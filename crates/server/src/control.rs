@@ -139,7 +139,7 @@ fn pending_view(n: u16, p: &crate::opening::PendingLu) -> LunView {
         block_size: p.block_size,
         blocks: 0,
         size_bytes: 0,
-        read_only: false,
+        read_only: p.read_only,
         thin: false,
         state: "opening",
         attempts: Some(p.progress.attempts()),

@@ -505,6 +505,7 @@ fn pending_lu(
         unit,
         what,
         block_size: l.block_size,
+        read_only: l.read_only,
         progress,
     }))
 }

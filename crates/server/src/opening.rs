@@ -138,6 +138,8 @@ pub struct PendingLu {
     pub what: String,
     /// The block size it will have.
     pub block_size: u32,
+    /// Whether it will be read-only.
+    pub read_only: bool,
     /// How the attempts are going.
     pub progress: Arc<Progress>,
 }

@@ -157,7 +157,10 @@ fn open_path(url: &Url, initiator_name: &str) -> Result<Opened, String> {
         0
     };
     let mut capacity = None;
-    for _ in 0..3 {
+    let deadline = Instant::now() + crate::engine::NOT_READY_DEADLINE;
+    let mut tries = 0;
+    loop {
+        tries += 1;
         let r = read_capacity(&mut conn, lun).map_err(e)?;
         if let (Some(0), Some((blocks, bs))) = (r.status, scsi::parse_capacity16(&r.data)) {
             capacity = Some((blocks * u64::from(bs), bs));
@@ -170,7 +173,13 @@ fn open_path(url: &Url, initiator_name: &str) -> Result<Opened, String> {
             {
                 break
             }
-            Some(_) => continue,
+            // The LU's storage is still opening: asked again for as long
+            // as an I/O would be.
+            Some(PathCondition::BecomingReady) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Some(_) if tries < 3 => {}
+            Some(_) => break,
             None => {
                 return Err(format!(
                     "{url}: READ CAPACITY(16) failed ({})",
