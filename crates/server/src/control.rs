@@ -98,17 +98,17 @@ impl std::fmt::Debug for Control {
     }
 }
 
+/// `naa.` and the designator's 32 hex digits, as hosts name the device.
+fn naa_name(naa: &[u8; 16]) -> String {
+    let hex: String = naa.iter().map(|b| format!("{b:02x}")).collect();
+    format!("naa.{hex}")
+}
+
 fn lun_view(n: u16, lu: &LogicalUnit) -> LunView {
     let id = lu.volume().identity();
     LunView {
         lun: n,
-        naa: format!(
-            "naa.{}",
-            id.naa
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        ),
+        naa: naa_name(&id.naa),
         serial: id.serial.clone(),
         product: id.product.clone(),
         block_size: lu.block_size(),
@@ -127,13 +127,7 @@ fn pending_view(n: u16, p: &crate::opening::PendingLu) -> LunView {
     let id = p.unit.identity();
     LunView {
         lun: n,
-        naa: format!(
-            "naa.{}",
-            id.naa
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        ),
+        naa: naa_name(&id.naa),
         serial: id.serial.clone(),
         product: id.product.clone(),
         block_size: p.block_size,

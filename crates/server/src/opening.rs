@@ -353,30 +353,18 @@ fn opened(label: &str, lu: Arc<LogicalUnit>, h: &Handoff, p: &Progress, n: u32) 
 mod tests {
     use std::sync::atomic::AtomicBool;
 
-    use scsi::LuConfig;
-    use storage::MemBackend;
-
     use super::*;
 
     fn lu() -> Arc<LogicalUnit> {
-        Arc::new(
-            LogicalUnit::new(
-                Arc::new(MemBackend::new(1 << 20)),
-                LuConfig {
-                    block_size: 512,
-                    physical_block_size: None,
-                    naa: [0x60; 16],
-                    serial: "s".into(),
-                    vendor: "IRONSAN".into(),
-                    product: "TEST".into(),
-                    revision: "0001".into(),
-                    read_only: false,
-                    thin: false,
-                    pr_state: None,
-                },
-            )
-            .unwrap(),
+        crate::lunmap::build_lu(
+            "iqn.x:t",
+            0,
+            &crate::config::LunConfig::from_spec("mem:1M").unwrap(),
+            &Arc::new(scsi::PortGroups::default()),
+            None,
+            true,
         )
+        .unwrap()
     }
 
     fn retry() -> OpenRetry {
