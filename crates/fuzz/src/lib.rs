@@ -9,6 +9,9 @@
 //! * [`login_session`]: the target's login state machine (with CHAP) and
 //!   then the full feature phase, fed an arbitrary byte stream framed as
 //!   the driver frames it.
+//! * [`nvme_tcp`]: NVMe/TCP framing (`nvme_tcp_wire::frame`) and header
+//!   decoding under every combination of digests, data alignment and data
+//!   limit.
 //!
 //! The libFuzzer targets in `fuzz/fuzz_targets/` call these; the runner in
 //! `src/main.rs` drives them on the stable toolchain from the seed corpora
@@ -37,7 +40,45 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("text", text),
     ("cdb", cdb),
     ("login_session", login_session),
+    ("nvme_tcp", nvme_tcp),
 ];
+
+/// NVMe/TCP framing of one receive buffer: the first byte picks the
+/// negotiated digests (bits 0, 1), the data alignment (bits 2-3: 4 to 32
+/// bytes) and the data limit (bit 4: 4 KiB, else 128 KiB).
+pub fn nvme_tcp(data: &[u8]) {
+    use nvme_tcp_wire::{data_digest_ok, frame, DataHeader, Ic, Negotiated, PduType, IC_LEN};
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let n = Negotiated {
+        header_digest: flags & 1 != 0,
+        data_digest: flags & 2 != 0,
+        alignment: 4 << ((flags >> 2) & 3),
+        max_data: if flags & 16 != 0 { 4096 } else { 128 << 10 },
+    };
+    let mut at = 0;
+    while let Ok(Some(f)) = frame(&rest[at..], &n) {
+        assert!(
+            f.len >= 24 && f.len <= rest.len() - at,
+            "a frame within the buffer"
+        );
+        assert!(f.data.start <= f.data.end && f.data.end <= f.len);
+        assert!(f.data.len() <= (n.max_data as usize).max(128));
+        let b = &rest[at..at + f.len];
+        let _ = data_digest_ok(b, &f);
+        match f.ch.pdu_type {
+            PduType::IcReq | PduType::IcResp => {
+                let _ = Ic::decode(b[..IC_LEN].try_into().expect("128 bytes"));
+            }
+            PduType::H2cData | PduType::C2hData | PduType::R2t => {
+                let _ = DataHeader::decode(b);
+            }
+            _ => {}
+        }
+        at += f.len;
+    }
+}
 
 /// Framing and decoding of one receive buffer.
 pub fn pdu(data: &[u8]) {

@@ -250,5 +250,57 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         v2.resize(v2.len() + 512, 0x5a);
         v.push(("cdb", name.to_string(), v2));
     }
+    v.extend(nvme_tcp_seeds());
+    v
+}
+
+/// NVMe/TCP seeds: a connection's first PDUs and data PDUs, with and
+/// without digests (the first byte is the target's flags, see
+/// [`crate::nvme_tcp`]).
+fn nvme_tcp_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    use nvme_tcp_wire::{c2h_term_req, DataHeader, Fatal, Fes, Ic, Layout};
+    let mut v = Vec::new();
+    let mut ic = vec![0u8];
+    ic.extend_from_slice(&Ic::default().encode(false));
+    ic.extend_from_slice(
+        &Ic {
+            max: 131072,
+            ..Ic::default()
+        }
+        .encode(true),
+    );
+    v.push(("nvme_tcp", "icreq_icresp".to_string(), ic));
+    for (name, flags, hd, dd) in [("data", 0u8, false, false), ("data_digests", 3, true, true)] {
+        let l = Layout {
+            header_digest: hd,
+            data_digest: dd,
+            alignment: 4,
+        };
+        let data = vec![0xa5u8; 512];
+        let h = DataHeader {
+            cccid: 1,
+            ttag: 2,
+            offset: 0,
+            length: data.len() as u32,
+        };
+        let mut b = vec![flags];
+        b.extend_from_slice(&l.r2t(&h));
+        b.extend_from_slice(&l.c2h_data(&h, true, true));
+        b.extend_from_slice(&data);
+        if let Some(d) = l.data_digest_of(&data) {
+            b.extend_from_slice(&d);
+        }
+        b.extend_from_slice(&l.capsule_resp(&[0; 16]));
+        v.push(("nvme_tcp", name.to_string(), b));
+    }
+    let mut t = vec![0u8];
+    t.extend_from_slice(&c2h_term_req(
+        Fatal {
+            fes: Fes::InvalidHeaderField,
+            fei: 2,
+        },
+        &[0x04; 72],
+    ));
+    v.push(("nvme_tcp", "term_req".to_string(), t));
     v
 }

@@ -25,3 +25,28 @@ fn corpora_and_regressions_run_clean() {
         }
     }
 }
+
+#[test]
+fn nvme_tcp_seeds_frame_to_their_end() {
+    use nvme_tcp_wire::{frame, Negotiated};
+    let seeds: Vec<_> = ironsan_fuzz::seeds::all()
+        .into_iter()
+        .filter(|(t, _, _)| *t == "nvme_tcp")
+        .collect();
+    assert!(seeds.len() >= 4);
+    for (_, name, b) in seeds {
+        let flags = b[0];
+        let n = Negotiated {
+            header_digest: flags & 1 != 0,
+            data_digest: flags & 2 != 0,
+            alignment: 4,
+            max_data: 128 << 10,
+        };
+        let (mut at, mut pdus) = (1, 0);
+        while let Ok(Some(f)) = frame(&b[at..], &n) {
+            at += f.len;
+            pdus += 1;
+        }
+        assert_eq!(at, b.len(), "{name}: every byte framed ({pdus} PDUs)");
+    }
+}
