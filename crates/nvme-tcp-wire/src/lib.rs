@@ -30,6 +30,11 @@
 //! set, PDO and the digests where the flags put them; a header that fails
 //! becomes a [`Fatal`] error, the fatal error status and information a
 //! TermReq carries back (and the connection then ends).
+//!
+//! [`capsule`] decodes what the capsules carry: submission and completion
+//! queue entries, SGL descriptors, the Connect command's data.
+
+pub mod capsule;
 
 use iscsi_wire::digest::crc32c;
 
