@@ -126,47 +126,24 @@ pub struct Status {
 }
 
 impl Status {
-    pub const SUCCESS: Status = Status {
-        sct: 0,
-        sc: 0,
-        dnr: false,
-    };
-    /// Generic: Invalid Command Opcode (what an unsupported command gets).
-    pub const INVALID_OPCODE: Status = Status {
-        sct: 0,
-        sc: 0x01,
-        dnr: true,
-    };
-    /// Generic: Invalid Field in Command.
-    pub const INVALID_FIELD: Status = Status {
-        sct: 0,
-        sc: 0x02,
-        dnr: true,
-    };
-    /// Generic: Data Transfer Error.
-    pub const DATA_TRANSFER_ERROR: Status = Status {
-        sct: 0,
-        sc: 0x04,
-        dnr: false,
-    };
-    /// Generic: Invalid Namespace or Format.
-    pub const INVALID_NAMESPACE: Status = Status {
-        sct: 0,
-        sc: 0x0b,
-        dnr: true,
-    };
-    /// Generic: Transient Transport Error (a data digest that failed).
-    pub const TRANSIENT_TRANSPORT_ERROR: Status = Status {
-        sct: 0,
-        sc: 0x22,
-        dnr: false,
-    };
-    /// Generic: LBA Out of Range.
-    pub const LBA_OUT_OF_RANGE: Status = Status {
-        sct: 0,
-        sc: 0x80,
-        dnr: true,
-    };
+    /// A generic command status (status code type 0).
+    const fn generic(sc: u8, dnr: bool) -> Status {
+        Status { sct: 0, sc, dnr }
+    }
+
+    pub const SUCCESS: Status = Status::generic(0x00, false);
+    /// Invalid Command Opcode (what an unsupported command gets).
+    pub const INVALID_OPCODE: Status = Status::generic(0x01, true);
+    /// Invalid Field in Command.
+    pub const INVALID_FIELD: Status = Status::generic(0x02, true);
+    /// Data Transfer Error.
+    pub const DATA_TRANSFER_ERROR: Status = Status::generic(0x04, false);
+    /// Invalid Namespace or Format.
+    pub const INVALID_NAMESPACE: Status = Status::generic(0x0b, true);
+    /// Transient Transport Error (a data digest that failed).
+    pub const TRANSIENT_TRANSPORT_ERROR: Status = Status::generic(0x22, false);
+    /// LBA Out of Range.
+    pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80, true);
 
     /// The 15 status bits of the CQE's dword 3 (bits 31:17), without the
     /// phase tag (bit 16, unused on fabrics).
