@@ -1259,6 +1259,22 @@ pub struct RbdLun {
     pub op_timeout: u64,
 }
 
+impl RbdLun {
+    /// `POOL[/NAMESPACE]/IMAGE[@SNAPSHOT]`, as `rbd` names it (what
+    /// `storage::RbdOptions::spec` says once the image is opened).
+    pub fn spec(&self) -> String {
+        let mut s = self.pool.clone();
+        if let Some(ns) = &self.namespace {
+            s = format!("{s}/{ns}");
+        }
+        s = format!("{s}/{}", self.image);
+        if let Some(snap) = &self.snapshot {
+            s = format!("{s}@{snap}");
+        }
+        s
+    }
+}
+
 /// Default [`LunConfig::ceph_op_timeout`]: under the initiators' 30 s.
 pub const DEFAULT_CEPH_OP_TIMEOUT: u64 = 25;
 

@@ -478,15 +478,7 @@ fn pending_lu(
     let unit = scsi::BecomingReady::new(identity_for(target, usize::from(n), l), pg)
         .map_err(|e| format!("{at}: {e}"))?;
     let what = match l.rbd_options() {
-        Ok(Some(o)) => format!(
-            "rbd {}",
-            storage_spec(
-                &o.pool,
-                o.namespace.as_deref(),
-                &o.image,
-                o.snapshot.as_deref()
-            )
-        ),
+        Ok(Some(o)) => format!("rbd {}", o.spec()),
         _ => l.backend.name().to_string(),
     };
     let progress = o.map_or_else(|| Arc::new(Progress::done()), |o| o.progress.clone());
@@ -508,19 +500,6 @@ fn pending_lu(
         read_only: l.read_only,
         progress,
     }))
-}
-
-/// `POOL[/NAMESPACE]/IMAGE[@SNAP]`.
-fn storage_spec(pool: &str, ns: Option<&str>, image: &str, snap: Option<&str>) -> String {
-    let mut s = pool.to_string();
-    if let Some(ns) = ns {
-        s = format!("{s}/{ns}");
-    }
-    s = format!("{s}/{image}");
-    if let Some(snap) = snap {
-        s = format!("{s}@{snap}");
-    }
-    s
 }
 
 /// The LUs of a gateway's target gathering while they open: handed over

@@ -290,20 +290,16 @@ fn attempts(label: &str, max_pause: Duration, open: &OpenFn, h: &Handoff, p: &Pr
             Err(e) => e,
         };
         let changed = p.last_error.lock().replace(e.msg.clone()).as_ref() != Some(&e.msg);
-        {
-            let mut st = h.state.lock();
-            match &mut *st {
-                State::Waiting(first) => {
-                    first.get_or_insert(e.clone());
-                    h.changed.notify_all();
-                    // `serve` fails its start with this reason.
-                    if !e.transient {
-                        return;
-                    }
-                }
-                State::Deferred(Some(d)) if (d.wanted)() => {}
-                _ => return,
+        if let State::Waiting(first) = &mut *h.state.lock() {
+            first.get_or_insert(e.clone());
+            h.changed.notify_all();
+            // `serve` fails its start with this reason.
+            if !e.transient {
+                return;
             }
+        }
+        if !h.keep_trying() {
+            return;
         }
         // Each new reason, then every power of two attempts, at warn.
         if changed || n.is_power_of_two() {
@@ -316,11 +312,20 @@ fn attempts(label: &str, max_pause: Duration, open: &OpenFn, h: &Handoff, p: &Pr
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(max_pause);
-        let st = h.state.lock();
-        match &*st {
-            State::Waiting(_) => {}
-            State::Deferred(Some(d)) if (d.wanted)() => {}
-            _ => return,
+        if !h.keep_trying() {
+            return;
+        }
+    }
+}
+
+impl Handoff {
+    /// Whether the LU is still wanted: `serve` waits for it, or it was
+    /// deferred to a place that still wants it.
+    fn keep_trying(&self) -> bool {
+        match &*self.state.lock() {
+            State::Waiting(_) => true,
+            State::Deferred(Some(d)) => (d.wanted)(),
+            _ => false,
         }
     }
 }
