@@ -1025,6 +1025,10 @@ mod tests {
     fn a_fenced_owner_steps_down_reconnects_and_can_take_over_again() {
         let (cluster, data, a, b) = two_gateways();
         let block = vec![0x22u8; 512];
+        // B probed A at its start (A answers); probes are at most one per
+        // check interval (100 ms): that probe ends and the interval passes
+        // before A hangs.
+        std::thread::sleep(Duration::from_millis(150));
         // A hangs: it does not answer probes; a command through B takes over.
         cluster.lock().dead.insert(1);
         let _ = run(&b, &write10(0), &block);
