@@ -10,6 +10,7 @@
 //! parses the SCSI commands the tools need.
 
 mod conn;
+pub mod nvme;
 pub mod scsi;
 mod url;
 

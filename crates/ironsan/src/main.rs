@@ -72,6 +72,10 @@ struct ServeArgs {
     /// A portal address to listen on (repeatable; each is its own portal group).
     #[arg(long = "listen", value_name = "ADDR:PORT")]
     listen: Vec<SocketAddr>,
+    /// An NVMe/TCP port to listen on as well (repeatable): the target is
+    /// also an NVMe subsystem there, its LUNs the namespaces (NSID = LUN + 1).
+    #[arg(long = "nvme-listen", value_name = "ADDR:PORT")]
+    nvme_listen: Vec<SocketAddr>,
     /// The target's iSCSI name.
     #[arg(long = "target", value_name = "IQN")]
     target: Option<String>,
@@ -198,6 +202,7 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
         Some(p) => Config::from_file(p)?,
         None => Config {
             listen: vec![DEFAULT_LISTEN.parse().expect("valid")],
+            nvme_listen: Vec::new(),
             limits: Default::default(),
             timeouts: Default::default(),
             alua: Default::default(),
@@ -211,6 +216,9 @@ fn build_config(a: &ServeArgs) -> Result<Config> {
     };
     if !a.listen.is_empty() {
         cfg.listen = a.listen.clone();
+    }
+    if !a.nvme_listen.is_empty() {
+        cfg.nvme_listen = a.nvme_listen.clone();
     }
     if !a.lun.is_empty() || cfg.target.is_empty() {
         let specs = if a.lun.is_empty() {
@@ -512,6 +520,18 @@ fn serve(a: ServeArgs) -> Result<()> {
         }
         for a in &addrs {
             say!("ironsan: listening on {a}");
+        }
+        let nvme_addrs = server.nvme_addrs();
+        for (a, t) in nvme_addrs.iter().zip(std::iter::repeat(cfg.target.first())) {
+            say!("ironsan: NVMe/TCP on {a}");
+            if let Some(t) = t {
+                say!(
+                    "ironsan: try  nvme connect -t tcp -a {} -s {} -n {}",
+                    a.ip(),
+                    a.port(),
+                    t.subsystem_nqn()
+                );
+            }
         }
         if let (Some(a), Some(t)) = (addrs.first(), cfg.target.first()) {
             say!(

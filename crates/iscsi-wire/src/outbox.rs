@@ -446,6 +446,40 @@ impl Outbox {
         }
     }
 
+    /// Queues a PDU of another transport laid out by its caller: `header`
+    /// (every byte up to the data, digest and padding included), `data`
+    /// (shared, not copied, when large; file ranges are read) and
+    /// `trailer` (the data digest, if any). The NVMe/TCP driver's send
+    /// queue: its PDUs have their own header and digest rules
+    /// (`nvme_tcp_wire::Layout`), and no iSCSI padding.
+    pub fn push_raw(&mut self, header: &[u8], data: Chain, trailer: &[u8]) {
+        self.pending.extend_from_slice(header);
+        self.len += header.len();
+        let data = match data.into_file() {
+            Ok(r) => match r.read(bufpool::take(r.len())) {
+                Ok(b) => Chain::from(b),
+                Err(_) => {
+                    self.broken = true;
+                    return;
+                }
+            },
+            Err(data) => data,
+        };
+        self.len += data.len();
+        if data.len() <= COPY_THRESHOLD {
+            for s in data.segments() {
+                self.pending.extend_from_slice(s);
+            }
+        } else {
+            self.seal();
+            let (first, rest) = data.into_parts();
+            self.queue.push_back(Seg::Mem(first));
+            self.queue.extend(rest.into_iter().map(Seg::Mem));
+        }
+        self.pending.extend_from_slice(trailer);
+        self.len += trailer.len();
+    }
+
     fn push_header(&mut self, bhs: &[u8; BHS_LEN], dg: Digests) {
         let start = self.pending.len();
         self.pending.extend_from_slice(bhs);

@@ -127,8 +127,27 @@ pub struct Status {
 
 impl Status {
     /// A generic command status (status code type 0).
-    const fn generic(sc: u8, dnr: bool) -> Status {
+    pub const fn generic(sc: u8, dnr: bool) -> Status {
         Status { sct: 0, sc, dnr }
+    }
+
+    /// A command specific status (status code type 1), do not retry.
+    pub const fn specific(sc: u8) -> Status {
+        Status {
+            sct: 1,
+            sc,
+            dnr: true,
+        }
+    }
+
+    /// A media and data integrity error (status code type 2).
+    pub const fn media(sc: u8, dnr: bool) -> Status {
+        Status { sct: 2, sc, dnr }
+    }
+
+    /// Whether it is a success.
+    pub const fn is_success(&self) -> bool {
+        self.sct == 0 && self.sc == 0
     }
 
     pub const SUCCESS: Status = Status::generic(0x00, false);

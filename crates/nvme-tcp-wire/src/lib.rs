@@ -161,7 +161,7 @@ pub struct Fatal {
 }
 
 impl Fatal {
-    fn field(offset: u32) -> Fatal {
+    pub fn field(offset: u32) -> Fatal {
         Fatal {
             fes: Fes::InvalidHeaderField,
             fei: offset,

@@ -287,7 +287,7 @@ pub struct LogicalUnit {
     /// limits (MAXIMUM TRANSFER LENGTH, MAXIMUM ATOMIC TRANSFER LENGTH and
     /// ATOMIC ALIGNMENT in VPD B0h), thin provisioning, and the range
     /// locks of the read-modify-write commands ([`volume::locks`]).
-    pub(crate) vol: Volume,
+    pub(crate) vol: Arc<Volume>,
     pub(crate) cfg: LuConfig,
     pub(crate) ua: UnitAttentions,
     /// Serialises MODE SELECT so validation and application are atomic.
@@ -337,7 +337,7 @@ impl LogicalUnit {
         Ok(LogicalUnit {
             pr,
             reservations: true,
-            vol,
+            vol: Arc::new(vol),
             ua: UnitAttentions::new(false),
             mode_lock: Mutex::new(()),
             std_inquiry,
@@ -414,6 +414,13 @@ impl LogicalUnit {
     /// The volume under the unit (the part of it a second command set
     /// would share).
     pub fn volume(&self) -> &Volume {
+        &self.vol
+    }
+
+    /// The volume, shared: what another personality (NVMe) keeps of the
+    /// unit to serve it as one volume with one set of locks and one write
+    /// cache.
+    pub fn shared_volume(&self) -> &Arc<Volume> {
         &self.vol
     }
 

@@ -91,51 +91,6 @@ impl LogicalUnit {
             .max(1 << self.vol.lbppb_shift());
         g.min(u64::from(u32::MAX)) as u32
     }
-
-    /// `count` blocks from `lba` split by physical block: the LBAs before
-    /// the first physical block the range covers whole, the whole physical
-    /// blocks, and the LBAs after them, each as (lba, blocks). A range
-    /// that runs to the last LBA covers the last physical block. With no
-    /// whole physical block in the range, everything is in the first part.
-    fn split_physical(&self, lba: u64, count: u64) -> [(u64, u64); 3] {
-        let ppb = 1u64 << self.vol.lbppb_shift();
-        let end = lba + count;
-        let first = lba.next_multiple_of(ppb);
-        let last = if end == self.num_blocks() {
-            end
-        } else {
-            end & !(ppb - 1)
-        };
-        if first >= last {
-            return [(lba, count), (end, 0), (end, 0)];
-        }
-        [
-            (lba, first - lba),
-            (first, last - first),
-            (last, end - last),
-        ]
-    }
-
-    /// Deallocates the whole physical blocks of `count` blocks from `lba`
-    /// and hands the LBAs of partial ones to `partial(offset, bytes)`.
-    fn deallocate_physical(
-        &self,
-        lba: u64,
-        count: u64,
-        partial: impl Fn(u64, u64) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        let shift = self.vol.block_shift();
-        let [head, whole, tail] = self.split_physical(lba, count);
-        for (l, n) in [head, tail] {
-            if n > 0 {
-                partial(l << shift, n << shift)?;
-            }
-        }
-        match whole {
-            (_, 0) => Ok(()),
-            (l, n) => self.vol.backend().discard(l << shift, n << shift),
-        }
-    }
 }
 
 /// WRITE SAME(10) and WRITE SAME(16).
@@ -206,7 +161,8 @@ pub fn write_same(lu: &LogicalUnit, cdb: &[u8], cmd: &Command<'_>) -> Result<Out
         // data-out block holds: whole physical blocks are deallocated, the
         // LBAs of partial ones zero-filled, so the whole range reads as
         // zeros (LBPRZ = 1) however it is aligned.
-        lu.deallocate_physical(lba, count, |o, n| lu.vol.backend().write_zeroes(o, n))
+        lu.vol
+            .deallocate_physical(lba, count, |o, n| lu.vol.backend().write_zeroes(o, n))
     } else {
         write(offset, bytes)
     };
@@ -283,7 +239,8 @@ pub fn unmap(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Result<Outcome, S
         let _range = lu.vol.locks().shared(lba, blocks);
         // Whole physical blocks are deallocated; the LBAs of partial ones
         // stay mapped and are zero-filled.
-        lu.deallocate_physical(lba, blocks, |o, n| lu.vol.backend().write_zeroes(o, n))
+        lu.vol
+            .deallocate_physical(lba, blocks, |o, n| lu.vol.backend().write_zeroes(o, n))
             .map_err(|e| backend_error(&e, Asc::WRITE_ERROR))?;
     }
     Ok(Outcome::good())

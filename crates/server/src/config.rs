@@ -92,6 +92,11 @@ pub struct Config {
     /// Portals to listen on; the n-th (from 1) is target portal group n.
     #[serde(default = "default_listen")]
     pub listen: Vec<SocketAddr>,
+    /// NVMe/TCP ports to listen on (none by default): every target is
+    /// also an NVMe subsystem there ([`TargetConfig::nqn`]), its LUNs the
+    /// namespaces (NSID = LUN + 1).
+    #[serde(default)]
+    pub nvme_listen: Vec<SocketAddr>,
     /// Negotiation limits and the command window.
     #[serde(default)]
     pub limits: LimitsConfig,
@@ -536,6 +541,35 @@ impl Config {
         Ok(())
     }
 
+    /// NVMe/TCP ports and subsystem names: distinct, and NQNs of at most
+    /// 223 bytes starting `nqn.` (NVMe Base 2.0 "NVMe Qualified Names").
+    fn validate_nvme(&self) -> Result<(), ConfigError> {
+        let inv = |m: String| Err(ConfigError::Invalid(m));
+        for (i, a) in self.nvme_listen.iter().enumerate() {
+            if a.port() != 0 && (self.nvme_listen[..i].contains(a) || self.listen.contains(a)) {
+                return inv(format!("nvme_listen: {a} is given twice"));
+            }
+        }
+        let mut seen = Vec::new();
+        for t in &self.target {
+            let n = t.subsystem_nqn();
+            if !n.starts_with("nqn.") || n.len() > 223 || n == nvme::DISCOVERY_NQN {
+                return inv(format!(
+                    "target {}: NQN {n:?} must start with \"nqn.\" and be at most 223 bytes",
+                    t.name
+                ));
+            }
+            if seen.contains(&n) {
+                return inv(format!(
+                    "target {}: NQN {n} is another target's too",
+                    t.name
+                ));
+            }
+            seen.push(n);
+        }
+        Ok(())
+    }
+
     fn validate_gateway(&self) -> Result<(), ConfigError> {
         let Some(g) = &self.gateway else {
             return Ok(());
@@ -610,6 +644,14 @@ pub struct TargetConfig {
     /// Sessions to this target at once (0: only the global limit).
     #[serde(default)]
     pub max_sessions: usize,
+    /// Its NVMe subsystem NQN; default: the iSCSI name with `iqn.` made
+    /// `nqn.` (`nqn.2026-12.io.ironsan:` and the name otherwise).
+    #[serde(default)]
+    pub nqn: Option<String>,
+    /// Host NQNs that may connect over NVMe/TCP; empty: any (still within
+    /// `allow_net`).
+    #[serde(default)]
+    pub nvme_allow: Vec<String>,
 }
 
 impl TargetConfig {
@@ -624,6 +666,19 @@ impl TargetConfig {
             chap: None,
             mutual_chap: None,
             max_sessions: 0,
+            nqn: None,
+            nvme_allow: Vec::new(),
+        }
+    }
+
+    /// The NVMe subsystem NQN ([`TargetConfig::nqn`]).
+    pub fn subsystem_nqn(&self) -> String {
+        if let Some(n) = &self.nqn {
+            return n.clone();
+        }
+        match self.name.strip_prefix("iqn.") {
+            Some(rest) => format!("nqn.{rest}"),
+            None => format!("nqn.2026-12.io.ironsan:{}", self.name),
         }
     }
 
@@ -1005,6 +1060,7 @@ impl Config {
             }
         }
         self.validate_alua()?;
+        self.validate_nvme()?;
         let l = &self.limits;
         if !(1..=MAX_QUEUE_DEPTH).contains(&l.queue_depth) {
             return inv(format!(

@@ -1039,7 +1039,7 @@ impl Conn {
 
 /// Asks for the configured congestion control (`netio`). A kernel
 /// without it is reported once; the connection goes on with the default.
-fn set_congestion(stream: &TcpStream, name: &str) {
+pub(crate) fn set_congestion(stream: &TcpStream, name: &str) {
     use std::os::fd::AsFd;
     static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if let Err(e) = netio::set_congestion(stream.as_fd(), name) {
@@ -1123,7 +1123,7 @@ const SENDFILE_MAX: usize = 1 << 20;
 /// The connection's socket as the send queue writes to it, through tokio's
 /// `try_io`, so that tokio forgets the socket's write readiness on EAGAIN
 /// and the loop waits for it again.
-struct Out<'a>(&'a TcpStream);
+pub(crate) struct Out<'a>(pub &'a TcpStream);
 
 impl WriteOut for Out<'_> {
     fn write_vectored(&mut self, iov: &[IoSlice<'_>], more: bool) -> io::Result<usize> {

@@ -410,6 +410,7 @@ impl Control {
                     addr: bound,
                     tpgt: r.tpgt,
                     alua_group: alua_group.unwrap_or(r.alua_group),
+                    nvme: false,
                 },
                 None => {
                     let tpgt = self
@@ -425,6 +426,7 @@ impl Control {
                         addr: bound,
                         tpgt,
                         alua_group: alua_group.unwrap_or(tpgt),
+                        nvme: false,
                     }
                 }
             };

@@ -18,6 +18,7 @@ pub mod control_acl;
 pub mod gateway;
 mod lunmap;
 mod memory;
+mod nvme;
 pub mod opening;
 mod server;
 pub mod size;

@@ -100,6 +100,11 @@ impl TableCell {
         self.table.read().clone()
     }
 
+    /// Moves each time the table changes.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Makes a new table from the current one with `f`.
     fn change<R>(&self, f: impl FnOnce(&mut LunTable) -> R) -> R {
         let mut t = self.table.write();
@@ -183,6 +188,8 @@ impl TableCell {
 /// moved.
 pub struct TargetRt {
     pub name: String,
+    /// Its NVMe subsystem NQN.
+    pub nqn: String,
     pub alias: Option<String>,
     cell: Arc<TableCell>,
     /// The ALUA target port groups of this target (shared by its LUs).
@@ -423,6 +430,7 @@ impl TargetRt {
         }
         Ok(TargetRt {
             name: cfg.name.clone(),
+            nqn: cfg.subsystem_nqn(),
             alias: cfg.alias.clone(),
             cell,
             port_groups,

@@ -34,6 +34,8 @@ pub(crate) struct Portal {
     pub tpgt: u16,
     /// The ALUA target port group the port belongs to.
     pub alua_group: u16,
+    /// An NVMe/TCP port (else iSCSI).
+    pub nvme: bool,
 }
 
 /// Identity of a session for reinstatement (RFC 7143 §4.4.3, §6.3.5):
@@ -131,7 +133,13 @@ pub(crate) struct Shared {
     pub removed_portals: Mutex<Vec<Portal>>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
+    /// NVMe/TCP: subsystems, controllers, ports.
+    pub nvme: crate::nvme::NvmeState,
 }
+
+/// The first stop-signal key of the NVMe/TCP ports (iSCSI portal tags are
+/// below it).
+const NVME_PORT_TAGS: u16 = 0xf000;
 
 impl Shared {
     pub fn target(&self, name: &str) -> Option<&TargetRt> {
@@ -285,6 +293,29 @@ impl Server {
                     addr: bound,
                     tpgt: cfg.portal_tag((i + 1) as u16),
                     alua_group: cfg.group_of_portal((i + 1) as u16),
+                    nvme: false,
+                },
+            ));
+        }
+        // NVMe/TCP ports: port IDs from 1, stop signals keyed from
+        // NVME_PORT_TAGS up (apart from the iSCSI portal tags).
+        let mut nvme_ports = Vec::new();
+        for (i, addr) in cfg.nvme_listen.iter().enumerate() {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} (NVMe/TCP): {e}"))?;
+            let bound = l.local_addr().map_err(|e| e.to_string())?;
+            nvme_ports.push(nvme::admin::Port {
+                id: (i + 1) as u16,
+                addr: bound,
+            });
+            listeners.push((
+                l,
+                Portal {
+                    addr: bound,
+                    tpgt: NVME_PORT_TAGS + i as u16,
+                    alua_group: 0,
+                    nvme: true,
                 },
             ));
         }
@@ -309,7 +340,11 @@ impl Server {
                 tracing::warn!("{msg}");
             }
         }
-        let portals = listeners.iter().map(|(_, p)| *p).collect();
+        let portals = listeners
+            .iter()
+            .filter(|(_, p)| !p.nvme)
+            .map(|(_, p)| *p)
+            .collect();
         let (new_portals, new_portals_rx) = mpsc::unbounded_channel();
         let shared = Shared {
             access: crate::access::AccessControl::from_config(&cfg).map_err(|e| e.to_string())?,
@@ -331,7 +366,10 @@ impl Server {
             removed_portals: Mutex::new(Vec::new()),
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
+            nvme: crate::nvme::NvmeState::new(),
         };
+        *shared.nvme.ports.write() = nvme_ports;
+        crate::nvme::register_targets(&shared, &cfg);
         let shared = Arc::new(shared);
         for (_, p) in &listeners {
             shared.add_portal_stop(p.tpgt);
@@ -355,7 +393,20 @@ impl Server {
 
     /// The bound portal addresses, in configuration order.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners.iter().map(|(_, p)| p.addr).collect()
+        self.listeners
+            .iter()
+            .filter(|(_, p)| !p.nvme)
+            .map(|(_, p)| p.addr)
+            .collect()
+    }
+
+    /// The bound NVMe/TCP port addresses, in configuration order.
+    pub fn nvme_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter(|(_, p)| p.nvme)
+            .map(|(_, p)| p.addr)
+            .collect()
     }
 
     /// Serves until `shutdown` resolves, then lets in-flight commands finish
@@ -393,7 +444,11 @@ impl Server {
                                         // shutdown and when the portal is
                                         // removed.
                                         let stop = shared.portal_stop(portal.tpgt);
-                                        conns.spawn(conn::serve(s, peer, portal, shared.clone(), stop));
+                                        if portal.nvme {
+                                            conns.spawn(crate::nvme::serve(s, peer, portal, shared.clone(), stop));
+                                        } else {
+                                            conns.spawn(conn::serve(s, peer, portal, shared.clone(), stop));
+                                        }
                                     }
                                     Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
                                 },

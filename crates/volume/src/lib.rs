@@ -473,6 +473,52 @@ impl Volume {
             .map_err(IoError::Write)
     }
 
+    /// `count` blocks from `lba` split by physical block: the LBAs before
+    /// the first physical block the range covers whole, the whole physical
+    /// blocks, and the LBAs after them, each as (lba, blocks). A range
+    /// that runs to the last LBA covers the last physical block. With no
+    /// whole physical block in the range, everything is in the first part.
+    pub fn split_physical(&self, lba: u64, count: u64) -> [(u64, u64); 3] {
+        let ppb = 1u64 << self.lbppb_shift();
+        let end = lba + count;
+        let first = lba.next_multiple_of(ppb);
+        let last = if end == self.num_blocks() {
+            end
+        } else {
+            end & !(ppb - 1)
+        };
+        if first >= last {
+            return [(lba, count), (end, 0), (end, 0)];
+        }
+        [
+            (lba, first - lba),
+            (first, last - first),
+            (last, end - last),
+        ]
+    }
+
+    /// Deallocates the whole physical blocks of `count` blocks from `lba`
+    /// and hands the LBAs of partial ones to `partial(offset, bytes)`. The
+    /// caller has checked the range and holds its lock.
+    pub fn deallocate_physical(
+        &self,
+        lba: u64,
+        count: u64,
+        partial: impl Fn(u64, u64) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let shift = self.block_shift();
+        let [head, whole, tail] = self.split_physical(lba, count);
+        for (l, n) in [head, tail] {
+            if n > 0 {
+                partial(l << shift, n << shift)?;
+            }
+        }
+        match whole {
+            (_, 0) => Ok(()),
+            (l, n) => self.backend().discard(l << shift, n << shift),
+        }
+    }
+
     /// Makes every completed write stable.
     pub fn flush(&self) -> io::Result<()> {
         self.backend.flush()

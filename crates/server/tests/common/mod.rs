@@ -25,6 +25,12 @@ pub fn config(luns: &str, extra: &str) -> Config {
 /// Starts a server on a runtime of its own; returns its portals and a
 /// handle that stops it when dropped.
 pub fn start(cfg: Config) -> (Vec<SocketAddr>, Stopper) {
+    let (addrs, _, stop) = start_both(cfg);
+    (addrs, stop)
+}
+
+/// [`start`], returning the NVMe/TCP ports too.
+pub fn start_both(cfg: Config) -> (Vec<SocketAddr>, Vec<SocketAddr>, Stopper) {
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let th = std::thread::spawn(move || {
@@ -35,14 +41,15 @@ pub fn start(cfg: Config) -> (Vec<SocketAddr>, Stopper) {
             .unwrap();
         rt.block_on(async move {
             let s = Server::bind(cfg).await.unwrap();
-            tx.send(s.local_addrs()).unwrap();
+            tx.send((s.local_addrs(), s.nvme_addrs())).unwrap();
             s.run(async move {
                 let _ = stop_rx.await;
             })
             .await;
         });
     });
-    (rx.recv().unwrap(), Stopper(Some(stop_tx), Some(th)))
+    let (a, n) = rx.recv().unwrap();
+    (a, n, Stopper(Some(stop_tx), Some(th)))
 }
 
 pub struct Stopper(

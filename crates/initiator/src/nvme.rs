@@ -1,0 +1,653 @@
+//! A userspace NVMe/TCP host (NVMe/TCP Transport 1.0; NVMe over Fabrics
+//! 1.1 "Connect", "Property Get/Set"): one queue per [`NvmeQueue`] over a
+//! blocking socket, commands pipelined up to the queue size, and the
+//! controller bring-up a host does ([`Controller::connect`]: admin queue,
+//! CC.EN, CSTS.RDY, Number of Queues, then I/O queues joined by CNTLID).
+//!
+//! Data to the controller goes in the capsule up to the controller's
+//! in-capsule size (IOCCSZ), else in H2CData PDUs of at most MAXH2CDATA
+//! when the controller sends R2T; data from it comes in C2HData PDUs, the
+//! completion in a response capsule or folded into the last C2HData (the
+//! SUCCESS flag, when SQ flow control is disabled, as this host asks).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use nvme_tcp_wire::capsule::{fctype, ConnectData, Cqe, Sgl, Sqe, Status, OPC_FABRICS};
+use nvme_tcp_wire::{
+    data_digest_ok, frame, DataHeader, Ic, Layout, Negotiated, PduType, IC_LEN, LAST_PDU, SUCCESS,
+};
+
+use crate::Error;
+
+/// The default NVMe/TCP port.
+pub const DEFAULT_PORT: u16 = 4420;
+
+/// Most data one C2HData PDU may carry that this host accepts.
+const MAX_C2H: u32 = 16 << 20;
+
+/// A completed command.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub cid: u16,
+    pub status: Status,
+    pub result: u64,
+    /// Data from the controller.
+    pub data: Bytes,
+}
+
+impl Completion {
+    /// `Err` describing a failed status.
+    pub fn ok(&self) -> Result<(), Error> {
+        if self.status.is_success() {
+            Ok(())
+        } else {
+            Err(Error::Protocol(format!(
+                "NVMe status SCT {:#x} SC {:#04x}{}",
+                self.status.sct,
+                self.status.sc,
+                if self.status.dnr { " (DNR)" } else { "" }
+            )))
+        }
+    }
+}
+
+/// A command in flight.
+struct Pending {
+    /// Data to send when the controller asks (R2T).
+    write: Bytes,
+    /// Data received so far.
+    read: BytesMut,
+}
+
+/// One NVMe/TCP connection: one queue (module docs).
+pub struct NvmeQueue {
+    stream: TcpStream,
+    tx: Layout,
+    rx: Negotiated,
+    maxh2cdata: u32,
+    /// Data this queue sends in the capsule at most.
+    in_capsule: u32,
+    rbuf: BytesMut,
+    out: VecDeque<Bytes>,
+    inflight: HashMap<u16, Pending>,
+    free: Vec<u16>,
+    depth: u16,
+    pub qid: u16,
+}
+
+impl NvmeQueue {
+    /// Connects to `addr` and initializes the connection (ICReq/ICResp)
+    /// with header and data digests as asked.
+    pub fn open(addr: SocketAddr, header_digest: bool, data_digest: bool) -> Result<Self, Error> {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+        stream.set_nodelay(true)?;
+        let ic = Ic {
+            pfv: 0,
+            pda: 0,
+            header_digest,
+            data_digest,
+            max: 0,
+        };
+        stream.write_all(&ic.encode(false))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut b = [0u8; IC_LEN];
+        stream.read_exact(&mut b)?;
+        stream.set_read_timeout(None)?;
+        if b[0] != PduType::IcResp as u8 {
+            return Err(Error::Protocol(format!(
+                "expected ICResp, got PDU type {:#04x}",
+                b[0]
+            )));
+        }
+        let r = Ic::decode(&b);
+        if r.pfv != 0 || r.max < nvme_tcp_wire::MIN_MAXH2CDATA || r.pda > 31 {
+            return Err(Error::Protocol(format!("ICResp not acceptable: {r:?}")));
+        }
+        Ok(NvmeQueue {
+            stream,
+            tx: Layout {
+                header_digest: r.header_digest,
+                data_digest: r.data_digest,
+                alignment: 4 * (u32::from(r.pda) + 1),
+            },
+            rx: Negotiated {
+                header_digest: r.header_digest,
+                data_digest: r.data_digest,
+                alignment: 0,
+                max_data: MAX_C2H,
+            },
+            maxh2cdata: r.max,
+            in_capsule: 8192,
+            rbuf: BytesMut::with_capacity(256 * 1024),
+            out: VecDeque::new(),
+            inflight: HashMap::new(),
+            free: (0..32).rev().collect(),
+            depth: 32,
+            qid: 0,
+        })
+    }
+
+    /// Commands this queue may have in flight (its size less one).
+    pub fn set_depth(&mut self, depth: u16) {
+        self.depth = depth;
+        self.free = (0..depth).rev().collect();
+    }
+
+    /// Data sent in the capsule at most (the controller's IOCCSZ less the
+    /// 64-byte command).
+    pub fn set_in_capsule(&mut self, bytes: u32) {
+        self.in_capsule = bytes;
+    }
+
+    /// Whether another command may be submitted.
+    pub fn can_submit(&self) -> bool {
+        !self.free.is_empty()
+    }
+
+    /// Commands in flight.
+    pub fn outstanding(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Queues command `sqe` (its CID is set here and returned) with `write`
+    /// data to the controller or room for `read_len` bytes from it. Sent by
+    /// the next [`Self::wait`] or [`Self::flush`].
+    pub fn submit(&mut self, mut sqe: Sqe, write: Bytes, read_len: u32) -> Result<u16, Error> {
+        let cid = self
+            .free
+            .pop()
+            .ok_or_else(|| Error::Protocol("queue full".into()))?;
+        sqe.0[2..4].copy_from_slice(&cid.to_le_bytes());
+        // SGL, and PSDT 01b (SGLs).
+        sqe.0[1] = (sqe.0[1] & !0xc0) | 0x40;
+        let in_capsule = !write.is_empty() && write.len() as u32 <= self.in_capsule;
+        let sgl = if in_capsule {
+            Sgl::InCapsule {
+                offset: 0,
+                length: write.len() as u32,
+            }
+        } else {
+            Sgl::Transport {
+                length: if write.is_empty() {
+                    read_len
+                } else {
+                    write.len() as u32
+                },
+            }
+        };
+        sqe.0[24..40].copy_from_slice(&sgl.encode());
+        let mut psh = [0u8; 64];
+        psh.copy_from_slice(&sqe.0);
+        let data_len = if in_capsule { write.len() } else { 0 };
+        let h = self.tx.header(PduType::CapsuleCmd, 0, &psh, data_len);
+        self.out.push_back(Bytes::from(h));
+        if in_capsule {
+            let d = self.tx.data_digest_of(&write);
+            self.out.push_back(write.clone());
+            if let Some(d) = d {
+                self.out.push_back(Bytes::copy_from_slice(&d));
+            }
+        }
+        self.inflight.insert(
+            cid,
+            Pending {
+                write: if in_capsule { Bytes::new() } else { write },
+                read: BytesMut::new(),
+            },
+        );
+        Ok(cid)
+    }
+
+    /// Sends everything queued.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        while !self.out.is_empty() {
+            let iov: Vec<IoSlice<'_>> = self.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
+            let mut n = self.stream.write_vectored(&iov)?;
+            if n == 0 {
+                return Err(Error::Closed);
+            }
+            while n > 0 {
+                let f = self.out.front_mut().expect("bytes were written from it");
+                if n >= f.len() {
+                    n -= f.len();
+                    self.out.pop_front();
+                } else {
+                    let _ = f.split_to(n);
+                    n = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued and waits for at least one completion (when
+    /// commands are in flight); appends every completion received.
+    pub fn wait(&mut self, done: &mut Vec<Completion>) -> Result<(), Error> {
+        let before = done.len();
+        loop {
+            self.flush()?;
+            self.take_received(done)?;
+            if done.len() > before || self.inflight.is_empty() {
+                return self.flush();
+            }
+            if !self.out.is_empty() {
+                // Data an R2T asked for: send it before waiting.
+                continue;
+            }
+            if self.rbuf.capacity() - self.rbuf.len() < 64 * 1024 {
+                self.rbuf.reserve(256 * 1024);
+            }
+            let spare = self.rbuf.spare_capacity_mut();
+            // SAFETY: read(2) only writes into the spare capacity, and
+            // `set_len` below counts only what it wrote.
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), spare.len())
+            };
+            let n = self.stream.read(buf)?;
+            if n == 0 {
+                return Err(Error::Closed);
+            }
+            // SAFETY: `n` bytes were just written into the spare capacity.
+            unsafe { self.rbuf.set_len(self.rbuf.len() + n) };
+        }
+    }
+
+    /// Handles every complete PDU received.
+    fn take_received(&mut self, done: &mut Vec<Completion>) -> Result<(), Error> {
+        loop {
+            let f = match frame(&self.rbuf, &self.rx) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(Error::Protocol(format!("from the controller: {e}"))),
+            };
+            let pdu = self.rbuf.split_to(f.len).freeze();
+            match f.ch.pdu_type {
+                PduType::CapsuleResp => {
+                    let cqe = Cqe::decode(pdu[8..24].try_into().expect("framed: 24 bytes"));
+                    let Some(p) = self.inflight.remove(&cqe.cid) else {
+                        return Err(Error::Protocol(format!(
+                            "a response for command {} not in flight",
+                            cqe.cid
+                        )));
+                    };
+                    self.free.push(cqe.cid);
+                    done.push(Completion {
+                        cid: cqe.cid,
+                        status: cqe.status,
+                        result: cqe.result,
+                        data: p.read.freeze(),
+                    });
+                }
+                PduType::C2hData => {
+                    let h = DataHeader::decode(&pdu);
+                    if !data_digest_ok(&pdu, &f) {
+                        return Err(Error::Protocol("C2HData data digest mismatch".into()));
+                    }
+                    let Some(p) = self.inflight.get_mut(&h.cccid) else {
+                        return Err(Error::Protocol(format!(
+                            "C2HData for command {} not in flight",
+                            h.cccid
+                        )));
+                    };
+                    if h.offset as usize != p.read.len() || h.length as usize != f.data.len() {
+                        return Err(Error::Protocol(format!(
+                            "C2HData at {} of {} bytes, {} expected next",
+                            h.offset,
+                            h.length,
+                            p.read.len()
+                        )));
+                    }
+                    p.read.extend_from_slice(&pdu[f.data.clone()]);
+                    if f.ch.flags & SUCCESS != 0 {
+                        if f.ch.flags & LAST_PDU == 0 {
+                            return Err(Error::Protocol("SUCCESS without LAST_PDU".into()));
+                        }
+                        let p = self.inflight.remove(&h.cccid).expect("present");
+                        self.free.push(h.cccid);
+                        done.push(Completion {
+                            cid: h.cccid,
+                            status: Status::SUCCESS,
+                            result: 0,
+                            data: p.read.freeze(),
+                        });
+                    }
+                }
+                PduType::R2t => {
+                    let h = DataHeader::decode(&pdu);
+                    let Some(p) = self.inflight.get(&h.cccid) else {
+                        return Err(Error::Protocol(format!(
+                            "R2T for command {} not in flight",
+                            h.cccid
+                        )));
+                    };
+                    let end = h.offset as usize + h.length as usize;
+                    if end > p.write.len() || h.length == 0 {
+                        return Err(Error::Protocol(format!(
+                            "R2T for {} bytes at {} of a {}-byte write",
+                            h.length,
+                            h.offset,
+                            p.write.len()
+                        )));
+                    }
+                    let data = p.write.slice(h.offset as usize..end);
+                    let mut off = 0usize;
+                    while off < data.len() {
+                        let n = (data.len() - off).min(self.maxh2cdata as usize);
+                        let last = off + n == data.len();
+                        let dh = DataHeader {
+                            cccid: h.cccid,
+                            ttag: h.ttag,
+                            offset: h.offset + off as u32,
+                            length: n as u32,
+                        };
+                        let mut psh = [0u8; 24];
+                        psh[8..10].copy_from_slice(&dh.cccid.to_le_bytes());
+                        psh[10..12].copy_from_slice(&dh.ttag.to_le_bytes());
+                        psh[12..16].copy_from_slice(&dh.offset.to_le_bytes());
+                        psh[16..20].copy_from_slice(&dh.length.to_le_bytes());
+                        let flags = if last { LAST_PDU } else { 0 };
+                        let hdr = self.tx.header(PduType::H2cData, flags, &psh[8..], n);
+                        let piece = data.slice(off..off + n);
+                        let dd = self.tx.data_digest_of(&piece);
+                        self.out.push_back(Bytes::from(hdr));
+                        self.out.push_back(piece);
+                        if let Some(d) = dd {
+                            self.out.push_back(Bytes::copy_from_slice(&d));
+                        }
+                        off += n;
+                    }
+                }
+                PduType::C2hTermReq => {
+                    let fes = u16::from_le_bytes([pdu[8], pdu[9]]);
+                    return Err(Error::Protocol(format!(
+                        "the controller terminated the connection (C2HTermReq, FES {fes:#x})"
+                    )));
+                }
+                t => {
+                    return Err(Error::Protocol(format!(
+                        "unexpected PDU {t:?} from the controller"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Runs one command and waits for it.
+    pub fn call(&mut self, sqe: Sqe, write: Bytes, read_len: u32) -> Result<Completion, Error> {
+        let cid = self.submit(sqe, write, read_len)?;
+        let mut done = Vec::new();
+        loop {
+            self.wait(&mut done)?;
+            if let Some(i) = done.iter().position(|c| c.cid == cid) {
+                return Ok(done.swap_remove(i));
+            }
+        }
+    }
+
+    /// Fabrics Connect of this queue as queue `qid` with `sqsize` entries;
+    /// the controller ID (`Ok`), or the refusal.
+    pub fn connect(
+        &mut self,
+        qid: u16,
+        sqsize: u16,
+        data: &ConnectData,
+        kato_ms: u32,
+    ) -> Result<u16, Error> {
+        let mut s = [0u8; 64];
+        s[0] = OPC_FABRICS;
+        s[4] = fctype::CONNECT;
+        s[42..44].copy_from_slice(&qid.to_le_bytes());
+        s[44..46].copy_from_slice(&(sqsize - 1).to_le_bytes());
+        s[46] = 0x04; // CATTR: SQ flow control disabled
+        s[48..52].copy_from_slice(&kato_ms.to_le_bytes());
+        let c = self.call(Sqe(s), Bytes::copy_from_slice(&data.encode()), 0)?;
+        c.ok().map_err(|e| {
+            Error::Protocol(format!("Connect refused: {e} (result {:#x})", c.result))
+        })?;
+        self.qid = qid;
+        self.set_depth(sqsize - 1);
+        Ok(c.result as u16)
+    }
+}
+
+/// An admin or fabrics command with `cdw10..` filled by the caller.
+pub fn sqe(opcode: u8, nsid: u32, dws: &[(usize, u32)]) -> Sqe {
+    let mut s = [0u8; 64];
+    s[0] = opcode;
+    s[4..8].copy_from_slice(&nsid.to_le_bytes());
+    for &(n, v) in dws {
+        s[n * 4..n * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    Sqe(s)
+}
+
+/// Property Get/Set commands.
+fn property(set: bool, offset: u32, eight: bool, value: u64) -> Sqe {
+    let mut s = [0u8; 64];
+    s[0] = OPC_FABRICS;
+    s[4] = if set {
+        fctype::PROPERTY_SET
+    } else {
+        fctype::PROPERTY_GET
+    };
+    s[40] = u8::from(eight);
+    s[44..48].copy_from_slice(&offset.to_le_bytes());
+    if set {
+        s[48..56].copy_from_slice(&value.to_le_bytes());
+    }
+    Sqe(s)
+}
+
+/// A namespace's geometry (Identify Namespace).
+#[derive(Debug, Clone, Copy)]
+pub struct NamespaceInfo {
+    pub blocks: u64,
+    pub block_size: u32,
+    /// NGUID.
+    pub nguid: [u8; 16],
+}
+
+/// A controller: its admin queue and how to open I/O queues.
+pub struct Controller {
+    pub admin: NvmeQueue,
+    pub addr: SocketAddr,
+    pub cntlid: u16,
+    pub connect: ConnectData,
+    pub digests: (bool, bool),
+    /// I/O queues granted.
+    pub io_queues: u16,
+    /// In-capsule data size of I/O queues (IOCCSZ × 16 − 64).
+    pub in_capsule: u32,
+    /// Largest transfer (MDTS), bytes.
+    pub max_transfer: u32,
+}
+
+impl Controller {
+    /// Brings a controller of `subnqn` up: admin queue, enable, wait
+    /// ready, Identify Controller, Number of Queues (`queues` asked).
+    pub fn connect(
+        addr: SocketAddr,
+        subnqn: &str,
+        hostnqn: &str,
+        digests: (bool, bool),
+        queues: u16,
+    ) -> Result<Controller, Error> {
+        let mut admin = NvmeQueue::open(addr, digests.0, digests.1)?;
+        let host_id = crate::random_bytes::<16>();
+        let mut connect = ConnectData {
+            host_id,
+            cntlid: 0xffff,
+            subnqn: subnqn.to_owned(),
+            hostnqn: hostnqn.to_owned(),
+        };
+        let cntlid = admin.connect(0, 32, &connect, 0)?;
+        connect.cntlid = cntlid;
+        // CC: EN, IOSQES 6, IOCQES 4.
+        let cc = 1u64 | (6 << 16) | (4 << 20);
+        admin
+            .call(property(true, 0x14, false, cc), Bytes::new(), 0)?
+            .ok()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let c = admin.call(property(false, 0x1c, false, 0), Bytes::new(), 0)?;
+            c.ok()?;
+            if c.result & 1 != 0 {
+                break;
+            }
+            if c.result & 2 != 0 || Instant::now() > deadline {
+                return Err(Error::Protocol(format!(
+                    "controller not ready (CSTS {:#x})",
+                    c.result
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let id = admin.call(sqe(0x06, 0, &[(10, 1)]), Bytes::new(), 4096)?;
+        id.ok()?;
+        let mdts = id.data[77];
+        let ioccsz = u32::from_le_bytes(id.data[1792..1796].try_into().expect("4 bytes"));
+        let max_transfer = if mdts == 0 {
+            MAX_C2H
+        } else {
+            (4096u64 << mdts).min(u64::from(MAX_C2H)) as u32
+        };
+        let q = queues.max(1) - 1;
+        let nq = admin.call(
+            sqe(
+                0x09,
+                0,
+                &[(10, 0x07), (11, u32::from(q) | (u32::from(q) << 16))],
+            ),
+            Bytes::new(),
+            0,
+        )?;
+        nq.ok()?;
+        let granted = (nq.result as u16).min((nq.result >> 16) as u16) + 1;
+        Ok(Controller {
+            admin,
+            addr,
+            cntlid,
+            connect,
+            digests,
+            io_queues: granted,
+            in_capsule: (ioccsz * 16).saturating_sub(64),
+            max_transfer,
+        })
+    }
+
+    /// Identify Namespace `nsid`.
+    pub fn namespace(&mut self, nsid: u32) -> Result<NamespaceInfo, Error> {
+        let c = self
+            .admin
+            .call(sqe(0x06, nsid, &[(10, 0)]), Bytes::new(), 4096)?;
+        c.ok()?;
+        let d = &c.data;
+        let blocks = u64::from_le_bytes(d[0..8].try_into().expect("8 bytes"));
+        let flbas = usize::from(d[26] & 0x0f);
+        let lbads = d[128 + flbas * 4 + 2];
+        if blocks == 0 || !(9..=16).contains(&lbads) {
+            return Err(Error::Protocol(format!(
+                "namespace {nsid} is not active (NSZE {blocks}, LBADS {lbads})"
+            )));
+        }
+        Ok(NamespaceInfo {
+            blocks,
+            block_size: 1 << lbads,
+            nguid: d[104..120].try_into().expect("16 bytes"),
+        })
+    }
+
+    /// Opens I/O queue `qid` (1..=granted) of `entries` entries.
+    pub fn io_queue(&self, qid: u16, entries: u16) -> Result<NvmeQueue, Error> {
+        let mut q = NvmeQueue::open(self.addr, self.digests.0, self.digests.1)?;
+        q.connect(qid, entries, &self.connect, 0)?;
+        q.set_in_capsule(self.in_capsule);
+        Ok(q)
+    }
+}
+
+/// An `nvme-tcp://HOST[:PORT]/SUBNQN[/NSID]` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmeUrl {
+    pub addr: SocketAddr,
+    pub subnqn: String,
+    pub nsid: u32,
+}
+
+impl NvmeUrl {
+    pub fn parse(s: &str) -> Result<NvmeUrl, String> {
+        let rest = s
+            .strip_prefix("nvme-tcp://")
+            .ok_or_else(|| format!("{s}: not an nvme-tcp:// URL"))?;
+        let (host, path) = rest
+            .split_once('/')
+            .ok_or_else(|| format!("{s}: no subsystem NQN (nvme-tcp://HOST:PORT/NQN/NSID)"))?;
+        let host = if host.contains(']') || host.matches(':').count() == 1 {
+            host.to_owned()
+        } else {
+            format!("{host}:{DEFAULT_PORT}")
+        };
+        let addr = host
+            .to_socket_addrs()
+            .map_err(|e| format!("{s}: {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{s}: {host}: no address"))?;
+        let (subnqn, nsid) = match path.rsplit_once('/') {
+            Some((n, id)) if id.parse::<u32>().is_ok() => (n, id.parse().expect("checked")),
+            _ => (path.trim_end_matches('/'), 1),
+        };
+        if !subnqn.starts_with("nqn.") || nsid == 0 {
+            return Err(format!(
+                "{s}: expected nvme-tcp://HOST:PORT/nqn.…/NSID (NSID from 1)"
+            ));
+        }
+        Ok(NvmeUrl {
+            addr,
+            subnqn: subnqn.to_owned(),
+            nsid,
+        })
+    }
+}
+
+/// A host NQN of the UUID form (NVMe Base 2.0 "NVMe Qualified Names").
+pub fn host_nqn(id: &[u8; 16]) -> String {
+    let h: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "nqn.2014-08.org.nvmexpress:uuid:{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = NvmeUrl::parse("nvme-tcp://127.0.0.1:4421/nqn.2026-12.io.ironsan:t/2").unwrap();
+        assert_eq!(u.addr.port(), 4421);
+        assert_eq!(u.subnqn, "nqn.2026-12.io.ironsan:t");
+        assert_eq!(u.nsid, 2);
+        let u = NvmeUrl::parse("nvme-tcp://127.0.0.1/nqn.2026-12.io.ironsan:t").unwrap();
+        assert_eq!((u.addr.port(), u.nsid), (DEFAULT_PORT, 1));
+        assert!(NvmeUrl::parse("iscsi://127.0.0.1/x/0").is_err());
+        assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:1/iqn.x/1").is_err());
+        assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:1/nqn.x/0").is_err());
+    }
+
+    #[test]
+    fn host_nqns_are_uuids() {
+        assert_eq!(
+            host_nqn(&[0xab; 16]),
+            "nqn.2014-08.org.nvmexpress:uuid:abababab-abab-abab-abab-abababababab"
+        );
+    }
+}

@@ -1,0 +1,467 @@
+//! Subsystems and their controllers (NVMe over Fabrics 1.1, "Controller
+//! Model", "Connect Command and Response"; NVM Express Base Specification
+//! 2.0, "Controller Registers", "Keep Alive"): who may connect to what, the
+//! dynamic controller model (a controller made for each admin queue's
+//! Connect, its I/O queues joining it by CNTLID), the controller
+//! properties a host reads and writes with Property Get/Set, and the keep
+//! alive timer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use nvme_tcp_wire::capsule::{ConnectData, Sqe, Status};
+use parking_lot::Mutex;
+use volume::Volume;
+
+/// The well-known discovery subsystem NQN.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+/// Entries of an I/O submission queue at most (CAP.MQES + 1).
+pub const MAX_QUEUE_ENTRIES: u16 = 1024;
+/// Entries of the admin submission queue at most.
+pub const MAX_ADMIN_ENTRIES: u16 = 32;
+/// I/O queues a controller grants at most.
+pub const MAX_IO_QUEUES: u16 = 128;
+
+/// Property offsets (Base 2.0, "Controller Registers").
+pub mod prop {
+    pub const CAP: u32 = 0x00;
+    pub const VS: u32 = 0x08;
+    pub const CC: u32 = 0x14;
+    pub const CSTS: u32 = 0x1c;
+    pub const NSSR: u32 = 0x20;
+}
+
+/// The version reported (VS and Identify Controller VER): 2.0.0.
+pub const VERSION: u32 = 0x0002_0000;
+
+/// The namespaces of a subsystem: the LUNs of an iSCSI target, NSID = LUN
+/// + 1 (a ready LUN only; one becoming ready is not active yet).
+pub trait Namespaces: Send + Sync {
+    /// Active NSIDs, ascending.
+    fn active(&self) -> Vec<u32>;
+    /// The volume of namespace `nsid`, if active.
+    fn volume(&self, nsid: u32) -> Option<Arc<Volume>>;
+    /// A number that changes whenever the set of namespaces or their
+    /// volumes change (lookups may be cached until it does).
+    fn generation(&self) -> u64;
+}
+
+/// What a subsystem is.
+pub struct Subsystem {
+    pub nqn: String,
+    /// Serial number (Identify Controller SN, 20 ASCII characters).
+    pub serial: String,
+    pub namespaces: Arc<dyn Namespaces>,
+    /// Host NQNs allowed to connect; empty: any host.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Subsystem {
+    /// A subsystem named `nqn` serving `namespaces`; its serial number is
+    /// derived from the name (stable across restarts).
+    pub fn new(nqn: String, namespaces: Arc<dyn Namespaces>, allowed_hosts: Vec<String>) -> Self {
+        // FNV-1a of the NQN: 16 hex digits, stable and distinct enough.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in nqn.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Subsystem {
+            nqn,
+            serial: format!("{h:016x}"),
+            namespaces,
+            allowed_hosts,
+        }
+    }
+
+    fn admits(&self, hostnqn: &str) -> bool {
+        self.allowed_hosts.is_empty() || self.allowed_hosts.iter().any(|h| h == hostnqn)
+    }
+}
+
+impl std::fmt::Debug for Subsystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subsystem").field("nqn", &self.nqn).finish()
+    }
+}
+
+/// What a controller's registers and features hold.
+#[derive(Debug, Default)]
+struct Regs {
+    cc: u32,
+    csts: u32,
+    /// Granted I/O queues (0's based count; None until Set Features).
+    queues: Option<u16>,
+    /// Asynchronous Event Configuration.
+    aec: u32,
+}
+
+/// One controller: an association of a host with a subsystem (module
+/// docs).
+#[derive(Debug)]
+pub struct Controller {
+    pub cntlid: u16,
+    pub subsystem: Arc<Subsystem>,
+    /// None: the discovery controller.
+    pub discovery: bool,
+    pub hostnqn: String,
+    pub host_id: [u8; 16],
+    regs: Mutex<Regs>,
+    kato_ms: AtomicU64,
+    started: Instant,
+    /// Milliseconds from `started` to the last command that proves the
+    /// host alive.
+    last_alive: AtomicU64,
+    /// Ended: keep alive expired, shut down, or the admin queue closed.
+    /// Every queue's connection closes when it sees this.
+    dead: AtomicBool,
+}
+
+impl Controller {
+    /// The host proved alive now (any admin command, a Keep Alive).
+    pub fn alive(&self) {
+        let ms = self.started.elapsed().as_millis() as u64;
+        self.last_alive.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether the keep alive timer has expired (KATO with no command; the
+    /// host sends Keep Alive at half of it). Marks the controller dead.
+    pub fn expired(&self) -> bool {
+        let kato = self.kato_ms.load(Ordering::Relaxed);
+        if kato == 0 {
+            return false;
+        }
+        let now = self.started.elapsed().as_millis() as u64;
+        if now.saturating_sub(self.last_alive.load(Ordering::Relaxed)) > kato {
+            self.dead.store(true, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// The keep alive timeout (ms; 0: none).
+    pub fn kato_ms(&self) -> u32 {
+        self.kato_ms.load(Ordering::Relaxed) as u32
+    }
+
+    pub fn set_kato_ms(&self, ms: u32) {
+        self.kato_ms.store(u64::from(ms), Ordering::Relaxed);
+        self.alive();
+    }
+
+    /// The controller is gone: every queue closes.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// Ends the controller.
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::Relaxed);
+    }
+
+    /// CC.EN and CSTS.RDY: the controller is ready for commands.
+    pub fn ready(&self) -> bool {
+        self.regs.lock().csts & 1 != 0
+    }
+
+    /// I/O queues granted (count, not 0's based; 0 before Set Features).
+    pub fn io_queues(&self) -> u16 {
+        self.regs.lock().queues.map_or(0, |q| q + 1)
+    }
+
+    /// Set Features, Number of Queues: asked (0's based) → granted.
+    pub fn grant_queues(&self, nsqr: u16, ncqr: u16) -> u16 {
+        let mut r = self.regs.lock();
+        let g = *r
+            .queues
+            .get_or_insert(nsqr.min(ncqr).min(MAX_IO_QUEUES - 1));
+        g
+    }
+
+    pub fn aec(&self) -> u32 {
+        self.regs.lock().aec
+    }
+
+    pub fn set_aec(&self, v: u32) {
+        self.regs.lock().aec = v;
+    }
+
+    /// CAP: MQES, CQR, TO (in 500 ms units), CSS (NVM command set),
+    /// MPSMIN = MPSMAX = 4 KiB.
+    pub fn cap(&self) -> u64 {
+        let mqes = u64::from(MAX_QUEUE_ENTRIES - 1);
+        let cqr = 1u64 << 16;
+        let to = 30u64 << 24; // 15 s
+        let css = 1u64 << 37;
+        mqes | cqr | to | css
+    }
+
+    /// Property Get: `Ok(value)` or the status.
+    pub fn property_get(&self, offset: u32, eight: bool) -> Result<u64, Status> {
+        let r = self.regs.lock();
+        match (offset, eight) {
+            (prop::CAP, true) => Ok(self.cap()),
+            (prop::VS, false) => Ok(u64::from(VERSION)),
+            (prop::CC, false) => Ok(u64::from(r.cc)),
+            (prop::CSTS, false) => Ok(u64::from(r.csts)),
+            (prop::NSSR, false) => Ok(0),
+            _ => Err(Status::INVALID_FIELD),
+        }
+    }
+
+    /// Property Set: CC (enable, shutdown notification).
+    pub fn property_set(&self, offset: u32, eight: bool, value: u64) -> Result<(), Status> {
+        if offset != prop::CC || eight {
+            return Err(Status::INVALID_FIELD);
+        }
+        let cc = value as u32;
+        let mut r = self.regs.lock();
+        // IOSQES 6 (64 bytes) and IOCQES 4 (16 bytes) once enabled.
+        let en = cc & 1 != 0;
+        if en && (((cc >> 16) & 0xf) != 6 || ((cc >> 20) & 0xf) != 4) && !self.discovery {
+            r.csts |= 1 << 1; // CFS
+        }
+        let shn = (cc >> 14) & 3;
+        r.cc = cc;
+        if en {
+            r.csts |= 1;
+        } else {
+            r.csts &= !1;
+        }
+        if shn != 0 {
+            // Shutdown processing complete at once: writes are acknowledged
+            // only once they are as durable as the namespace promises.
+            r.csts = (r.csts & !(3 << 2)) | (2 << 2);
+        }
+        Ok(())
+    }
+}
+
+/// Why a Connect is refused: a status and, for invalid parameters, where
+/// (the result field: bits 15:0 the offset, bit 16 set when it is in the
+/// data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectRefusal {
+    pub status: Status,
+    pub result: u64,
+}
+
+impl ConnectRefusal {
+    /// Connect Invalid Parameters (SCT 1, SC 82h), at `offset` of the
+    /// command (`in_data` false) or its data.
+    fn invalid(offset: u16, in_data: bool) -> Self {
+        ConnectRefusal {
+            status: Status::specific(0x82),
+            result: u64::from(offset) | if in_data { 1 << 16 } else { 0 },
+        }
+    }
+
+    /// Connect Invalid Host (SCT 1, SC 84h).
+    fn host() -> Self {
+        ConnectRefusal {
+            status: Status::specific(0x84),
+            result: 0,
+        }
+    }
+}
+
+/// The Connect command's fields (Fabrics 1.1 "Connect Command").
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectCmd {
+    pub recfmt: u16,
+    pub qid: u16,
+    /// Entries (0's based in the command; here as sent).
+    pub sqsize: u16,
+    pub cattr: u8,
+    pub kato_ms: u32,
+}
+
+impl ConnectCmd {
+    pub fn decode(sqe: &Sqe) -> ConnectCmd {
+        let b = &sqe.0;
+        ConnectCmd {
+            recfmt: u16::from_le_bytes([b[40], b[41]]),
+            qid: u16::from_le_bytes([b[42], b[43]]),
+            sqsize: u16::from_le_bytes([b[44], b[45]]),
+            cattr: b[46],
+            kato_ms: u32::from_le_bytes([b[48], b[49], b[50], b[51]]),
+        }
+    }
+
+    /// CATTR bit 2: SQ flow control disabled.
+    pub fn sqflow_disabled(&self) -> bool {
+        self.cattr & 0x04 != 0
+    }
+}
+
+/// Every subsystem and live controller of a server.
+#[derive(Default)]
+pub struct Registry {
+    subsystems: Mutex<Vec<Arc<Subsystem>>>,
+    ctrls: Mutex<HashMap<u16, Weak<Controller>>>,
+    next: Mutex<u16>,
+    discovery: Mutex<Option<Arc<Subsystem>>>,
+    /// Changes with the subsystems (the Discovery log page's GENCTR).
+    generation: AtomicU64,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+/// No namespaces: the discovery subsystem's.
+struct NoNamespaces;
+
+impl Namespaces for NoNamespaces {
+    fn active(&self) -> Vec<u32> {
+        Vec::new()
+    }
+    fn volume(&self, _: u32) -> Option<Arc<Volume>> {
+        None
+    }
+    fn generation(&self) -> u64 {
+        0
+    }
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Adds (or replaces, by NQN) a subsystem.
+    pub fn add(&self, s: Arc<Subsystem>) {
+        let mut v = self.subsystems.lock();
+        v.retain(|o| o.nqn != s.nqn);
+        v.push(s);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Changes whenever the subsystems do.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Removes a subsystem; its controllers end.
+    pub fn remove(&self, nqn: &str) {
+        self.subsystems.lock().retain(|o| o.nqn != nqn);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        for c in self.ctrls.lock().values().filter_map(Weak::upgrade) {
+            if c.subsystem.nqn == nqn {
+                c.kill();
+            }
+        }
+    }
+
+    /// The subsystems a host may see (the discovery log page's entries).
+    pub fn visible_to(&self, hostnqn: &str) -> Vec<Arc<Subsystem>> {
+        self.subsystems
+            .lock()
+            .iter()
+            .filter(|s| s.admits(hostnqn))
+            .cloned()
+            .collect()
+    }
+
+    fn discovery_subsystem(&self) -> Arc<Subsystem> {
+        self.discovery
+            .lock()
+            .get_or_insert_with(|| {
+                Arc::new(Subsystem::new(
+                    DISCOVERY_NQN.into(),
+                    Arc::new(NoNamespaces),
+                    Vec::new(),
+                ))
+            })
+            .clone()
+    }
+
+    /// A Connect for queue `cmd.qid` with `data`: the controller the queue
+    /// belongs to (a new one for an admin queue).
+    pub fn connect(
+        &self,
+        cmd: &ConnectCmd,
+        data: &ConnectData,
+    ) -> Result<Arc<Controller>, ConnectRefusal> {
+        if cmd.recfmt != 0 {
+            return Err(ConnectRefusal {
+                status: Status::specific(0x80),
+                result: 0,
+            });
+        }
+        let max = if cmd.qid == 0 {
+            MAX_ADMIN_ENTRIES
+        } else {
+            MAX_QUEUE_ENTRIES
+        };
+        // SQSIZE is 0's based; at least 2 entries (1 is invalid).
+        if cmd.sqsize == 0 || cmd.sqsize >= max {
+            return Err(ConnectRefusal::invalid(44, false));
+        }
+        let discovery = data.subnqn == DISCOVERY_NQN;
+        let subsystem = if discovery {
+            self.discovery_subsystem()
+        } else {
+            self.subsystems
+                .lock()
+                .iter()
+                .find(|s| s.nqn == data.subnqn)
+                .cloned()
+                .ok_or(ConnectRefusal::invalid(256, true))?
+        };
+        if !subsystem.admits(&data.hostnqn) {
+            return Err(ConnectRefusal::host());
+        }
+        if cmd.qid == 0 {
+            if data.cntlid != 0xffff {
+                return Err(ConnectRefusal::invalid(16, true));
+            }
+            let mut ctrls = self.ctrls.lock();
+            ctrls.retain(|_, w| w.strong_count() > 0);
+            let mut next = self.next.lock();
+            let cntlid = loop {
+                *next = (*next % 0xffef) + 1;
+                if !ctrls.contains_key(&*next) {
+                    break *next;
+                }
+            };
+            // KATO 0: no keep alive (the controller still ends with its
+            // admin queue's connection).
+            let kato = cmd.kato_ms;
+            let c = Arc::new(Controller {
+                cntlid,
+                subsystem,
+                discovery,
+                hostnqn: data.hostnqn.clone(),
+                host_id: data.host_id,
+                regs: Mutex::new(Regs::default()),
+                kato_ms: AtomicU64::new(u64::from(kato)),
+                started: Instant::now(),
+                last_alive: AtomicU64::new(0),
+                dead: AtomicBool::new(false),
+            });
+            c.alive();
+            ctrls.insert(cntlid, Arc::downgrade(&c));
+            return Ok(c);
+        }
+        let c = self
+            .ctrls
+            .lock()
+            .get(&data.cntlid)
+            .and_then(Weak::upgrade)
+            .filter(|c| !c.is_dead())
+            .ok_or(ConnectRefusal::invalid(16, true))?;
+        if c.subsystem.nqn != data.subnqn || c.hostnqn != data.hostnqn || c.host_id != data.host_id
+        {
+            return Err(ConnectRefusal::invalid(16, true));
+        }
+        if c.discovery || !c.ready() || cmd.qid > c.io_queues() {
+            return Err(ConnectRefusal::invalid(42, false));
+        }
+        Ok(c)
+    }
+}

@@ -1,0 +1,430 @@
+//! One NVMe/TCP connection, controller side: the transport state machine of
+//! a queue pair (NVMe/TCP Transport Specification 1.0, "Connection
+//! Establishment and Connection Termination", "Data Transfers"), sans-IO.
+//!
+//! The driver frames received bytes with [`Queue::frame`] and hands each
+//! PDU to [`Queue::receive`]; what the host wants executed comes back as a
+//! [`Command`] (its submission queue entry and its data, in-capsule or
+//! gathered from H2CData PDUs). The driver executes it and calls
+//! [`Queue::complete`], which queues the C2HData PDU(s) and the response
+//! capsule in [`Queue::out`], for the driver to write.
+//!
+//! - Connection establishment: the first PDU must be an ICReq (PFV 0, HPDA
+//!   at most 31); the ICResp grants the digests the host asked for, CPDA 0
+//!   (no data alignment asked of the host) and [`MAXH2CDATA`].
+//! - Host to controller data: up to the in-capsule limit it comes in the
+//!   command capsule (an Offset SGL, offset 0: ICDOFF is 0); beyond it the
+//!   command carries a Transport SGL and the controller asks for the data
+//!   with one R2T for the whole length; the host sends it in H2CData PDUs of
+//!   at most MAXH2CDATA bytes, in order. Their slices of the receive
+//!   buffer are kept, not copied (docs/ARCHITECTURE.md "No allocation or
+//!   copy per I/O that can be avoided").
+//! - Controller to host data: one C2HData PDU with LAST_PDU, followed by
+//!   the response capsule; when the host disabled SQ flow control at
+//!   Connect (CATTR bit 2), a successful command's completion is folded
+//!   into the C2HData PDU with the SUCCESS flag instead.
+//! - A fatal transport error (a bad header, data outside a command's
+//!   buffer, a PDU out of sequence) is a C2HTermReq, after which the
+//!   connection ends; a data digest that does not match fails only its
+//!   command (Transient Transport Error).
+
+use bufpool::Chain;
+use bytes::Bytes;
+use iscsi_wire::outbox::Outbox;
+use nvme_tcp_wire::capsule::{Cqe, Sgl, Sqe, Status, OPC_FABRICS};
+use nvme_tcp_wire::{
+    c2h_term_req, data_digest_ok, frame, DataHeader, Fatal, Fes, Frame, Ic, Layout, Negotiated,
+    PduType, IC_LEN, LAST_PDU,
+};
+
+/// MAXH2CDATA granted: the most data one H2CData PDU may carry (SPDK and
+/// nvmet grant 128 KiB too).
+pub const MAXH2CDATA: u32 = 128 * 1024;
+
+/// In-capsule data accepted on an I/O queue (IOCCSZ is 64 bytes more).
+pub const IO_IN_CAPSULE: u32 = 16 * 1024;
+
+/// In-capsule data the Linux host sends on the admin queue (8 KiB), with
+/// room: admin commands may carry that much in the capsule.
+pub const ADMIN_IN_CAPSULE: u32 = 8 * 1024;
+
+/// Most commands with data outstanding (R2T sent, H2CData awaited) on one
+/// queue: as many as the queue holds.
+const MAX_WRITES: usize = 1024;
+
+/// What a PDU asks the controller to do.
+#[derive(Debug)]
+pub struct Command {
+    pub sqe: Sqe,
+    /// Its data from the host (empty without).
+    pub data: Chain,
+    /// The data failed its digest: fail the command with a transient
+    /// transport error.
+    pub bad_digest: bool,
+}
+
+/// Why the connection ends.
+#[derive(Debug)]
+pub enum Stop {
+    /// A fatal transport error: the C2HTermReq is queued in
+    /// [`Queue::out`]; send it, then close.
+    Fatal(Fatal),
+    /// The host terminated the connection (H2CTermReq).
+    HostTerminated { fes: u16 },
+}
+
+/// A command whose data is being received in H2CData PDUs.
+#[derive(Debug)]
+struct Gathering {
+    sqe: Sqe,
+    want: u32,
+    data: Chain,
+    bad_digest: bool,
+}
+
+/// The transport state of one connection (module docs).
+#[derive(Debug)]
+pub struct Queue {
+    /// Waiting for the ICReq.
+    initialized: bool,
+    /// How received PDUs are checked.
+    rx: Negotiated,
+    /// How sent PDUs are laid out.
+    tx: Layout,
+    /// The in-capsule data this queue accepts.
+    in_capsule: u32,
+    /// The most data one command may carry (MDTS).
+    max_transfer: u32,
+    /// Commands waiting for their data, by transfer tag.
+    gathering: Vec<Option<Gathering>>,
+    free_tags: Vec<u16>,
+    /// Submission queue head, reported in every completion.
+    sqhd: u16,
+    /// Submission queue size (entries), set by Connect.
+    sqsize: u16,
+    /// SQ flow control disabled at Connect: completions may ride in the
+    /// last C2HData PDU.
+    sqflow_disabled: bool,
+    /// The queue's ID (0: admin), set by Connect.
+    pub qid: u16,
+    /// What waits to be sent.
+    pub out: Outbox,
+}
+
+impl Queue {
+    /// A new connection's queue: `max_transfer` is the MDTS in bytes.
+    pub fn new(max_transfer: u32) -> Queue {
+        Queue {
+            initialized: false,
+            rx: Negotiated {
+                header_digest: false,
+                data_digest: false,
+                alignment: 0,
+                max_data: IO_IN_CAPSULE.max(MAXH2CDATA),
+            },
+            tx: Layout::default(),
+            in_capsule: IO_IN_CAPSULE,
+            max_transfer,
+            gathering: Vec::new(),
+            free_tags: Vec::new(),
+            sqhd: 0,
+            sqsize: 32,
+            sqflow_disabled: false,
+            qid: 0,
+            out: Outbox::new(),
+        }
+    }
+
+    /// Negotiated digests (header, data).
+    pub fn digests(&self) -> (bool, bool) {
+        (self.rx.header_digest, self.rx.data_digest)
+    }
+
+    /// Connect made this the queue `qid` of `sqsize` entries.
+    pub fn connected(&mut self, qid: u16, sqsize: u16, sqflow_disabled: bool) {
+        self.qid = qid;
+        self.sqsize = sqsize.max(1);
+        self.sqflow_disabled = sqflow_disabled;
+        self.in_capsule = if qid == 0 {
+            ADMIN_IN_CAPSULE
+        } else {
+            IO_IN_CAPSULE
+        };
+    }
+
+    /// The complete PDU at the start of `buf`, if there is one (bounded and
+    /// checked before it is waited for). A fatal error queues the TermReq.
+    pub fn frame(&mut self, buf: &[u8]) -> Result<Option<Frame>, Stop> {
+        let n = if self.initialized {
+            self.rx
+        } else {
+            Negotiated {
+                max_data: 0,
+                ..self.rx
+            }
+        };
+        frame(buf, &n).map_err(|f| self.fatal(f, buf))
+    }
+
+    /// Queues the TermReq for `f` about the header at the start of `buf`.
+    fn fatal(&mut self, f: Fatal, buf: &[u8]) -> Stop {
+        let hdr = &buf[..buf.len().min(128)];
+        let t = c2h_term_req(f, hdr);
+        self.out.push_raw(&t, Chain::new(), &[]);
+        Stop::Fatal(f)
+    }
+
+    /// Takes the PDU `pdu` (framed as `f`). `Ok(Some)`: a command to run.
+    pub fn receive(&mut self, pdu: Bytes, f: &Frame) -> Result<Option<Command>, Stop> {
+        let t = f.ch.pdu_type;
+        if !self.initialized {
+            if t != PduType::IcReq {
+                return Err(self.fatal(
+                    Fatal {
+                        fes: Fes::SequenceError,
+                        fei: 0,
+                    },
+                    &pdu,
+                ));
+            }
+            return self.ic_req(&pdu).map(|()| None);
+        }
+        match t {
+            PduType::CapsuleCmd => self.capsule(pdu, f),
+            PduType::H2cData => self.h2c_data(pdu, f),
+            PduType::H2cTermReq => Err(Stop::HostTerminated {
+                fes: u16::from_le_bytes([pdu[8], pdu[9]]),
+            }),
+            PduType::IcReq => Err(self.fatal(
+                Fatal {
+                    fes: Fes::SequenceError,
+                    fei: 0,
+                },
+                &pdu,
+            )),
+            // Controller-to-host PDUs.
+            _ => Err(self.fatal(Fatal::field(0), &pdu)),
+        }
+    }
+
+    fn ic_req(&mut self, pdu: &[u8]) -> Result<(), Stop> {
+        let b: &[u8; IC_LEN] = pdu[..IC_LEN].try_into().expect("framed: 128 bytes");
+        let ic = Ic::decode(b);
+        if ic.pfv != 0 {
+            return Err(self.fatal(
+                Fatal {
+                    fes: Fes::UnsupportedParameter,
+                    fei: 8,
+                },
+                pdu,
+            ));
+        }
+        if ic.pda > 31 {
+            return Err(self.fatal(
+                Fatal {
+                    fes: Fes::UnsupportedParameter,
+                    fei: 10,
+                },
+                pdu,
+            ));
+        }
+        self.rx.header_digest = ic.header_digest;
+        self.rx.data_digest = ic.data_digest;
+        self.tx = Layout {
+            header_digest: ic.header_digest,
+            data_digest: ic.data_digest,
+            alignment: 4 * (u32::from(ic.pda) + 1),
+        };
+        let resp = Ic {
+            pfv: 0,
+            pda: 0,
+            header_digest: ic.header_digest,
+            data_digest: ic.data_digest,
+            max: MAXH2CDATA,
+        }
+        .encode(true);
+        self.out.push_raw(&resp, Chain::new(), &[]);
+        self.initialized = true;
+        Ok(())
+    }
+
+    fn capsule(&mut self, pdu: Bytes, f: &Frame) -> Result<Option<Command>, Stop> {
+        let sqe = Sqe(pdu[8..72].try_into().expect("framed: 72 bytes"));
+        self.sqhd = (self.sqhd + 1) % self.sqsize;
+        let bad_digest = !data_digest_ok(&pdu, f);
+        let in_capsule = f.data.len();
+        let to_controller = direction(&sqe) & 1 != 0;
+        match sqe.sgl() {
+            Sgl::InCapsule { offset, length } => {
+                if offset != 0 || length as usize != in_capsule {
+                    return Ok(self.refuse(&sqe, Status::generic(0x0F, true)));
+                }
+                if length > self.in_capsule {
+                    return Ok(self.refuse(&sqe, Status::generic(0x0F, true)));
+                }
+                Ok(Some(Command {
+                    sqe,
+                    data: if in_capsule > 0 {
+                        Chain::from(pdu.slice(f.data.clone()))
+                    } else {
+                        Chain::new()
+                    },
+                    bad_digest,
+                }))
+            }
+            _ if in_capsule > 0 => Err(self.fatal(Fatal::field(3), &pdu)),
+            Sgl::Transport { length } if to_controller && length > 0 => {
+                if length > self.max_transfer {
+                    return Ok(self.refuse(&sqe, Status::generic(0x0F, true)));
+                }
+                let Some(tag) = self.take_tag() else {
+                    return Err(self.fatal(
+                        Fatal {
+                            fes: Fes::DataLimitExceeded,
+                            fei: 0,
+                        },
+                        &pdu,
+                    ));
+                };
+                let r2t = self.tx.r2t(&DataHeader {
+                    cccid: sqe.cid(),
+                    ttag: tag,
+                    offset: 0,
+                    length,
+                });
+                self.out.push_raw(&r2t, Chain::new(), &[]);
+                self.gathering[usize::from(tag)] = Some(Gathering {
+                    sqe,
+                    want: length,
+                    data: Chain::new(),
+                    bad_digest,
+                });
+                Ok(None)
+            }
+            // Controller-to-host data or none: nothing to gather.
+            Sgl::Transport { .. } => Ok(Some(Command {
+                sqe,
+                data: Chain::new(),
+                bad_digest,
+            })),
+            Sgl::Other { .. } if sqe.opcode() != OPC_FABRICS && sqe.psdt() == 0 => {
+                // PRPs: not a fabrics data pointer.
+                Ok(self.refuse(&sqe, Status::INVALID_FIELD))
+            }
+            Sgl::Other { .. } => Ok(self.refuse(&sqe, Status::generic(0x11, true))),
+        }
+    }
+
+    /// Completes `sqe` with `status` without running it.
+    fn refuse(&mut self, sqe: &Sqe, status: Status) -> Option<Command> {
+        self.complete(sqe.cid(), status, 0, Chain::new());
+        None
+    }
+
+    fn take_tag(&mut self) -> Option<u16> {
+        if let Some(t) = self.free_tags.pop() {
+            return Some(t);
+        }
+        if self.gathering.len() >= MAX_WRITES {
+            return None;
+        }
+        self.gathering.push(None);
+        Some((self.gathering.len() - 1) as u16)
+    }
+
+    fn h2c_data(&mut self, pdu: Bytes, f: &Frame) -> Result<Option<Command>, Stop> {
+        let h = DataHeader::decode(&pdu);
+        let slot = usize::from(h.ttag);
+        let ok = self
+            .gathering
+            .get(slot)
+            .and_then(Option::as_ref)
+            .is_some_and(|g| g.sqe.cid() == h.cccid);
+        if !ok {
+            return Err(self.fatal(Fatal::field(10), &pdu));
+        }
+        let g = self.gathering[slot].as_mut().expect("checked");
+        let len = f.data.len() as u32;
+        if h.offset as usize != g.data.len() || h.length != len || h.offset + len > g.want {
+            return Err(self.fatal(
+                Fatal {
+                    fes: Fes::DataOutOfRange,
+                    fei: 0,
+                },
+                &pdu,
+            ));
+        }
+        g.bad_digest |= !data_digest_ok(&pdu, f);
+        g.data.push(pdu.slice(f.data.clone()));
+        let done = g.data.len() as u32 == g.want;
+        if !done {
+            if f.ch.flags & LAST_PDU != 0 {
+                return Err(self.fatal(
+                    Fatal {
+                        fes: Fes::DataOutOfRange,
+                        fei: 0,
+                    },
+                    &pdu,
+                ));
+            }
+            return Ok(None);
+        }
+        let g = self.gathering[slot].take().expect("checked");
+        self.free_tags.push(h.ttag);
+        Ok(Some(Command {
+            sqe: g.sqe,
+            data: g.data,
+            bad_digest: g.bad_digest,
+        }))
+    }
+
+    /// Queues the completion of command `cid`: its data to the host (if
+    /// any, and the command succeeded) and its response.
+    pub fn complete(&mut self, cid: u16, status: Status, result: u64, data: Chain) {
+        let ok = status.is_success();
+        if ok && !data.is_empty() {
+            let fold = self.sqflow_disabled && result == 0;
+            let h = DataHeader {
+                cccid: cid,
+                ttag: 0,
+                offset: 0,
+                length: data.len() as u32,
+            };
+            let header = self.tx.c2h_data(&h, true, fold);
+            let digest = if self.tx.data_digest {
+                let mut c = iscsi_wire::digest::Crc32c::new();
+                for s in data.segments() {
+                    c.update(s);
+                }
+                Some(c.value().to_le_bytes())
+            } else {
+                None
+            };
+            self.out
+                .push_raw(&header, data, digest.as_ref().map_or(&[][..], |d| &d[..]));
+            if fold {
+                return;
+            }
+        }
+        let cqe = Cqe {
+            result,
+            sqhd: self.sqhd,
+            sqid: self.qid,
+            cid,
+            status,
+        };
+        let resp = self.tx.capsule_resp(&cqe.encode());
+        self.out.push_raw(&resp, Chain::new(), &[]);
+    }
+}
+
+/// The command's data transfer direction: bits 1:0 of its opcode (of its
+/// FCTYPE for a Fabrics command): 01b host to controller, 10b controller
+/// to host.
+pub fn direction(sqe: &Sqe) -> u8 {
+    if sqe.opcode() == OPC_FABRICS {
+        sqe.fctype() & 3
+    } else {
+        sqe.opcode() & 3
+    }
+}

@@ -1,0 +1,422 @@
+//! The NVMe/TCP connection driver: a socket on an event loop driving one
+//! `nvme::Queue` (NVMe/TCP Transport 1.0), its controller's admin
+//! commands (`nvme::admin`) and the NVM commands on the LUNs' volumes
+//! (`nvme::nvm`). Each target of the configuration is a subsystem
+//! (`TargetConfig::subsystem_nqn`), its ready LUNs the namespaces, NSID =
+//! LUN + 1; they are the very volumes the iSCSI sessions use.
+//!
+//! The rules of the iSCSI driver hold here too (docs/ARCHITECTURE.md):
+//! everything the socket has is framed and handled before the output is
+//! written with one vectored write; commands on a backend that never
+//! blocks run on the loop, others on the blocking pool, their completions
+//! coming back through a channel.
+//!
+//! Access: a Connect is refused (Connect Invalid Host) to a host NQN not in
+//! the target's `nvme_allow`, from a source address outside its
+//! `allow_net`, and to any host while the target requires CHAP: NVMe/TCP's
+//! in-band authentication (DH-HMAC-CHAP) is not served yet, and a target
+//! with credentials must not be reachable without them.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bufpool::Chain;
+use bytes::BytesMut;
+use nvme::admin::{self, Context, Outcome, Port, Reply};
+use nvme::ctrl::{ConnectCmd, Controller, Namespaces, Registry, Subsystem};
+use nvme::queue::direction;
+use nvme::{Command, Queue, Stop};
+use nvme_tcp_wire::capsule::{fctype, ConnectData, Cqe, Status, OPC_FABRICS};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use volume::Volume;
+
+use crate::conn::{set_congestion, Out};
+use crate::lunmap::TableCell;
+use crate::server::{Portal, Shared};
+
+/// What a receive read aims to take.
+const READ_CHUNK: usize = 256 * 1024;
+/// Reading pauses while more than this waits to be sent.
+const OUTPUT_HIGH_WATER: usize = 8 << 20;
+
+/// The NVMe/TCP side of the server: the subsystems and the ports.
+pub(crate) struct NvmeState {
+    pub registry: Registry,
+    pub ports: parking_lot::RwLock<Vec<Port>>,
+}
+
+impl NvmeState {
+    pub fn new() -> NvmeState {
+        NvmeState {
+            registry: Registry::new(),
+            ports: parking_lot::RwLock::new(Vec::new()),
+        }
+    }
+}
+
+/// A target's LUN table as a subsystem's namespaces.
+pub(crate) struct TargetNamespaces(pub Arc<TableCell>);
+
+impl Namespaces for TargetNamespaces {
+    fn active(&self) -> Vec<u32> {
+        self.0.get().iter().map(|(n, _)| u32::from(n) + 1).collect()
+    }
+
+    fn volume(&self, nsid: u32) -> Option<Arc<Volume>> {
+        let n = usize::try_from(nsid.checked_sub(1)?).ok()?;
+        let t = self.0.get();
+        t.luns.get(n)?.as_ref().map(|lu| lu.shared_volume().clone())
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.generation()
+    }
+}
+
+/// Makes every target a subsystem.
+pub(crate) fn register_targets(shared: &Shared, cfg: &crate::Config) {
+    for t in &cfg.target {
+        let Some(rt) = shared.target(&t.name) else {
+            continue;
+        };
+        if t.chap.is_some() {
+            tracing::warn!(target = %t.name, "not served over NVMe/TCP: the target requires CHAP, and NVMe/TCP in-band authentication (DH-HMAC-CHAP) is not served yet");
+            continue;
+        }
+        let s = Subsystem::new(
+            t.subsystem_nqn(),
+            Arc::new(TargetNamespaces(rt.cell().clone())),
+            t.nvme_allow.clone(),
+        );
+        shared.nvme.registry.add(Arc::new(s));
+    }
+}
+
+/// A command completed off the loop.
+struct Done {
+    cid: u16,
+    reply: Reply,
+}
+
+/// Serves one NVMe/TCP connection until it ends.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    portal: Portal,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) {
+    let Some(_slot) = shared.access.connection_slot(peer.ip()) else {
+        tracing::warn!(%peer, "connection limit reached: closed");
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    if shared.socket_buffer > 0 {
+        let s = socket2::SockRef::from(&stream);
+        let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
+        let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
+    }
+    set_congestion(&stream, &shared.tcp_congestion);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut d = Driver {
+        stream,
+        peer,
+        portal,
+        shared,
+        queue: Queue::new(volume::MAX_TRANSFER_BYTES),
+        ctrl: None,
+        rbuf: BytesMut::with_capacity(READ_CHUNK),
+        tx,
+        rx,
+        running: 0,
+        held_aers: Vec::new(),
+        closing: false,
+    };
+    match d.run(stop).await {
+        Ok(()) => {}
+        Err(e) => tracing::debug!(peer = %d.peer, error = %e, "NVMe/TCP connection ended"),
+    }
+    if let Some(c) = &d.ctrl {
+        if d.queue.qid == 0 {
+            // The admin queue is the association: its end ends the
+            // controller and its I/O queues.
+            c.kill();
+            tracing::info!(peer = %d.peer, cntlid = c.cntlid, subsystem = %c.subsystem.nqn, "NVMe/TCP controller ended");
+        }
+    }
+}
+
+struct Driver {
+    stream: TcpStream,
+    peer: SocketAddr,
+    portal: Portal,
+    shared: Arc<Shared>,
+    queue: Queue,
+    ctrl: Option<Arc<Controller>>,
+    rbuf: BytesMut,
+    tx: mpsc::UnboundedSender<Done>,
+    rx: mpsc::UnboundedReceiver<Done>,
+    /// Commands running off the loop.
+    running: usize,
+    /// Asynchronous Event Requests held (their CIDs).
+    held_aers: Vec<u16>,
+    /// Ending: send what is queued, then close.
+    closing: bool,
+}
+
+impl Driver {
+    async fn run(&mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stopping = false;
+        loop {
+            self.handle_received();
+            self.queue.out.write_to(&mut Out(&self.stream))?;
+            if self.closing && self.queue.out.is_empty() && self.running == 0 {
+                return Ok(());
+            }
+            if stopping && self.running == 0 && self.queue.out.is_empty() {
+                return Ok(());
+            }
+            let want_read = !self.closing && !stopping && self.queue.out.len() < OUTPUT_HIGH_WATER;
+            let want_write = !self.queue.out.is_empty();
+            tokio::select! {
+                r = self.stream.readable(), if want_read => {
+                    r?;
+                    self.read()?;
+                }
+                r = self.stream.writable(), if want_write => r?,
+                Some(d) = self.rx.recv() => {
+                    self.running -= 1;
+                    self.queue.complete(d.cid, d.reply.status, d.reply.result, d.reply.data);
+                    while let Ok(d) = self.rx.try_recv() {
+                        self.running -= 1;
+                        self.queue.complete(d.cid, d.reply.status, d.reply.result, d.reply.data);
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Some(c) = &self.ctrl {
+                        if self.queue.qid == 0 && c.expired() {
+                            tracing::warn!(peer = %self.peer, cntlid = c.cntlid, kato_ms = c.kato_ms(), "NVMe/TCP keep alive timeout: controller ended");
+                        }
+                        if c.is_dead() {
+                            return Ok(());
+                        }
+                    }
+                }
+                _ = stop.changed(), if !stopping => stopping = true,
+            }
+        }
+    }
+
+    /// Reads what the socket has into the receive buffer.
+    fn read(&mut self) -> io::Result<()> {
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        match self.stream.try_read_buf(&mut self.rbuf) {
+            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Frames and handles every complete PDU received.
+    fn handle_received(&mut self) {
+        while !self.closing {
+            let f = match self.queue.frame(&self.rbuf) {
+                Ok(Some(f)) => f,
+                Ok(None) => return,
+                Err(s) => return self.stop(s),
+            };
+            let pdu = self.rbuf.split_to(f.len).freeze();
+            match self.queue.receive(pdu, &f) {
+                Ok(Some(cmd)) => self.dispatch(cmd),
+                Ok(None) => {}
+                Err(s) => return self.stop(s),
+            }
+        }
+    }
+
+    fn stop(&mut self, s: Stop) {
+        match s {
+            Stop::Fatal(f) => {
+                tracing::warn!(peer = %self.peer, error = %f, "NVMe/TCP fatal transport error: C2HTermReq sent, connection closed");
+            }
+            Stop::HostTerminated { fes } => {
+                tracing::warn!(peer = %self.peer, fes, "NVMe/TCP host terminated the connection (H2CTermReq)");
+            }
+        }
+        self.closing = true;
+    }
+
+    fn complete(&mut self, cid: u16, r: Reply) {
+        self.queue.complete(cid, r.status, r.result, r.data);
+    }
+
+    fn dispatch(&mut self, cmd: Command) {
+        let cid = cmd.sqe.cid();
+        if cmd.bad_digest {
+            return self.complete(cid, Reply::status(Status::TRANSIENT_TRANSPORT_ERROR));
+        }
+        let Some(ctrl) = self.ctrl.clone() else {
+            return self.connect(cmd);
+        };
+        if cmd.sqe.opcode() == OPC_FABRICS {
+            match cmd.sqe.fctype() {
+                // A second Connect on a queue.
+                fctype::CONNECT => {
+                    return self.complete(cid, Reply::status(Status::generic(0x0c, true)))
+                }
+                fctype::DISCONNECT if self.queue.qid != 0 => {
+                    self.complete(cid, Reply::default());
+                    self.closing = true;
+                    return;
+                }
+                _ if self.queue.qid != 0 => {
+                    return self.complete(cid, Reply::status(Status::INVALID_OPCODE))
+                }
+                _ => {}
+            }
+        }
+        if self.queue.qid == 0 {
+            let ports = self.shared.nvme.ports.read().clone();
+            let cx = Context {
+                registry: &self.shared.nvme.registry,
+                ports: &ports,
+                aers_held: self.held_aers.len(),
+            };
+            let data = cmd.data.to_vec();
+            match admin::execute(&ctrl, &cx, &cmd.sqe, &data) {
+                Outcome::Reply(r) => self.complete(cid, r),
+                Outcome::Held => self.held_aers.push(cid),
+                Outcome::Disconnect => {
+                    self.complete(cid, Reply::default());
+                    self.closing = true;
+                }
+            }
+            return;
+        }
+        self.io(&ctrl, cmd);
+    }
+
+    /// An NVM command on an I/O queue.
+    fn io(&mut self, ctrl: &Controller, cmd: Command) {
+        let cid = cmd.sqe.cid();
+        let op = cmd.sqe.opcode();
+        if !nvme::nvm::is_known(op) {
+            return self.complete(cid, Reply::status(Status::INVALID_OPCODE));
+        }
+        let ns = &ctrl.subsystem.namespaces;
+        let nsid = cmd.sqe.nsid();
+        if op == nvme::nvm::opc::FLUSH && nsid == 0xffff_ffff {
+            let vols: Vec<Arc<Volume>> = ns
+                .active()
+                .into_iter()
+                .filter_map(|n| ns.volume(n))
+                .collect();
+            return self.off_loop(cid, move || {
+                for v in vols {
+                    if v.flush().is_err() {
+                        return Reply::status(Status::media(0x80, false));
+                    }
+                }
+                Reply::default()
+            });
+        }
+        let Some(vol) = ns.volume(nsid) else {
+            return self.complete(cid, Reply::status(Status::INVALID_NAMESPACE));
+        };
+        let caps = vol.backend().caps();
+        let inline = !caps.may_block
+            && (direction(&cmd.sqe) & 1 == 0 || cmd.data.len() <= caps.inline_write_max);
+        if inline {
+            let r = nvme::nvm::execute(&vol, &cmd.sqe, cmd.data);
+            return self.complete(cid, r);
+        }
+        let Command { sqe, data, .. } = cmd;
+        self.off_loop(cid, move || nvme::nvm::execute(&vol, &sqe, data));
+    }
+
+    /// Runs `f` on the blocking pool; its reply comes back through the
+    /// channel.
+    fn off_loop(&mut self, cid: u16, f: impl FnOnce() -> Reply + Send + 'static) {
+        self.running += 1;
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let reply = f();
+            let _ = tx.send(Done { cid, reply });
+        });
+    }
+
+    /// The first command of a queue: Connect.
+    fn connect(&mut self, cmd: Command) {
+        let cid = cmd.sqe.cid();
+        if cmd.sqe.opcode() != OPC_FABRICS || cmd.sqe.fctype() != fctype::CONNECT {
+            // Command Sequence Error: nothing but Connect before Connect.
+            return self.complete(cid, Reply::status(Status::generic(0x0c, true)));
+        }
+        let c = ConnectCmd::decode(&cmd.sqe);
+        let data = match ConnectData::decode(&cmd.data.to_vec()) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, error = %e, "NVMe/TCP Connect refused");
+                return self.complete(cid, Reply::status(Status::INVALID_FIELD));
+            }
+        };
+        if let Err(why) = self.admitted(&data) {
+            tracing::warn!(peer = %self.peer, host = %data.hostnqn, subsystem = %data.subnqn, "NVMe/TCP Connect refused: {why}");
+            return self.complete(cid, Reply::status(Status::specific(0x84)));
+        }
+        match self.shared.nvme.registry.connect(&c, &data) {
+            Ok(ctrl) => {
+                self.queue
+                    .connected(c.qid, c.sqsize + 1, c.sqflow_disabled());
+                let (hd, dd) = self.queue.digests();
+                if c.qid == 0 {
+                    tracing::info!(peer = %self.peer, port = %self.portal.addr, host = %data.hostnqn, subsystem = %data.subnqn, cntlid = ctrl.cntlid, kato_ms = ctrl.kato_ms(), header_digest = hd, data_digest = dd, "NVMe/TCP controller created");
+                } else {
+                    tracing::debug!(peer = %self.peer, cntlid = ctrl.cntlid, qid = c.qid, sqsize = c.sqsize + 1, "NVMe/TCP I/O queue connected");
+                }
+                // Connect response: CNTLID in bits 15:0, no
+                // authentication required (AUTHREQ 0).
+                let result = u64::from(ctrl.cntlid);
+                self.ctrl = Some(ctrl);
+                self.queue
+                    .complete(cid, Status::SUCCESS, result, Chain::new());
+            }
+            Err(r) => {
+                tracing::warn!(peer = %self.peer, host = %data.hostnqn, subsystem = %data.subnqn, qid = c.qid, status = ?r.status, "NVMe/TCP Connect refused");
+                let cqe_status = r.status;
+                self.queue.complete(cid, cqe_status, r.result, Chain::new());
+            }
+        }
+        let _ = Cqe::default();
+    }
+
+    /// Whether the target behind `data.subnqn` lets this host in (module
+    /// docs); the host NQN allow-list is the registry's.
+    fn admitted(&self, data: &ConnectData) -> Result<(), &'static str> {
+        if data.subnqn == nvme::DISCOVERY_NQN {
+            return Ok(());
+        }
+        let Some(t) = self.shared.targets.iter().find(|t| t.nqn == data.subnqn) else {
+            return Ok(()); // the registry refuses an unknown NQN
+        };
+        if self.shared.access.chap_of(&t.name).initiator.is_some() {
+            return Err("the target requires CHAP, and NVMe/TCP in-band authentication is not served: the subsystem is not reachable over NVMe/TCP");
+        }
+        let ok =
+            self.shared.access.rules(&t.name).is_none_or(|r| {
+                r.nets.is_empty() || r.nets.iter().any(|n| n.contains(self.peer.ip()))
+            });
+        if !ok {
+            return Err("source address not in the target's allow_net");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,301 @@
+//! NVMe/TCP end to end over loopback: the userspace host
+//! (`initiator::nvme`) against the server's NVMe/TCP ports, on the same
+//! LUNs the iSCSI portals serve.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use initiator::nvme::{host_nqn, sqe, Controller, NvmeQueue};
+use nvme_tcp_wire::capsule::Status;
+
+const NQN: &str = "nqn.2026-11.io.ironsan:e2e";
+
+fn serve(luns: &str, extra: &str) -> (Vec<SocketAddr>, Vec<SocketAddr>, Stopper) {
+    let cfg = config(
+        luns,
+        &format!("nvme_listen = [\"127.0.0.1:0\", \"127.0.0.1:0\"]\n{extra}"),
+    );
+    start_both(cfg)
+}
+
+const TWO_LUNS: &str = "[[target.lun]]\nbackend = \"mem\"\nsize = \"64M\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"8M\"\nblock_size = 4096";
+
+fn host() -> String {
+    host_nqn(&[7; 16])
+}
+
+fn rw(op: u8, nsid: u32, lba: u64, blocks: u32) -> nvme_tcp_wire::capsule::Sqe {
+    sqe(
+        op,
+        nsid,
+        &[(10, lba as u32), (11, (lba >> 32) as u32), (12, blocks - 1)],
+    )
+}
+
+#[test]
+fn a_host_connects_identifies_and_reads_back_what_it_wrote() {
+    for digests in [(false, false), (true, true)] {
+        let (_, nvme, _stop) = serve(TWO_LUNS, "");
+        let mut c = Controller::connect(nvme[0], NQN, &host(), digests, 4).unwrap();
+        assert_eq!(c.io_queues, 4);
+        let ns1 = c.namespace(1).unwrap();
+        assert_eq!((ns1.blocks, ns1.block_size), (64 << 20 >> 9, 512));
+        let ns2 = c.namespace(2).unwrap();
+        assert_eq!((ns2.blocks, ns2.block_size), (8 << 20 >> 12, 4096));
+        assert_ne!(ns1.nguid, ns2.nguid);
+        // An inactive NSID: zeros, no geometry.
+        assert!(c.namespace(3).is_err());
+        let mut q = c.io_queue(1, 64).unwrap();
+        // In-capsule (4 KiB), and R2T + H2CData (1 MiB, several PDUs).
+        for (lba, len) in [(8u64, 4096usize), (4096, 1 << 20), (100_000, 512)] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + lba as usize) as u8).collect();
+            let w = q
+                .call(
+                    rw(0x01, 1, lba, (len / 512) as u32),
+                    Bytes::from(data.clone()),
+                    0,
+                )
+                .unwrap();
+            w.ok().unwrap();
+            let r = q
+                .call(
+                    rw(0x02, 1, lba, (len / 512) as u32),
+                    Bytes::new(),
+                    len as u32,
+                )
+                .unwrap();
+            r.ok().unwrap();
+            assert_eq!(
+                &r.data[..],
+                &data[..],
+                "lba {lba} len {len} digests {digests:?}"
+            );
+        }
+        // Past the end.
+        let r = q
+            .call(rw(0x02, 1, ns1.blocks, 1), Bytes::new(), 512)
+            .unwrap();
+        assert_eq!(r.status, Status::LBA_OUT_OF_RANGE);
+        // No such namespace; an unknown opcode.
+        let r = q.call(rw(0x02, 9, 0, 1), Bytes::new(), 512).unwrap();
+        assert_eq!(r.status, Status::INVALID_NAMESPACE);
+        let r = q.call(sqe(0x7e, 1, &[]), Bytes::new(), 0).unwrap();
+        assert_eq!(r.status, Status::INVALID_OPCODE);
+        // Flush of all namespaces.
+        q.call(sqe(0x00, 0xffff_ffff, &[]), Bytes::new(), 0)
+            .unwrap()
+            .ok()
+            .unwrap();
+    }
+}
+
+#[test]
+fn pipelined_commands_on_several_queues_complete() {
+    let (_, nvme, _stop) = serve(TWO_LUNS, "");
+    let c = Controller::connect(nvme[1], NQN, &host(), (false, false), 2).unwrap();
+    let mut qs = [c.io_queue(1, 128).unwrap(), c.io_queue(2, 128).unwrap()];
+    for (i, q) in qs.iter_mut().enumerate() {
+        for k in 0..100u64 {
+            let lba = (i as u64 * 1000 + k) * 8;
+            let data = Bytes::from(vec![(k as u8) ^ (i as u8); 4096]);
+            q.submit(rw(0x01, 1, lba, 8), data, 0).unwrap();
+        }
+        let mut done = Vec::new();
+        while done.len() < 100 {
+            q.wait(&mut done).unwrap();
+        }
+        assert!(done.iter().all(|d| d.status.is_success()));
+        for k in 0..100u64 {
+            let lba = (i as u64 * 1000 + k) * 8;
+            q.submit(rw(0x02, 1, lba, 8), Bytes::new(), 4096).unwrap();
+        }
+        let mut done = Vec::new();
+        while done.len() < 100 {
+            q.wait(&mut done).unwrap();
+        }
+        assert_eq!(done.len(), 100);
+    }
+    // A queue beyond those granted is refused.
+    assert!(c.io_queue(3, 32).is_err());
+}
+
+#[test]
+fn nvme_and_iscsi_see_one_volume() {
+    let (iscsi, nvme, _stop) = serve(TWO_LUNS, "");
+    let mut c = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+    let ns = c.namespace(1).unwrap();
+    let mut q = c.io_queue(1, 32).unwrap();
+    let data = Bytes::from(vec![0x5au8; 4096]);
+    q.call(rw(0x01, 1, 64, 8), data.clone(), 0)
+        .unwrap()
+        .ok()
+        .unwrap();
+    let mut conn = initiator::Connection::login(
+        &iscsi[0].to_string(),
+        initiator::LoginConfig::new(
+            "iqn.2026-11.io.ironsan:i",
+            Some(IQN),
+            initiator::random_isid(),
+        ),
+    )
+    .unwrap();
+    let r = conn
+        .execute(
+            0,
+            &initiator::scsi::rw16(false, 64, 8, false),
+            initiator::DataDir::Read(4096),
+        )
+        .unwrap();
+    assert_eq!(&r.data[..], &data[..]);
+    // The NGUID is the NAA of VPD page 83h.
+    let vpd = conn
+        .execute(
+            0,
+            &initiator::scsi::inquiry(Some(0x83), 255),
+            initiator::DataDir::Read(255),
+        )
+        .unwrap();
+    let naa = vpd.data.windows(16).any(|w| w == ns.nguid);
+    assert!(
+        naa,
+        "NGUID {:02x?} not in VPD 83h {:02x?}",
+        ns.nguid,
+        &vpd.data[..]
+    );
+}
+
+#[test]
+fn unknown_subsystems_and_hosts_not_allowed_are_refused() {
+    let (_, nvme, _stop) = serve(TWO_LUNS, "");
+    let e = Controller::connect(
+        nvme[0],
+        "nqn.2026-11.io.ironsan:nosuch",
+        &host(),
+        (false, false),
+        1,
+    );
+    assert!(e.is_err());
+    let (_, nvme, _stop2) = {
+        let cfg = server::Config::from_toml(&format!(
+            "listen = [\"127.0.0.1:0\"]\nnvme_listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\nnvme_allow = [\"nqn.2026-11.io.ironsan:only\"]\n{TWO_LUNS}"
+        ))
+        .unwrap();
+        start_both(cfg)
+    };
+    let e = Controller::connect(nvme[0], NQN, &host(), (false, false), 1)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("0x84"), "{e}");
+    Controller::connect(
+        nvme[0],
+        NQN,
+        "nqn.2026-11.io.ironsan:only",
+        (false, false),
+        1,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_target_with_chap_is_not_reachable_over_nvme() {
+    let cfg = server::Config::from_toml(&format!(
+        "listen = [\"127.0.0.1:0\"]\nnvme_listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\nchap = {{ user = \"u\", secret = \"0123456789abcdef\" }}\n{TWO_LUNS}"
+    ))
+    .unwrap();
+    let (_, nvme, _stop) = start_both(cfg);
+    assert!(Controller::connect(nvme[0], NQN, &host(), (false, false), 1).is_err());
+}
+
+#[test]
+fn the_discovery_controller_lists_the_subsystem_at_every_port() {
+    let (_, nvme, _stop) = serve(TWO_LUNS, "");
+    // Number of Queues is not a discovery feature: an I/O controller's
+    // bring-up stops there.
+    assert!(Controller::connect(nvme[0], nvme::DISCOVERY_NQN, &host(), (false, false), 1).is_err());
+    let mut q = NvmeQueue::open(nvme[0], false, false).unwrap();
+    let d = nvme_tcp_wire::capsule::ConnectData {
+        host_id: [1; 16],
+        cntlid: 0xffff,
+        subnqn: nvme::DISCOVERY_NQN.into(),
+        hostnqn: host(),
+    };
+    q.connect(0, 32, &d, 0).unwrap();
+    let mut cc = [0u8; 64];
+    cc[0] = 0x7f;
+    cc[4] = 0x00;
+    cc[44..48].copy_from_slice(&0x14u32.to_le_bytes());
+    cc[48..56].copy_from_slice(&1u64.to_le_bytes());
+    q.call(nvme_tcp_wire::capsule::Sqe(cc), Bytes::new(), 0)
+        .unwrap()
+        .ok()
+        .unwrap();
+    let numd = 4096 / 4 - 1;
+    let r = q
+        .call(
+            sqe(0x02, 0, &[(10, 0x70 | (numd << 16))]),
+            Bytes::new(),
+            4096,
+        )
+        .unwrap();
+    r.ok().unwrap();
+    let n = u64::from_le_bytes(r.data[8..16].try_into().unwrap());
+    // The subsystem and the discovery subsystem, at both ports.
+    assert_eq!(n, 4);
+    let e = &r.data[1024..2048];
+    assert_eq!(e[0], 3); // TCP
+    assert_eq!(e[2], 2); // an NVM subsystem
+    let nqn = std::str::from_utf8(&e[256..256 + NQN.len()]).unwrap();
+    assert_eq!(nqn, NQN);
+    let port = std::str::from_utf8(&e[32..64])
+        .unwrap()
+        .trim_end_matches(['\0', ' ']);
+    assert_eq!(port, nvme[0].port().to_string());
+}
+
+#[test]
+fn hostile_pdus_get_a_termreq_and_other_connections_go_on() {
+    let (_, nvme, _stop) = serve(TWO_LUNS, "");
+    let mut good = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+    let mut q = good.io_queue(1, 32).unwrap();
+    let cases: Vec<Vec<u8>> = vec![
+        // Not an ICReq first.
+        {
+            let mut b = vec![0u8; 72];
+            b[0] = 0x04;
+            b[2] = 72;
+            b[4..8].copy_from_slice(&72u32.to_le_bytes());
+            b
+        },
+        // An unknown PDU type.
+        vec![0x55, 0, 8, 0, 8, 0, 0, 0],
+        // A PLEN beyond any limit.
+        {
+            let mut b = vec![0u8; 8];
+            b[0] = 0x00;
+            b[2] = 128;
+            b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+            b
+        },
+    ];
+    for bad in cases {
+        let mut s = TcpStream::connect(nvme[0]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&bad).unwrap();
+        let mut b = [0u8; 256];
+        let n = s.read(&mut b).unwrap();
+        assert!(n >= 24, "a TermReq for {bad:02x?}");
+        assert_eq!(b[0], 0x03, "C2HTermReq for {bad:02x?}");
+        // Then the controller closes.
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    // The good controller's queues were not disturbed.
+    let r = q.call(rw(0x02, 1, 0, 1), Bytes::new(), 512).unwrap();
+    r.ok().unwrap();
+    good.namespace(1).unwrap();
+}
