@@ -145,6 +145,15 @@ impl Status {
         Status { sct: 2, sc, dnr }
     }
 
+    /// A path related status (status code type 3).
+    pub const fn path(sc: u8) -> Status {
+        Status {
+            sct: 3,
+            sc,
+            dnr: false,
+        }
+    }
+
     /// Whether it is a success.
     pub const fn is_success(&self) -> bool {
         self.sct == 0 && self.sc == 0

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use bufpool::Chain;
 use nvme_tcp_wire::capsule::{fctype, Sqe, Status, OPC_FABRICS};
+use volume::access::AccessState;
 use volume::Volume;
 
 use crate::ctrl::{Controller, Registry, DISCOVERY_NQN, MAX_ADMIN_ENTRIES, MAX_QUEUE_ENTRIES};
@@ -37,6 +38,25 @@ pub const MDTS: u8 = 11;
 pub const MAX_NSID: u32 = 256;
 /// Outstanding Asynchronous Event Requests accepted (AERL + 1).
 pub const MAX_AERS: usize = 4;
+/// The ANA group of every namespace: their state through a controller is
+/// that of the controller's port group (module docs).
+pub const ANA_GROUP: u32 = 1;
+/// Asynchronous Event Configuration bit: ANA change notices.
+pub const AEC_ANA_CHANGE: u32 = 1 << 11;
+/// The Asynchronous Event Request completion of an ANA change: type notice
+/// (2h), information ANA change (03h), log page 0Ch.
+pub const AEN_ANA_CHANGE: u64 = 0x02 | (0x03 << 8) | (0x0c << 16);
+
+/// The ANA state code of an ALUA access state (Base 2.0 "Asymmetric
+/// Namespace Access Reporting"): optimized 01h, non-optimized 02h,
+/// inaccessible 03h (standby and unavailable ports serve no I/O).
+pub fn ana_code(s: AccessState) -> u8 {
+    match s {
+        AccessState::ActiveOptimized => 0x01,
+        AccessState::ActiveNonOptimized => 0x02,
+        AccessState::Standby | AccessState::Unavailable => 0x03,
+    }
+}
 
 /// A command's answer: status, the result (CQE dwords 0-1) and data for
 /// the host.
@@ -227,18 +247,32 @@ fn identify_controller(c: &Controller) -> Vec<u8> {
     ascii(&mut b[24..64], "ironsan");
     ascii(&mut b[64..72], env!("CARGO_PKG_VERSION"));
     b[72] = 6; // RAB
-               // CMIC: several ports and several controllers may share namespaces.
-    b[76] = if c.discovery { 0 } else { 0x03 };
+               // CMIC: several ports and several controllers may share namespaces,
+               // ANA reporting.
+    b[76] = if c.discovery { 0 } else { 0x0b };
     b[77] = MDTS;
     put16(&mut b, 78, c.cntlid);
     put32(&mut b, 80, crate::ctrl::VERSION);
+    if !c.discovery {
+        // OAES: ANA change notices.
+        put32(&mut b, 92, AEC_ANA_CHANGE);
+    }
     b[111] = if c.discovery { 2 } else { 1 }; // CNTRLTYPE
     b[258] = 3; // ACL: 4 Aborts
     b[259] = (MAX_AERS - 1) as u8; // AERL
     b[260] = 0x03; // FRMW: one slot, read-only
-                   // LPA: command effects log, extended data for Get Log Page.
-    b[261] = 0x06;
+                   // LPA: the command effects log (not on a discovery controller),
+                   // extended data for Get Log Page.
+    b[261] = if c.discovery { 0x04 } else { 0x06 };
     put16(&mut b, 320, 1); // KAS: 100 ms granularity
+    if !c.discovery {
+        b[343] = 10; // ANATT: seconds
+                     // ANACAP: optimized, non-optimized, inaccessible reported; the
+                     // ANAGRPID does not change while attached.
+        b[344] = 0x07 | 0x40;
+        put32(&mut b, 345, ANA_GROUP); // ANAGRPMAX
+        put32(&mut b, 349, ANA_GROUP); // NANAGRPID
+    }
     b[512] = 0x66; // SQES
     b[513] = 0x44; // CQES
     put16(&mut b, 514, MAX_QUEUE_ENTRIES);
@@ -296,6 +330,7 @@ fn identify_namespace(v: &Volume) -> Vec<u8> {
         // NPWG, NPWA, NPDG, NPDA, NOWS (0's based, blocks).
         put16(&mut b, at, ppb - 1);
     }
+    put32(&mut b, 92, ANA_GROUP); // ANAGRPID
     b[99] = u8::from(v.read_only()); // NSATTR: write protected
     b[104..120].copy_from_slice(&v.identity().naa); // NGUID
                                                     // LBA format 0: LBADS, no metadata, best relative performance.
@@ -336,6 +371,7 @@ fn get_log_page(c: &Controller, cx: &Context<'_>, sqe: &Sqe) -> Reply {
         // Changed Namespace List: none reported yet.
         0x04 => vec![0u8; 4096],
         0x05 => effects(),
+        0x0c => ana_log(c, (d10 >> 8) & 1 != 0),
         // Invalid Log Page.
         _ => return Reply::status(Status::specific(0x09)),
     };
@@ -345,6 +381,28 @@ fn get_log_page(c: &Controller, cx: &Context<'_>, sqe: &Sqe) -> Reply {
     let from = offset as usize;
     let to = (from + len as usize).min(page.len());
     Reply::data(page[from..to].to_vec(), len as u32)
+}
+
+/// The ANA log page: the one group, its state through this controller
+/// and (unless `groups_only`) its namespaces.
+fn ana_log(c: &Controller, groups_only: bool) -> Vec<u8> {
+    let nsids = if groups_only {
+        Vec::new()
+    } else {
+        c.subsystem.namespaces.active()
+    };
+    let mut b = vec![0u8; 16 + 32 + 4 * nsids.len()];
+    let chg = c.ana_changes();
+    put64(&mut b, 0, chg);
+    put16(&mut b, 8, 1); // NGRPS
+    put32(&mut b, 16, ANA_GROUP);
+    put32(&mut b, 20, nsids.len() as u32);
+    put64(&mut b, 24, chg);
+    b[32] = ana_code(c.access_state());
+    for (i, n) in nsids.into_iter().enumerate() {
+        put32(&mut b, 48 + 4 * i, n);
+    }
+    b
 }
 
 /// SMART / Health Information: healthy, at a nominal temperature.
@@ -371,6 +429,7 @@ fn effects() -> Vec<u8> {
         put32(&mut b, usize::from(op) * 4, 1);
     }
     use crate::nvm::opc as io;
+    put32(&mut b, 0x7f * 4, 1); // Fabrics
     for (op, changes) in [
         (io::FLUSH, false),
         (io::WRITE, true),

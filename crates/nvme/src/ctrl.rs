@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use nvme_tcp_wire::capsule::{ConnectData, Sqe, Status};
 use parking_lot::Mutex;
+use volume::access::{AccessState, PortGroups};
 use volume::Volume;
 
 /// The well-known discovery subsystem NQN.
@@ -57,12 +58,20 @@ pub struct Subsystem {
     pub namespaces: Arc<dyn Namespaces>,
     /// Host NQNs allowed to connect; empty: any host.
     pub allowed_hosts: Vec<String>,
+    /// The access states of the ports' groups (ALUA's, which are the ANA
+    /// states here); none: every port optimized.
+    pub groups: Option<Arc<PortGroups>>,
 }
 
 impl Subsystem {
     /// A subsystem named `nqn` serving `namespaces`; its serial number is
     /// derived from the name (stable across restarts).
-    pub fn new(nqn: String, namespaces: Arc<dyn Namespaces>, allowed_hosts: Vec<String>) -> Self {
+    pub fn new(
+        nqn: String,
+        namespaces: Arc<dyn Namespaces>,
+        allowed_hosts: Vec<String>,
+        groups: Option<Arc<PortGroups>>,
+    ) -> Self {
         // FNV-1a of the NQN: 16 hex digits, stable and distinct enough.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in nqn.bytes() {
@@ -73,6 +82,7 @@ impl Subsystem {
             serial: format!("{h:016x}"),
             namespaces,
             allowed_hosts,
+            groups,
         }
     }
 
@@ -108,12 +118,18 @@ pub struct Controller {
     pub discovery: bool,
     pub hostnqn: String,
     pub host_id: [u8; 16],
+    /// The ALUA target port group of the port the host came through: the
+    /// ANA state of every namespace through this controller is its state.
+    pub port_group: u16,
     regs: Mutex<Regs>,
     kato_ms: AtomicU64,
     started: Instant,
     /// Milliseconds from `started` to the last command that proves the
     /// host alive.
     last_alive: AtomicU64,
+    /// The ANA state last reported to the host, and how many changes it saw
+    /// (the ANA log page's change count).
+    ana_seen: Mutex<(Option<AccessState>, u64)>,
     /// Ended: keep alive expired, shut down, or the admin queue closed.
     /// Every queue's connection closes when it sees this.
     dead: AtomicBool,
@@ -139,6 +155,40 @@ impl Controller {
             return true;
         }
         false
+    }
+
+    /// The access state of the namespaces through this controller.
+    #[inline]
+    pub fn access_state(&self) -> AccessState {
+        self.subsystem
+            .groups
+            .as_ref()
+            .map_or(AccessState::ActiveOptimized, |g| g.state(self.port_group))
+    }
+
+    /// The ANA log page's change count: bumped whenever the state through
+    /// this controller differs from the last one seen here.
+    pub fn ana_changes(&self) -> u64 {
+        self.ana_changed();
+        self.ana_seen.lock().1
+    }
+
+    /// Whether the ANA state changed since this was last asked (the first
+    /// call only records it): an ANA change notice is due.
+    pub fn ana_changed(&self) -> bool {
+        let now = self.access_state();
+        let mut s = self.ana_seen.lock();
+        match s.0 {
+            Some(before) if before != now => {
+                *s = (Some(now), s.1 + 1);
+                true
+            }
+            Some(_) => false,
+            None => {
+                s.0 = Some(now);
+                false
+            }
+        }
     }
 
     /// The keep alive timeout (ms; 0: none).
@@ -375,6 +425,7 @@ impl Registry {
                     DISCOVERY_NQN.into(),
                     Arc::new(NoNamespaces),
                     Vec::new(),
+                    None,
                 ))
             })
             .clone()
@@ -386,6 +437,7 @@ impl Registry {
         &self,
         cmd: &ConnectCmd,
         data: &ConnectData,
+        port_group: u16,
     ) -> Result<Arc<Controller>, ConnectRefusal> {
         if cmd.recfmt != 0 {
             return Err(ConnectRefusal {
@@ -438,6 +490,8 @@ impl Registry {
                 discovery,
                 hostnqn: data.hostnqn.clone(),
                 host_id: data.host_id,
+                port_group,
+                ana_seen: Mutex::new((None, 0)),
                 regs: Mutex::new(Regs::default()),
                 kato_ms: AtomicU64::new(u64::from(kato)),
                 started: Instant::now(),

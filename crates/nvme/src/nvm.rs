@@ -150,7 +150,9 @@ fn run(v: &Volume, sqe: &Sqe, data: Chain) -> Result<Reply, Status> {
         opc::DSM => {
             let nr = (sqe.dw(10) & 0xff) as usize + 1;
             let deallocate = sqe.dw(11) & (1 << 2) != 0;
-            if data.len() != nr * 16 || nr > MAX_DSM_RANGES {
+            // The data may be longer than NR ranges (Linux always sends
+            // room for 256, 4 KiB): only the first NR count.
+            if data.len() < nr * 16 || data.len() > MAX_DSM_RANGES * 16 {
                 return Err(SGL_LENGTH_INVALID);
             }
             if !deallocate || !v.thin() {
@@ -161,6 +163,7 @@ fn run(v: &Volume, sqe: &Sqe, data: Chain) -> Result<Reply, Status> {
             let b = data.to_vec();
             let ranges: Vec<(u64, u64)> = b
                 .chunks_exact(16)
+                .take(nr)
                 .map(|r| {
                     let len = u32::from_le_bytes(r[4..8].try_into().expect("4 bytes"));
                     let slba = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));

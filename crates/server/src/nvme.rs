@@ -31,6 +31,7 @@ use nvme::{Command, Queue, Stop};
 use nvme_tcp_wire::capsule::{fctype, ConnectData, Cqe, Status, OPC_FABRICS};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
+use volume::access::AccessState;
 use volume::Volume;
 
 use crate::conn::{set_congestion, Out};
@@ -90,6 +91,7 @@ pub(crate) fn register_targets(shared: &Shared, cfg: &crate::Config) {
             t.subsystem_nqn(),
             Arc::new(TargetNamespaces(rt.cell().clone())),
             t.nvme_allow.clone(),
+            Some(rt.port_groups.clone()),
         );
         shared.nvme.registry.add(Arc::new(s));
     }
@@ -134,6 +136,7 @@ pub(crate) async fn serve(
         running: 0,
         held_aers: Vec::new(),
         closing: false,
+        aen_pending: false,
     };
     match d.run(stop).await {
         Ok(()) => {}
@@ -165,6 +168,8 @@ struct Driver {
     held_aers: Vec<u16>,
     /// Ending: send what is queued, then close.
     closing: bool,
+    /// An ANA change waits for an Asynchronous Event Request to report it.
+    aen_pending: bool,
 }
 
 impl Driver {
@@ -198,13 +203,18 @@ impl Driver {
                     }
                 }
                 _ = tick.tick() => {
-                    if let Some(c) = &self.ctrl {
+                    if let Some(c) = self.ctrl.clone() {
                         if self.queue.qid == 0 && c.expired() {
                             tracing::warn!(peer = %self.peer, cntlid = c.cntlid, kato_ms = c.kato_ms(), "NVMe/TCP keep alive timeout: controller ended");
                         }
                         if c.is_dead() {
                             return Ok(());
                         }
+                        if self.queue.qid == 0 && !c.discovery && c.ana_changed() {
+                            tracing::info!(peer = %self.peer, cntlid = c.cntlid, state = ?c.access_state(), "NVMe/TCP ANA state changed");
+                            self.aen_pending = true;
+                        }
+                        self.deliver_aen(&c);
                     }
                 }
                 _ = stop.changed(), if !stopping => stopping = true,
@@ -293,7 +303,10 @@ impl Driver {
             let data = cmd.data.to_vec();
             match admin::execute(&ctrl, &cx, &cmd.sqe, &data) {
                 Outcome::Reply(r) => self.complete(cid, r),
-                Outcome::Held => self.held_aers.push(cid),
+                Outcome::Held => {
+                    self.held_aers.push(cid);
+                    self.deliver_aen(&ctrl);
+                }
                 Outcome::Disconnect => {
                     self.complete(cid, Reply::default());
                     self.closing = true;
@@ -304,12 +317,33 @@ impl Driver {
         self.io(&ctrl, cmd);
     }
 
+    /// Completes a held Asynchronous Event Request with a pending ANA
+    /// change notice, if the host enabled them.
+    fn deliver_aen(&mut self, c: &Controller) {
+        if !self.aen_pending || c.aec() & admin::AEC_ANA_CHANGE == 0 {
+            return;
+        }
+        if let Some(cid) = self.held_aers.pop() {
+            self.aen_pending = false;
+            self.queue
+                .complete(cid, Status::SUCCESS, admin::AEN_ANA_CHANGE, Chain::new());
+        }
+    }
+
     /// An NVM command on an I/O queue.
     fn io(&mut self, ctrl: &Controller, cmd: Command) {
         let cid = cmd.sqe.cid();
         let op = cmd.sqe.opcode();
         if !nvme::nvm::is_known(op) {
             return self.complete(cid, Reply::status(Status::INVALID_OPCODE));
+        }
+        // Through a standby or unavailable port group: ANA inaccessible,
+        // for the host to go another way.
+        if matches!(
+            ctrl.access_state(),
+            AccessState::Standby | AccessState::Unavailable
+        ) {
+            return self.complete(cid, Reply::status(Status::path(0x02)));
         }
         let ns = &ctrl.subsystem.namespaces;
         let nsid = cmd.sqe.nsid();
@@ -372,7 +406,12 @@ impl Driver {
             tracing::warn!(peer = %self.peer, host = %data.hostnqn, subsystem = %data.subnqn, "NVMe/TCP Connect refused: {why}");
             return self.complete(cid, Reply::status(Status::specific(0x84)));
         }
-        match self.shared.nvme.registry.connect(&c, &data) {
+        match self
+            .shared
+            .nvme
+            .registry
+            .connect(&c, &data, self.portal.alua_group)
+        {
             Ok(ctrl) => {
                 self.queue
                     .connected(c.qid, c.sqsize + 1, c.sqflow_disabled());

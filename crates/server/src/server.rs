@@ -314,7 +314,9 @@ impl Server {
                 Portal {
                     addr: bound,
                     tpgt: NVME_PORT_TAGS + i as u16,
-                    alua_group: 0,
+                    // The ANA state through NVMe port n is that of the ALUA
+                    // group of iSCSI portal n (the last one beyond them).
+                    alua_group: cfg.group_of_portal((i + 1).min(cfg.listen.len()).max(1) as u16),
                     nvme: true,
                 },
             ));

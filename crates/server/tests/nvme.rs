@@ -86,6 +86,15 @@ fn a_host_connects_identifies_and_reads_back_what_it_wrote() {
         assert_eq!(r.status, Status::INVALID_NAMESPACE);
         let r = q.call(sqe(0x7e, 1, &[]), Bytes::new(), 0).unwrap();
         assert_eq!(r.status, Status::INVALID_OPCODE);
+        // Dataset Management, deallocate one range, sent as Linux does: NR
+        // 0 with room for 256 ranges (4 KiB).
+        let mut ranges = vec![0u8; 4096];
+        ranges[4..8].copy_from_slice(&8u32.to_le_bytes());
+        ranges[8..16].copy_from_slice(&8u64.to_le_bytes());
+        q.call(sqe(0x09, 1, &[(10, 0), (11, 4)]), Bytes::from(ranges), 0)
+            .unwrap()
+            .ok()
+            .unwrap();
         // Flush of all namespaces.
         q.call(sqe(0x00, 0xffff_ffff, &[]), Bytes::new(), 0)
             .unwrap()
@@ -298,4 +307,51 @@ fn hostile_pdus_get_a_termreq_and_other_connections_go_on() {
     let r = q.call(rw(0x02, 1, 0, 1), Bytes::new(), 512).unwrap();
     r.ok().unwrap();
     good.namespace(1).unwrap();
+}
+
+/// The ANA log page through `q` (an admin queue): (change count, state).
+fn ana(c: &mut Controller) -> (u64, u8) {
+    let numd = 4096 / 4 - 1;
+    let r = c
+        .admin
+        .call(
+            sqe(0x02, 0xffff_ffff, &[(10, 0x0c | (numd << 16))]),
+            Bytes::new(),
+            4096,
+        )
+        .unwrap();
+    r.ok().unwrap();
+    let d = &r.data;
+    assert_eq!(u16::from_le_bytes([d[8], d[9]]), 1, "one ANA group");
+    assert_eq!(u32::from_le_bytes(d[16..20].try_into().unwrap()), 1);
+    (u64::from_le_bytes(d[0..8].try_into().unwrap()), d[32])
+}
+
+#[test]
+fn ana_states_follow_the_alua_groups_of_the_ports() {
+    let alua = "[alua]\n[[alua.group]]\nid = 1\nportals = [1]\n[[alua.group]]\nid = 2\nportals = [2]\nstate = \"standby\"\n";
+    let (_, nvme, _stop) = serve(TWO_LUNS, alua);
+    let mut a = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+    let mut b = Controller::connect(nvme[1], NQN, &host(), (false, false), 1).unwrap();
+    // Identify Controller: ANA reporting; Identify Namespace: group 1.
+    let id = a
+        .admin
+        .call(sqe(0x06, 0, &[(10, 1)]), Bytes::new(), 4096)
+        .unwrap();
+    assert_eq!(id.data[76] & 0x08, 0x08, "CMIC ANA reporting");
+    let ns = a
+        .admin
+        .call(sqe(0x06, 1, &[(10, 0)]), Bytes::new(), 4096)
+        .unwrap();
+    assert_eq!(u32::from_le_bytes(ns.data[92..96].try_into().unwrap()), 1);
+    assert_eq!(ana(&mut a).1, 0x01, "optimized through port 1");
+    assert_eq!(ana(&mut b).1, 0x03, "inaccessible through port 2 (standby)");
+    let mut qa = a.io_queue(1, 32).unwrap();
+    let mut qb = b.io_queue(1, 32).unwrap();
+    qa.call(rw(0x02, 1, 0, 1), Bytes::new(), 512)
+        .unwrap()
+        .ok()
+        .unwrap();
+    let r = qb.call(rw(0x02, 1, 0, 1), Bytes::new(), 512).unwrap();
+    assert_eq!(r.status, Status::path(0x02), "ANA inaccessible");
 }
