@@ -2,10 +2,12 @@
 # Builds the Linux guest the Real hosts scenarios boot (scripts/guest/run.py):
 # Debian's kernel (linux-image-amd64, extracted, not installed) and a
 # busybox initramfs carrying open-iscsi, multipath-tools, sg3-utils,
-# e2fsprogs, xfsprogs, util-linux and fio from this machine's Debian
-# packages (installed when missing), their shared libraries, and the kernel
-# modules an iSCSI host needs. Nothing prebuilt is committed: everything is
-# made here, from packages, and cached by content.
+# e2fsprogs, xfsprogs, util-linux, fio and nvme-cli from this machine's
+# Debian packages (installed when missing), their shared libraries, the
+# kernel modules an iSCSI host needs (loaded at boot) and those of an
+# NVMe/TCP host and of the kernel's own NVMe/TCP target (loaded by the
+# scenarios that use them, with modprobe). Nothing prebuilt is committed:
+# everything is made here, from packages, and cached by content.
 #
 #   scripts/guest/build.sh [CACHE_DIR]    prints the directory with vmlinuz and base.cpio.gz
 set -euo pipefail
@@ -17,7 +19,7 @@ export DEBIAN_FRONTEND=noninteractive
 # Host tools: the programs copied into the guest, qemu to boot it, socat for
 # the per-connection port forwards, kmod/cpio to build the image.
 pkgs=(qemu-system-x86 busybox-static open-iscsi multipath-tools sg3-utils e2fsprogs
-      xfsprogs util-linux fio socat kmod cpio udev dmsetup)
+      xfsprogs util-linux fio socat kmod cpio udev dmsetup nvme-cli)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -62,7 +64,7 @@ if [ -f "$out/base.cpio.gz" ]; then
 fi
 echo "guest build: making the initramfs ($kver)" >&2
 root="$out.tmp/root"
-rm -rf "$out.tmp" && mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,lib,lib64,etc/iscsi,etc/multipath,lib/modules,proc,sys,dev,run,tmp,var/lib/iscsi,mnt,root}
+rm -rf "$out.tmp" && mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,lib,lib64,etc/iscsi,etc/multipath,etc/nvme,lib/modules,proc,sys,dev,run,tmp,var/lib/iscsi,mnt,root}
 ln -s ../run "$root/var/run" 2>/dev/null || true
 cp /bin/busybox "$root/bin/busybox"
 for app in $("$root/bin/busybox" --list); do
@@ -74,7 +76,7 @@ progs=(/usr/sbin/iscsiadm /usr/sbin/iscsid /usr/sbin/multipath /usr/sbin/multipa
        /usr/sbin/dmsetup /usr/sbin/mkfs.ext4 /usr/sbin/mke2fs /usr/sbin/e2fsck /usr/sbin/resize2fs
        /usr/sbin/dumpe2fs /usr/sbin/mkfs.xfs /usr/sbin/xfs_repair /usr/sbin/xfs_io /usr/sbin/xfs_db
        /usr/sbin/fstrim /usr/sbin/blkdiscard /usr/sbin/blockdev /usr/bin/lsblk /usr/bin/fio
-       /lib/udev/scsi_id)
+       /lib/udev/scsi_id /usr/sbin/nvme /usr/bin/kmod)
 for b in sg_inq sg_vpd sg_rtpg sg_stpg sg_reset sg_readcap sg_turs sg_sat_identify sg_logs \
          sg_modes sg_unmap sg_write_same sg_persist sg_luns; do
   progs+=("$(command -v $b)")
@@ -96,6 +98,10 @@ done
 for p in "${progs[@]}"; do rm -f "$root/bin/$(basename "$p")"; done
 # xfs_growfs is a script around xfs_io.
 cp /usr/sbin/xfs_growfs "$root/usr/sbin/xfs_growfs" 2>/dev/null || true
+# kmod's modprobe, where the kernel's request_module looks for it too
+# (nvme-fabrics asks for nvme-<transport>, nvmet for its transport).
+ln -s ../usr/bin/kmod "$root/sbin/modprobe"
+rm -f "$root/bin/modprobe"
 
 # Configuration the programs read.
 cp /etc/iscsi/iscsid.conf "$root/etc/iscsi/iscsid.conf"
@@ -103,23 +109,53 @@ echo "InitiatorName=iqn.2026-12.io.ironsan:guest" > "$root/etc/iscsi/initiatorna
 echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
 echo "root:x:0:" > "$root/etc/group"
 touch "$root/etc/multipath.conf"
+# The NVMe host's identity, fixed like the iSCSI initiator name: nvme-cli
+# sends it in every Connect.
+hostid=59e591ab-284f-44cc-a31f-9c3cfa81a9c1
+echo "nqn.2014-08.org.nvmexpress:uuid:$hostid" > "$root/etc/nvme/hostnqn"
+echo "$hostid" > "$root/etc/nvme/hostid"
 
-# Kernel modules, in load order.
-mods=(virtio_net virtio_pci iscsi_tcp sd_mod sg dm_multipath dm_round_robin dm_service_time
-      dm_queue_length scsi_dh_alua ext4 xfs crc32c_generic crc32c_intel libcrc32c)
-: > "$root/etc/modules.order"
-for m in "${mods[@]}"; do
-  modprobe -d "$kdir/root" -S "$kver" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}'
-done | awk '!seen[$0]++' | while read -r ko; do
-  name=$(basename "$ko")
-  case "$ko" in
-    *.xz) xz -dc "$ko" > "$root/lib/modules/${name%.xz}"; name=${name%.xz} ;;
-    *.zst) zstd -qdc "$ko" > "$root/lib/modules/${name%.zst}"; name=${name%.zst} ;;
-    *) cp "$ko" "$root/lib/modules/$name" ;;
+# `depends MODULE…`: the modules' files and all they depend on, in load order.
+depends() {
+  for m in "$@"; do
+    modprobe -d "$kdir/root" -S "$kver" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}'
+  done | awk '!seen[$0]++'
+}
+# `put_ko KO DIR`: the module uncompressed into DIR; prints its file name.
+put_ko() {
+  name=$(basename "$1")
+  case "$1" in
+    *.xz) xz -dc "$1" > "$2/${name%.xz}"; name=${name%.xz} ;;
+    *.zst) zstd -qdc "$1" > "$2/${name%.zst}"; name=${name%.zst} ;;
+    *) cp "$1" "$2/$name" ;;
   esac
-  echo "$name" >> "$root/etc/modules.order"
-done
+  echo "$name"
+}
+# Kernel modules init loads at boot, in load order (configfs for the NVMe
+# target's configuration, mounted by init).
+mods=(virtio_net virtio_pci iscsi_tcp sd_mod sg dm_multipath dm_round_robin dm_service_time
+      dm_queue_length scsi_dh_alua ext4 xfs crc32c_generic crc32c_intel libcrc32c configfs)
+depends "${mods[@]}" | while read -r ko; do
+  put_ko "$ko" "$root/lib/modules"
+done > "$root/etc/modules.order"
 [ -s "$root/etc/modules.order" ] || { echo "guest build: no modules resolved" >&2; exit 1; }
+# Modules a scenario loads itself, with modprobe: the NVMe/TCP host
+# (nvme-tcp), the kernel's NVMe/TCP target (nvmet-tcp) and RAM disks to back
+# its namespaces (null_blk, brd). They keep their place in the usual tree
+# under /lib/modules/$kver, indexed by depmod, so that modprobe resolves
+# their dependencies and aliases (nvmet-transport-3 …) as on any host.
+ondemand=(nvme_tcp nvmet_tcp null_blk brd crc64_rocksoft_generic)
+mdir="$root/lib/modules/$kver"
+mkdir -p "$mdir"
+depends "${ondemand[@]}" | while read -r ko; do
+  rel=${ko#"$kdir/root/lib/modules/$kver/"}
+  mkdir -p "$mdir/$(dirname "$rel")"
+  put_ko "$ko" "$mdir/$(dirname "$rel")" >/dev/null
+done
+[ -f "$mdir/kernel/drivers/nvme/target/nvmet-tcp.ko" ] || {
+  echo "guest build: no NVMe/TCP modules resolved" >&2; exit 1; }
+cp "$kdir/root/lib/modules/$kver"/modules.{order,builtin*} "$mdir/"
+depmod -b "$root" "$kver"
 
 cp "$here/init" "$root/init"
 chmod +x "$root/init"

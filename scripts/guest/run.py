@@ -14,10 +14,14 @@ backing file's allocated bytes). The guest reports on its serial console:
 STEP/PASS/FAIL/INFO/FACT lines (scripts/guest/init); FACT lines are
 checked here against what the scenario's LUNs advertise.
 
+NVMe/TCP scenarios (scenarios/nvme.sh) reach ironsan's `nvme_listen`
+addresses the same way, at 10.0.2.100:4420 and 10.0.2.101:4420, or the
+kernel's own NVMe/TCP target (nvmet) inside the guest, for reference.
+
 /dev/kvm on these machines cannot run Debian's kernel, so the guest runs
 under TCG: its figures are functional, never performance.
 
-  scripts/guest/run.py [--target ironsan|tgt] [SCENARIO ...]
+  scripts/guest/run.py [--target ironsan|tgt] [--binary IRONSAN] [SCENARIO ...]
 """
 
 import argparse
@@ -35,7 +39,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 IQN = "iqn.2026-12.io.ironsan:guest"
+# The target's NVMe subsystem: its IQN with "iqn." made "nqn.".
+NQN = "nqn." + IQN[len("iqn."):]
 GUEST_PORTALS = ["10.0.2.100", "10.0.2.101"]
+NVME_PORT = 4420
 
 
 def free_port():
@@ -66,12 +73,14 @@ class Ironsan:
         self.bin = binary
         self.work = work
         self.ports = [free_port() for _ in range(scenario.portals)]
+        # NVMe/TCP listeners (`nvme_listen`), one per portal.
+        self.nvme_ports = [free_port() for _ in range(scenario.portals)] if scenario.nvme else []
         self.admin_port = free_port()
         self.state = os.path.join(work, "state")
         self.luns = scenario.luns(work)
         self.config = os.path.join(work, "target.toml")
         with open(self.config, "w") as f:
-            f.write(scenario.toml(self.ports, self.luns))
+            f.write(scenario.toml(self.ports, self.luns, self.nvme_ports))
         self.log = open(os.path.join(work, "target.log"), "ab")
         self.proc = None
 
@@ -80,9 +89,16 @@ class Ironsan:
             [self.bin, "--log", "info", "serve", "--config", self.config,
              "--admin", f"127.0.0.1:{self.admin_port}", "--state-dir", self.state],
             stdout=self.log, stderr=self.log, env=dict(os.environ, RUST_BACKTRACE="0"))
-        for p in self.ports:
+        for p in self.ports + self.nvme_ports:
             if not wait_port(p):
-                raise RuntimeError(f"ironsan did not listen on {p}")
+                if self.proc.poll() is not None:
+                    # Refused its configuration, say: its last words.
+                    with open(os.path.join(self.work, "target.log"), errors="replace") as f:
+                        last = [l.strip() for l in f.read().splitlines() if l.strip(" |^")][-4:]
+                    raise RuntimeError(f"ironsan exited ({self.proc.returncode}): "
+                                       + " | ".join(last))
+                kind = "NVMe/TCP" if p in self.nvme_ports else "iSCSI"
+                raise RuntimeError(f"ironsan did not listen on {kind} port {p}")
         sock = os.path.join(self.state, "admin.sock")
         for _ in range(100):
             if os.path.exists(sock):
@@ -316,7 +332,8 @@ class Scenario:
 
     def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
                  facts=None, limits="", extra="", rules=None, target_extra="", files=None,
-                 tgt=True, tgt_params=(), tgt_reason="", gateways=False):
+                 tgt=True, tgt_params=(), tgt_reason="", gateways=False, nvme=False,
+                 script=None, default=True):
         self.name = name
         self.doc = doc
         self._luns = luns
@@ -337,6 +354,13 @@ class Scenario:
         self.tgt_reason = tgt_reason
         # Served by two RBD gateways (needs $CEPH_CONF: scripts/rbd.sh).
         self.gateways = gateways
+        # ironsan listens for NVMe/TCP too (`nvme_listen`, one address per
+        # portal), forwarded to the guest's 10.0.2.100:4420, 10.0.2.101:4420.
+        self.nvme = nvme
+        # The guest's /scenario.sh: scenarios/SCRIPT.sh (default: the name).
+        self.script = script or name
+        # Run when no scenario is named (False: only when named).
+        self.default = default
 
     def luns(self, work):
         out = []
@@ -351,8 +375,10 @@ class Scenario:
             out.append(spec)
         return out
 
-    def toml(self, ports, luns):
+    def toml(self, ports, luns, nvme_ports=()):
         t = "listen = [%s]\n" % ", ".join(f'"127.0.0.1:{p}"' for p in ports)
+        if nvme_ports:
+            t += "nvme_listen = [%s]\n" % ", ".join(f'"127.0.0.1:{p}"' for p in nvme_ports)
         if self.limits:
             t += "[limits]\n" + self.limits + "\n"
         t += self.extra
@@ -524,6 +550,33 @@ def scenario_list():
             target_extra='chap = { user = "guest-host", secret = "guest-secret-0123" }\n'
                          'mutual_chap = { user = "ironsan-tgt", secret = "target-secret-4567" }\n',
             timeout=120),
+        Scenario(
+            "nvme",
+            "NVMe/TCP from the kernel's host (nvme-tcp, nvme-cli): discover lists the "
+            "subsystem; connect without and with header and data digests; the namespace's "
+            "size and identity (id-ctrl, id-ns, ns-descs); ext4 and xfs with fio --verify, "
+            "fstrim shrinks the backing file, fsck clean; a second path; disconnect",
+            [{"backend": "file", "size": "512M"}],
+            nvme=True,
+            env={"NVME_SIZE": str(512 << 20)},
+            timeout=420,
+            tgt=False,
+            tgt_reason="tgt has no NVMe/TCP"),
+        Scenario(
+            "nvme-nvmet",
+            "the nvme scenario against the kernel's own NVMe/TCP target inside the guest "
+            "(nvmet-tcp on 127.0.0.1:4420 and :4421, a 512 MiB file on xfs on a RAM disk), "
+            "for reference",
+            [{"backend": "mem", "size": "16M"}],
+            portals=1,
+            script="nvme",
+            env={"NVME_TARGET": "nvmet", "NVME_NQN": NQN, "NVME_NSID": "1",
+                 "NVME_ADDR0": "127.0.0.1", "NVME_PORT0": "4420",
+                 "NVME_ADDR1": "127.0.0.1", "NVME_PORT1": "4421",
+                 "NVME_SIZE": str(512 << 20)},
+            timeout=420,
+            tgt=False,
+            tgt_reason="the guest serves itself (nvmet)"),
     ]
 
 
@@ -614,7 +667,15 @@ def run_scenario(sc, args, image, binary, keep):
 
     kind = Tgt if args.target == "tgt" else Gateways if sc.gateways else Ironsan
     target = kind(binary, work, sc)
-    target.start()
+    try:
+        target.start()
+    except RuntimeError as e:
+        # Nothing for the guest to do: the scenario fails with the reason.
+        target.stop()
+        log(f"host: the target did not start: {e}")
+        return {"name": sc.name, "ok": False, "elapsed": 0, "boot": None,
+                "steps": [("target", "FAIL", str(e))], "fails": [f"target did not start: {e}"],
+                "facts": {}, "infos": [], "work": work, "kept": work}
     ctl = Control(target, log)
     ctl.start()
 
@@ -622,8 +683,15 @@ def run_scenario(sc, args, image, binary, keep):
            "LUNBASE": "1" if args.target == "tgt" else "0"}
     for i in range(sc.portals):
         env[f"P{i}"] = f"{GUEST_PORTALS[i]}:3260"
+    if sc.nvme:
+        # NVMe/TCP: the subsystem and LUN 0's namespace (NSID = LUN + 1)
+        # at each forwarded address.
+        env.update({"NVME_TARGET": "ironsan", "NVME_NQN": NQN, "NVME_NSID": "1"})
+        for i in range(sc.portals):
+            env[f"NVME_ADDR{i}"] = GUEST_PORTALS[i]
+            env[f"NVME_PORT{i}"] = str(NVME_PORT)
     env.update(sc.env)
-    scen = os.path.join(HERE, "scenarios", sc.name + ".sh")
+    scen = os.path.join(HERE, "scenarios", sc.script + ".sh")
     tree = os.path.join(work, "cpio")
     os.makedirs(tree)
     shutil.copy(scen, os.path.join(tree, "scenario.sh"))
@@ -650,6 +718,9 @@ def run_scenario(sc, args, image, binary, keep):
     fwd = ",".join(
         f"guestfwd=tcp:{GUEST_PORTALS[i]}:3260-cmd:{socat} TCP:127.0.0.1:{p},,nodelay"
         for i, p in enumerate(target.ports))
+    fwd += "".join(
+        f",guestfwd=tcp:{GUEST_PORTALS[i]}:{NVME_PORT}-cmd:{socat} TCP:127.0.0.1:{p},,nodelay"
+        for i, p in enumerate(getattr(target, "nvme_ports", [])))
     fwd += f",guestfwd=tcp:10.0.2.200:9000-cmd:{socat} TCP:127.0.0.1:{ctl.port}"
     cmd = [args.qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "1",
            "-kernel", os.path.join(image, "vmlinuz"), "-initrd", initrd,
@@ -731,7 +802,8 @@ def run_scenario(sc, args, image, binary, keep):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("scenarios", nargs="*", help="scenarios to run (default: all)")
+    ap.add_argument("scenarios", nargs="*",
+                    help="scenarios to run (default: all but those run only when named)")
     ap.add_argument("--target", default="ironsan", choices=["ironsan", "tgt"],
                     help="tgt: the same scenarios against Debian's tgt, for comparison "
                          "(reports where it fails; exits 0)")
@@ -740,13 +812,16 @@ def main():
     ap.add_argument("--list", action="store_true", help="list the scenarios")
     ap.add_argument("--verbose", "-v", action="store_true", help="print every step")
     ap.add_argument("--qemu", default="qemu-system-x86_64")
+    ap.add_argument("--binary", default=None,
+                    help="an ironsan binary to serve with, instead of building the test build "
+                         "(the tmf scenario needs the test-delay feature)")
     args = ap.parse_args()
     all_sc = scenario_list()
     if args.list:
         for s in all_sc:
-            print(f"{s.name}: {s.doc}")
+            print(f"{s.name}: {s.doc}" + ("" if s.default else " (run only when named)"))
         return 0
-    chosen = [s for s in all_sc if not args.scenarios or s.name in args.scenarios]
+    chosen = [s for s in all_sc if s.name in args.scenarios or not args.scenarios and s.default]
     unknown = set(args.scenarios) - {s.name for s in all_sc}
     if unknown:
         print(f"guest: unknown scenarios {sorted(unknown)}; --list lists them", file=sys.stderr)
@@ -760,12 +835,15 @@ def main():
     if not shutil.which(args.qemu):
         print(f"guest: SKIPPED: {args.qemu} not found")
         return 0 if os.environ.get("IRONSAN_GUEST_REQUIRED") != "1" else 1
-    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    # The test-delay feature adds only the LUN key the task management
-    # scenario uses to make a LU slow on demand.
-    subprocess.run(["cargo", "build", "-q", "-p", "ironsan", "--features", "test-delay"],
-                   cwd=ROOT, check=True)
-    binary = os.path.join(target_dir, "debug", "ironsan")
+    if args.binary:
+        binary = os.path.abspath(args.binary)
+    else:
+        target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+        # The test-delay feature adds only the LUN key the task management
+        # scenario uses to make a LU slow on demand.
+        subprocess.run(["cargo", "build", "-q", "-p", "ironsan", "--features", "test-delay"],
+                       cwd=ROOT, check=True)
+        binary = os.path.join(target_dir, "debug", "ironsan")
     kver = open(os.path.join(image, "kernel-version")).read().strip()
     print(f"guest: Linux {kver} under qemu TCG (functional figures, not performance); "
           f"target {args.target}")

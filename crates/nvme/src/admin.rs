@@ -282,6 +282,8 @@ fn identify_controller(c: &Controller) -> Vec<u8> {
         put16(&mut b, 520, 0x0001 | 0x0004 | 0x0008);
         // VWC present; Flush with NSID FFFFFFFFh applies to all.
         b[525] = 0x07;
+        // MNAN: as many namespaces as NN (a host with ANA needs it).
+        put32(&mut b, 540, MAX_NSID);
     }
     // SGLS: SGLs supported (byte aligned), address as offset (in-capsule).
     put32(&mut b, 536, 0x0000_0001 | (1 << 20));
