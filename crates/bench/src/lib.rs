@@ -13,6 +13,7 @@ pub mod engine;
 pub mod gpfsperf;
 pub mod multipath;
 pub mod node;
+pub mod nvme;
 pub mod plot;
 pub mod report;
 pub mod run;

@@ -239,13 +239,25 @@ pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
             )?),
             "iscsi",
         )),
+        TargetSpec::Nvme(u) if spec.targets.len() == 1 => Ok(plain(
+            Box::new(crate::nvme::NvmeEngine::open(
+                u,
+                &spec.initiator,
+                keep_data,
+                spec.iodepth,
+            )?),
+            "nvme-tcp",
+        )),
+        TargetSpec::Nvme(_) => {
+            Err("several nvme-tcp:// targets: multipath over NVMe/TCP is not in bench yet".into())
+        }
         TargetSpec::Iscsi(_) => {
             let urls = spec
                 .targets
                 .iter()
                 .filter_map(|t| match t {
                     TargetSpec::Iscsi(u) => Some(u.clone()),
-                    TargetSpec::File(_) => None,
+                    TargetSpec::File(_) | TargetSpec::Nvme(_) => None,
                 })
                 .collect::<Vec<_>>();
             let policy = spec.multipath.ok_or("several targets need --multipath")?;

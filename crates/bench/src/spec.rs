@@ -97,6 +97,8 @@ impl Rw {
 pub enum TargetSpec {
     /// A LUN through the built-in initiator.
     Iscsi(Url),
+    /// A namespace through the built-in NVMe/TCP host.
+    Nvme(initiator::nvme::NvmeUrl),
     /// A file or block device.
     File(PathBuf),
 }
@@ -112,6 +114,8 @@ impl TargetSpec {
                 ));
             }
             Ok(TargetSpec::Iscsi(u))
+        } else if s.starts_with("nvme-tcp://") {
+            Ok(TargetSpec::Nvme(initiator::nvme::NvmeUrl::parse(s)?))
         } else if s.is_empty() {
             Err("empty target".into())
         } else {
@@ -132,6 +136,7 @@ impl From<TargetSpec> for String {
     fn from(t: TargetSpec) -> String {
         match t {
             TargetSpec::Iscsi(u) => u.to_full_string(),
+            TargetSpec::Nvme(u) => u.to_string(),
             TargetSpec::File(p) => p.to_string_lossy().into_owned(),
         }
     }
@@ -141,6 +146,7 @@ impl std::fmt::Display for TargetSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TargetSpec::Iscsi(u) => u.fmt(f),
+            TargetSpec::Nvme(u) => u.fmt(f),
             TargetSpec::File(p) => p.display().fmt(f),
         }
     }
@@ -284,7 +290,9 @@ impl JobSpec {
     /// Checks the plan; the message names the option at fault.
     pub fn validate(&self) -> Result<(), String> {
         if self.targets.is_empty() {
-            return Err("no target given (an iscsi:// URL, a file or a block device)".into());
+            return Err(
+                "no target given (an iscsi:// or nvme-tcp:// URL, a file or a block device)".into(),
+            );
         }
         if self.bs == 0 || !self.bs.is_multiple_of(512) || self.bs > 64 << 20 {
             return Err(format!(
@@ -336,8 +344,20 @@ impl JobSpec {
         {
             return Err("--multipath needs iscsi:// targets".into());
         }
+        let nvme = matches!(self.targets[0], TargetSpec::Nvme(_));
+        if nvme && !self.busy_poll.is_zero() {
+            return Err("--busy-poll is for iscsi:// targets".into());
+        }
+        if nvme && self.ioengine != IoEngineKind::Auto {
+            return Err(
+                "nvme-tcp:// targets use the built-in NVMe/TCP host (no --ioengine)".into(),
+            );
+        }
+        if nvme && self.direct {
+            return Err("--direct is for files and block devices, not nvme-tcp:// targets".into());
+        }
         let iscsi = matches!(self.targets[0], TargetSpec::Iscsi(_));
-        match (self.ioengine, iscsi) {
+        match (self.ioengine, iscsi || nvme) {
             (IoEngineKind::IoUring | IoEngineKind::Psync, true) => {
                 return Err(
                     "--ioengine io_uring/psync are for files and block devices; iscsi:// targets \

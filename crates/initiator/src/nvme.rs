@@ -570,12 +570,27 @@ impl Controller {
     }
 }
 
-/// An `nvme-tcp://HOST[:PORT]/SUBNQN[/NSID]` URL.
+/// An `nvme-tcp://HOST[:PORT]/SUBNQN[/NSID][?digests]` URL (`?digests`:
+/// header and data digests; `?header_digest`, `?data_digest`: one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvmeUrl {
     pub addr: SocketAddr,
     pub subnqn: String,
     pub nsid: u32,
+    /// Header and data digests asked for.
+    pub digests: (bool, bool),
+}
+
+impl std::fmt::Display for NvmeUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "nvme-tcp://{}/{}/{}", self.addr, self.subnqn, self.nsid)?;
+        match self.digests {
+            (true, true) => write!(f, "?digests"),
+            (true, false) => write!(f, "?header_digest"),
+            (false, true) => write!(f, "?data_digest"),
+            (false, false) => Ok(()),
+        }
+    }
 }
 
 impl NvmeUrl {
@@ -583,6 +598,17 @@ impl NvmeUrl {
         let rest = s
             .strip_prefix("nvme-tcp://")
             .ok_or_else(|| format!("{s}: not an nvme-tcp:// URL"))?;
+        let (rest, digests) = match rest.split_once('?') {
+            None => (rest, (false, false)),
+            Some((r, "digests")) => (r, (true, true)),
+            Some((r, "header_digest")) => (r, (true, false)),
+            Some((r, "data_digest")) => (r, (false, true)),
+            Some((_, q)) => {
+                return Err(format!(
+                    "{s}: unknown option {q:?} (digests, header_digest, data_digest)"
+                ))
+            }
+        };
         let (host, path) = rest
             .split_once('/')
             .ok_or_else(|| format!("{s}: no subsystem NQN (nvme-tcp://HOST:PORT/NQN/NSID)"))?;
@@ -609,6 +635,7 @@ impl NvmeUrl {
             addr,
             subnqn: subnqn.to_owned(),
             nsid,
+            digests,
         })
     }
 }
@@ -641,6 +668,11 @@ mod tests {
         assert!(NvmeUrl::parse("iscsi://127.0.0.1/x/0").is_err());
         assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:1/iqn.x/1").is_err());
         assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:1/nqn.x/0").is_err());
+        let u = NvmeUrl::parse("nvme-tcp://127.0.0.1:9/nqn.x:y/3?digests").unwrap();
+        assert_eq!(u.digests, (true, true));
+        assert_eq!(u.to_string(), "nvme-tcp://127.0.0.1:9/nqn.x:y/3?digests");
+        assert_eq!(NvmeUrl::parse(&u.to_string()).unwrap(), u);
+        assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:9/nqn.x/1?bogus").is_err());
     }
 
     #[test]

@@ -529,7 +529,7 @@ fn collect(a: &BenchArgs, spec: &JobSpec, ticker: bool) -> Result<Collected> {
         .iter()
         .filter_map(|t| match t {
             TargetSpec::File(p) => disk_of(p),
-            TargetSpec::Iscsi(_) => None,
+            TargetSpec::Iscsi(_) | TargetSpec::Nvme(_) => None,
         })
         .collect();
     let before: Vec<Option<Vec<u64>>> = disks.iter().map(|(_, s)| disk_stat(s)).collect();
