@@ -25,7 +25,7 @@ fi
 # and mutated inputs each (IRONSAN_FUZZ_SECONDS to change), one process per
 # target, each bounded in time.
 cargo build -q -p ironsan-fuzz --release
-for t in pdu text cdb login_session nvme_tcp; do
+for t in pdu text cdb login_session nvme_tcp nvme_controller; do
   timeout 300 cargo run -q -p ironsan-fuzz --release -- --seconds "${IRONSAN_FUZZ_SECONDS:-30}" "$t"
 done
 scripts/conformance.sh --digest off

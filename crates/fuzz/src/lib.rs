@@ -12,6 +12,9 @@
 //! * [`nvme_tcp`]: NVMe/TCP framing (`nvme_tcp_wire::frame`) and header
 //!   decoding under every combination of digests, data alignment and data
 //!   limit.
+//! * [`nvme_controller`]: an NVMe/TCP connection as the server drives it
+//!   (`nvme::Queue`, Connect through `nvme::Registry`, admin commands,
+//!   NVM commands on a RAM namespace), fed an arbitrary byte stream.
 //!
 //! The libFuzzer targets in `fuzz/fuzz_targets/` call these; the runner in
 //! `src/main.rs` drives them on the stable toolchain from the seed corpora
@@ -41,7 +44,123 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("cdb", cdb),
     ("login_session", login_session),
     ("nvme_tcp", nvme_tcp),
+    ("nvme_controller", nvme_controller),
 ];
+
+/// The namespaces of [`nvme_controller`]: one RAM volume.
+struct OneNamespace(Arc<volume::Volume>);
+
+impl nvme::Namespaces for OneNamespace {
+    fn active(&self) -> Vec<u32> {
+        vec![1]
+    }
+    fn volume(&self, nsid: u32) -> Option<Arc<volume::Volume>> {
+        (nsid == 1).then(|| self.0.clone())
+    }
+    fn generation(&self) -> u64 {
+        0
+    }
+}
+
+/// The subsystem NQN [`nvme_controller`] serves.
+pub const FUZZ_NQN: &str = "nqn.2026-12.io.ironsan:fuzz";
+/// The host of [`nvme_controller`]'s controller 1.
+pub const FUZZ_HOST: &str = "nqn.2026-12.io.ironsan:fuzz-host";
+
+/// One NVMe/TCP connection driven as the server drives it: bytes framed
+/// and received by an `nvme::Queue`, its first command a Connect, then
+/// admin commands (queue 0) or NVM commands on a 1 MiB RAM namespace,
+/// every reply completed into the queue's outbox (drained as it goes).
+pub fn nvme_controller(data: &[u8]) {
+    use nvme::admin::{self, Context, Outcome};
+    use nvme::ctrl::ConnectCmd;
+    use nvme_tcp_wire::capsule::{fctype, ConnectData, Status, OPC_FABRICS};
+    let vol = volume::Volume::new(
+        Arc::new(storage::MemBackend::new(1 << 20)),
+        512,
+        None,
+        false,
+        true,
+    )
+    .expect("a valid geometry");
+    let registry = nvme::Registry::new();
+    registry.add(Arc::new(nvme::Subsystem::new(
+        FUZZ_NQN.into(),
+        Arc::new(OneNamespace(Arc::new(vol))),
+        Vec::new(),
+        None,
+    )));
+    let ports = [nvme::Port {
+        id: 1,
+        addr: "127.0.0.1:4420".parse().expect("an address"),
+    }];
+    // A controller for I/O queues to join (CNTLID 1, the seeds' host).
+    let admin = registry
+        .connect(
+            &ConnectCmd {
+                recfmt: 0,
+                qid: 0,
+                sqsize: 31,
+                cattr: 0,
+                kato_ms: 0,
+            },
+            &ConnectData {
+                host_id: [0; 16],
+                cntlid: 0xffff,
+                subnqn: FUZZ_NQN.into(),
+                hostnqn: FUZZ_HOST.into(),
+            },
+            1,
+        )
+        .expect("the first controller");
+    admin
+        .property_set(0x14, false, 1 | (6 << 16) | (4 << 20))
+        .expect("CC");
+    admin.grant_queues(3, 3);
+    let mut q = nvme::Queue::new(1 << 20);
+    let mut ctrl = None;
+    let mut buf = BytesMut::from(data);
+    let mut held = 0;
+    while let Ok(Some(f)) = q.frame(&buf) {
+        assert!(f.len <= buf.len());
+        let pdu = buf.split_to(f.len).freeze();
+        let cmd = match q.receive(pdu, &f) {
+            Ok(Some(c)) => c,
+            Ok(None) => continue,
+            Err(_) => break,
+        };
+        let cid = cmd.sqe.cid();
+        let Some(c) = ctrl.clone() else {
+            if cmd.sqe.opcode() == OPC_FABRICS && cmd.sqe.fctype() == fctype::CONNECT {
+                let cc = ConnectCmd::decode(&cmd.sqe);
+                if let Ok(d) = ConnectData::decode(&cmd.data.to_vec()) {
+                    if let Ok(c) = registry.connect(&cc, &d, 1) {
+                        q.connected(cc.qid, cc.sqsize.saturating_add(1), cc.sqflow_disabled());
+                        ctrl = Some(c);
+                    }
+                }
+            }
+            q.complete(cid, Status::SUCCESS, 0, bufpool::Chain::new());
+            continue;
+        };
+        if q.qid == 0 {
+            let cx = Context {
+                registry: &registry,
+                ports: &ports,
+                aers_held: held,
+            };
+            match admin::execute(&c, &cx, &cmd.sqe, &cmd.data.to_vec()) {
+                Outcome::Reply(r) => q.complete(cid, r.status, r.result, r.data),
+                Outcome::Held => held += 1,
+                Outcome::Disconnect => break,
+            }
+        } else if let Some(v) = c.subsystem.namespaces.volume(cmd.sqe.nsid()) {
+            let r = nvme::nvm::execute(&v, &cmd.sqe, cmd.data);
+            q.complete(cid, r.status, r.result, r.data);
+        }
+        let _ = q.out.to_vec();
+    }
+}
 
 /// NVMe/TCP framing of one receive buffer: the first byte picks the
 /// negotiated digests (bits 0, 1), the data alignment (bits 2-3: 4 to 32

@@ -251,6 +251,175 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         v.push(("cdb", name.to_string(), v2));
     }
     v.extend(nvme_tcp_seeds());
+    v.extend(nvme_controller_seeds());
+    v
+}
+
+/// NVMe/TCP connections for [`crate::nvme_controller`]: an admin queue's
+/// bring-up, and an I/O queue joining controller 1 with every NVM command,
+/// with and without digests.
+fn nvme_controller_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    use nvme_tcp_wire::capsule::{ConnectData, Sgl};
+    use nvme_tcp_wire::{DataHeader, Ic, Layout, PduType};
+    fn sqe(op: u8, nsid: u32, dws: &[(usize, u32)], sgl: Sgl) -> [u8; 64] {
+        let mut s = [0u8; 64];
+        s[0] = op;
+        s[1] = 0x40;
+        s[4..8].copy_from_slice(&nsid.to_le_bytes());
+        s[24..40].copy_from_slice(&sgl.encode());
+        for &(n, x) in dws {
+            s[n * 4..n * 4 + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        s
+    }
+    fn capsule(l: &Layout, mut s: [u8; 64], cid: u16, data: &[u8]) -> Vec<u8> {
+        s[2..4].copy_from_slice(&cid.to_le_bytes());
+        let mut b = l.header(PduType::CapsuleCmd, 0, &s, data.len());
+        b.extend_from_slice(data);
+        if let Some(d) = l.data_digest_of(data) {
+            b.extend_from_slice(&d);
+        }
+        b
+    }
+    fn connect(qid: u16, cntlid: u16) -> ([u8; 64], Vec<u8>) {
+        let mut s = sqe(
+            0x7f,
+            0,
+            &[],
+            Sgl::InCapsule {
+                offset: 0,
+                length: 1024,
+            },
+        );
+        s[4] = 0x01;
+        s[42..44].copy_from_slice(&qid.to_le_bytes());
+        s[44..46].copy_from_slice(&31u16.to_le_bytes());
+        s[46] = 0x04;
+        let d = ConnectData {
+            host_id: [0; 16],
+            cntlid,
+            subnqn: crate::FUZZ_NQN.into(),
+            hostnqn: crate::FUZZ_HOST.into(),
+        };
+        (s, d.encode().to_vec())
+    }
+    let none = Sgl::Transport { length: 0 };
+    let page = Sgl::Transport { length: 4096 };
+    let mut v = Vec::new();
+    for digests in [false, true] {
+        let l = Layout {
+            header_digest: digests,
+            data_digest: digests,
+            alignment: 4,
+        };
+        let ic = Ic {
+            header_digest: digests,
+            data_digest: digests,
+            ..Ic::default()
+        }
+        .encode(false);
+        // The admin queue: Connect, CC.EN, Identify, logs, features, AER.
+        let mut b = ic.to_vec();
+        let (s, d) = connect(0, 0xffff);
+        b.extend(capsule(&l, s, 1, &d));
+        let mut cc = sqe(0x7f, 0, &[(11, 0x14), (12, 0x0046_0001)], none);
+        cc[4] = 0x00;
+        b.extend(capsule(&l, cc, 2, &[]));
+        let mut get = sqe(0x7f, 0, &[(11, 0x1c)], none);
+        get[4] = 0x04;
+        b.extend(capsule(&l, get, 3, &[]));
+        for (i, (nsid, cns)) in [(0, 1), (1, 0), (0, 2), (1, 3), (0, 6)]
+            .into_iter()
+            .enumerate()
+        {
+            b.extend(capsule(
+                &l,
+                sqe(0x06, nsid, &[(10, cns)], page),
+                4 + i as u16,
+                &[],
+            ));
+        }
+        for (i, lid) in [0x01u32, 0x02, 0x03, 0x04, 0x05, 0x0c]
+            .into_iter()
+            .enumerate()
+        {
+            let d10 = lid | (1023 << 16);
+            b.extend(capsule(
+                &l,
+                sqe(0x02, 0xffff_ffff, &[(10, d10)], page),
+                10 + i as u16,
+                &[],
+            ));
+        }
+        b.extend(capsule(
+            &l,
+            sqe(0x09, 0, &[(10, 7), (11, 0x0003_0003)], none),
+            20,
+            &[],
+        ));
+        b.extend(capsule(
+            &l,
+            sqe(0x09, 0, &[(10, 0x0b), (11, 0x800)], none),
+            21,
+            &[],
+        ));
+        b.extend(capsule(&l, sqe(0x0a, 0, &[(10, 0x0f)], none), 22, &[]));
+        b.extend(capsule(&l, sqe(0x0c, 0, &[], none), 23, &[]));
+        b.extend(capsule(&l, sqe(0x18, 0, &[], none), 24, &[]));
+        let name = if digests { "admin_digests" } else { "admin" };
+        v.push(("nvme_controller", name.to_string(), b));
+        // An I/O queue of controller 1: every NVM command.
+        let mut b = ic.to_vec();
+        let (s, d) = connect(1, 1);
+        b.extend(capsule(&l, s, 1, &d));
+        let rw = |op: u8, lba: u32, n: u32, sgl| sqe(op, 1, &[(10, lba), (12, n - 1)], sgl);
+        let data = vec![0x5au8; 4096];
+        let inc = Sgl::InCapsule {
+            offset: 0,
+            length: 4096,
+        };
+        b.extend(capsule(&l, rw(0x01, 0, 8, inc), 2, &data));
+        b.extend(capsule(&l, rw(0x02, 0, 8, page), 3, &[]));
+        b.extend(capsule(&l, rw(0x05, 0, 8, inc), 4, &data));
+        // A write whose data comes after the R2T (tag 0).
+        b.extend(capsule(&l, rw(0x01, 8, 8, page), 5, &[]));
+        let h = DataHeader {
+            cccid: 5,
+            ttag: 0,
+            offset: 0,
+            length: 4096,
+        };
+        let mut psh = [0u8; 24];
+        psh[8..10].copy_from_slice(&h.cccid.to_le_bytes());
+        psh[12..16].copy_from_slice(&h.offset.to_le_bytes());
+        psh[16..20].copy_from_slice(&h.length.to_le_bytes());
+        b.extend(l.header(PduType::H2cData, 0x04, &psh[8..], 4096));
+        b.extend_from_slice(&data);
+        if let Some(d) = l.data_digest_of(&data) {
+            b.extend_from_slice(&d);
+        }
+        let mut range = vec![0u8; 16];
+        range[4..8].copy_from_slice(&8u32.to_le_bytes());
+        let dsm = Sgl::InCapsule {
+            offset: 0,
+            length: 16,
+        };
+        b.extend(capsule(
+            &l,
+            sqe(0x09, 1, &[(10, 0), (11, 4)], dsm),
+            6,
+            &range,
+        ));
+        b.extend(capsule(
+            &l,
+            sqe(0x08, 1, &[(10, 16), (12, 7 | 1 << 25)], none),
+            7,
+            &[],
+        ));
+        b.extend(capsule(&l, sqe(0x00, 0xffff_ffff, &[], none), 8, &[]));
+        let name = if digests { "io_digests" } else { "io" };
+        v.push(("nvme_controller", name.to_string(), b));
+    }
     v
 }
 
