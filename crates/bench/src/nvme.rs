@@ -2,8 +2,6 @@
 //! one controller and one I/O queue per job, commands pipelined up to the
 //! job's depth. Reads, writes and trims (Dataset Management, deallocate).
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 use initiator::nvme::{host_nqn, sqe, Completion, Controller, NvmeQueue, NvmeUrl};
 
@@ -21,7 +19,8 @@ pub struct NvmeEngine {
     bs: u32,
     capacity: u64,
     keep_data: bool,
-    inflight: HashMap<u16, usize>,
+    /// The slot of each command in flight, by CID.
+    inflight: Vec<usize>,
     scratch: Vec<Completion>,
 }
 
@@ -53,7 +52,7 @@ impl NvmeEngine {
             bs: ns.block_size,
             capacity: ns.blocks * u64::from(ns.block_size),
             keep_data,
-            inflight: HashMap::new(),
+            inflight: vec![usize::MAX; usize::from(entries)],
             scratch: Vec::new(),
         })
     }
@@ -101,16 +100,21 @@ impl Engine for NvmeEngine {
             .q
             .submit(cmd, write, read_len)
             .map_err(|e| e.to_string())?;
-        self.inflight.insert(cid, io.slot);
+        self.inflight[usize::from(cid)] = io.slot;
         Ok(())
     }
     fn reap(&mut self, done: &mut Vec<Done>) -> Result<(), String> {
-        if self.inflight.is_empty() {
+        if self.q.outstanding() == 0 {
             return Ok(());
         }
         self.q.wait(&mut self.scratch).map_err(|e| e.to_string())?;
         for c in self.scratch.drain(..) {
-            let Some(slot) = self.inflight.remove(&c.cid) else {
+            let Some(slot) = self
+                .inflight
+                .get_mut(usize::from(c.cid))
+                .map(|s| std::mem::replace(s, usize::MAX))
+                .filter(|&s| s != usize::MAX)
+            else {
                 continue;
             };
             done.push(Done {

@@ -274,7 +274,7 @@ fn nvme_controller_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     fn capsule(l: &Layout, mut s: [u8; 64], cid: u16, data: &[u8]) -> Vec<u8> {
         s[2..4].copy_from_slice(&cid.to_le_bytes());
-        let mut b = l.header(PduType::CapsuleCmd, 0, &s, data.len());
+        let mut b = l.header(PduType::CapsuleCmd, 0, &s, data.len()).to_vec();
         b.extend_from_slice(data);
         if let Some(d) = l.data_digest_of(data) {
             b.extend_from_slice(&d);
@@ -393,7 +393,7 @@ fn nvme_controller_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         psh[8..10].copy_from_slice(&h.cccid.to_le_bytes());
         psh[12..16].copy_from_slice(&h.offset.to_le_bytes());
         psh[16..20].copy_from_slice(&h.length.to_le_bytes());
-        b.extend(l.header(PduType::H2cData, 0x04, &psh[8..], 4096));
+        b.extend_from_slice(&l.header(PduType::H2cData, 0x04, &psh[8..], 4096));
         b.extend_from_slice(&data);
         if let Some(d) = l.data_digest_of(&data) {
             b.extend_from_slice(&d);

@@ -10,7 +10,7 @@
 //! completion in a response capsule or folded into the last C2HData (the
 //! SUCCESS flag, when SQ flow control is disabled, as this host asks).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -59,8 +59,30 @@ impl Completion {
 struct Pending {
     /// Data to send when the controller asks (R2T).
     write: Bytes,
-    /// Data received so far.
-    read: BytesMut,
+    /// Data received so far: the C2HData PDU's own bytes when one carried
+    /// it all (no copy), else gathered.
+    read: Option<Received>,
+}
+
+enum Received {
+    Whole(Bytes),
+    Gathered(BytesMut),
+}
+
+impl Received {
+    fn len(&self) -> usize {
+        match self {
+            Received::Whole(b) => b.len(),
+            Received::Gathered(b) => b.len(),
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Received::Whole(b) => b,
+            Received::Gathered(b) => b.freeze(),
+        }
+    }
 }
 
 /// One NVMe/TCP connection: one queue (module docs).
@@ -72,8 +94,12 @@ pub struct NvmeQueue {
     /// Data this queue sends in the capsule at most.
     in_capsule: u32,
     rbuf: BytesMut,
+    /// Headers laid out for sending: split off as each is queued.
+    arena: BytesMut,
     out: VecDeque<Bytes>,
-    inflight: HashMap<u16, Pending>,
+    /// Commands in flight, by CID (CIDs are below the depth).
+    inflight: Vec<Option<Pending>>,
+    outstanding: usize,
     free: Vec<u16>,
     depth: u16,
     pub qid: u16,
@@ -123,8 +149,10 @@ impl NvmeQueue {
             maxh2cdata: r.max,
             in_capsule: 8192,
             rbuf: BytesMut::with_capacity(256 * 1024),
+            arena: BytesMut::with_capacity(64 * 1024),
             out: VecDeque::new(),
-            inflight: HashMap::new(),
+            inflight: (0..32).map(|_| None).collect(),
+            outstanding: 0,
             free: (0..32).rev().collect(),
             depth: 32,
             qid: 0,
@@ -135,6 +163,25 @@ impl NvmeQueue {
     pub fn set_depth(&mut self, depth: u16) {
         self.depth = depth;
         self.free = (0..depth).rev().collect();
+        self.inflight = (0..depth).map(|_| None).collect();
+        self.outstanding = 0;
+    }
+
+    /// Queues `b` (a header or a digest) through the arena.
+    fn queue_small(&mut self, b: &[u8]) {
+        if self.arena.capacity() - self.arena.len() < b.len() {
+            self.arena = BytesMut::with_capacity(64 * 1024);
+        }
+        self.arena.extend_from_slice(b);
+        self.out.push_back(self.arena.split().freeze());
+    }
+
+    /// Takes command `cid` out of flight.
+    fn finish(&mut self, cid: u16) -> Option<Pending> {
+        let p = self.inflight.get_mut(usize::from(cid))?.take()?;
+        self.outstanding -= 1;
+        self.free.push(cid);
+        Some(p)
     }
 
     /// Data sent in the capsule at most (the controller's IOCCSZ less the
@@ -150,7 +197,7 @@ impl NvmeQueue {
 
     /// Commands in flight.
     pub fn outstanding(&self) -> usize {
-        self.inflight.len()
+        self.outstanding
     }
 
     /// Queues command `sqe` (its CID is set here and returned) with `write`
@@ -184,29 +231,31 @@ impl NvmeQueue {
         psh.copy_from_slice(&sqe.0);
         let data_len = if in_capsule { write.len() } else { 0 };
         let h = self.tx.header(PduType::CapsuleCmd, 0, &psh, data_len);
-        self.out.push_back(Bytes::from(h));
+        self.queue_small(&h);
         if in_capsule {
             let d = self.tx.data_digest_of(&write);
             self.out.push_back(write.clone());
             if let Some(d) = d {
-                self.out.push_back(Bytes::copy_from_slice(&d));
+                self.queue_small(&d);
             }
         }
-        self.inflight.insert(
-            cid,
-            Pending {
-                write: if in_capsule { Bytes::new() } else { write },
-                read: BytesMut::new(),
-            },
-        );
+        self.inflight[usize::from(cid)] = Some(Pending {
+            write: if in_capsule { Bytes::new() } else { write },
+            read: None,
+        });
+        self.outstanding += 1;
         Ok(cid)
     }
 
     /// Sends everything queued.
     pub fn flush(&mut self) -> Result<(), Error> {
         while !self.out.is_empty() {
-            let iov: Vec<IoSlice<'_>> = self.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            let mut n = self.stream.write_vectored(&iov)?;
+            let mut iov = [IoSlice::new(&[]); 64];
+            let k = self.out.len().min(64);
+            for (s, b) in iov.iter_mut().zip(self.out.iter()) {
+                *s = IoSlice::new(b);
+            }
+            let mut n = self.stream.write_vectored(&iov[..k])?;
             if n == 0 {
                 return Err(Error::Closed);
             }
@@ -231,7 +280,7 @@ impl NvmeQueue {
         loop {
             self.flush()?;
             self.take_received(done)?;
-            if done.len() > before || self.inflight.is_empty() {
+            if done.len() > before || self.outstanding == 0 {
                 return self.flush();
             }
             if !self.out.is_empty() {
@@ -268,18 +317,17 @@ impl NvmeQueue {
             match f.ch.pdu_type {
                 PduType::CapsuleResp => {
                     let cqe = Cqe::decode(pdu[8..24].try_into().expect("framed: 24 bytes"));
-                    let Some(p) = self.inflight.remove(&cqe.cid) else {
+                    let Some(p) = self.finish(cqe.cid) else {
                         return Err(Error::Protocol(format!(
                             "a response for command {} not in flight",
                             cqe.cid
                         )));
                     };
-                    self.free.push(cqe.cid);
                     done.push(Completion {
                         cid: cqe.cid,
                         status: cqe.status,
                         result: cqe.result,
-                        data: p.read.freeze(),
+                        data: p.read.map_or_else(Bytes::new, Received::freeze),
                     });
                 }
                 PduType::C2hData => {
@@ -287,38 +335,55 @@ impl NvmeQueue {
                     if !data_digest_ok(&pdu, &f) {
                         return Err(Error::Protocol("C2HData data digest mismatch".into()));
                     }
-                    let Some(p) = self.inflight.get_mut(&h.cccid) else {
+                    let Some(p) = self
+                        .inflight
+                        .get_mut(usize::from(h.cccid))
+                        .and_then(Option::as_mut)
+                    else {
                         return Err(Error::Protocol(format!(
                             "C2HData for command {} not in flight",
                             h.cccid
                         )));
                     };
-                    if h.offset as usize != p.read.len() || h.length as usize != f.data.len() {
+                    let have = p.read.as_ref().map_or(0, Received::len);
+                    if h.offset as usize != have || h.length as usize != f.data.len() {
                         return Err(Error::Protocol(format!(
-                            "C2HData at {} of {} bytes, {} expected next",
-                            h.offset,
-                            h.length,
-                            p.read.len()
+                            "C2HData at {} of {} bytes, {have} expected next",
+                            h.offset, h.length
                         )));
                     }
-                    p.read.extend_from_slice(&pdu[f.data.clone()]);
+                    let piece = pdu.slice(f.data.clone());
+                    p.read = Some(match p.read.take() {
+                        None => Received::Whole(piece),
+                        Some(r) => {
+                            let mut g = match r {
+                                Received::Whole(b) => BytesMut::from(&b[..]),
+                                Received::Gathered(g) => g,
+                            };
+                            g.extend_from_slice(&piece);
+                            Received::Gathered(g)
+                        }
+                    });
                     if f.ch.flags & SUCCESS != 0 {
                         if f.ch.flags & LAST_PDU == 0 {
                             return Err(Error::Protocol("SUCCESS without LAST_PDU".into()));
                         }
-                        let p = self.inflight.remove(&h.cccid).expect("present");
-                        self.free.push(h.cccid);
+                        let p = self.finish(h.cccid).expect("present");
                         done.push(Completion {
                             cid: h.cccid,
                             status: Status::SUCCESS,
                             result: 0,
-                            data: p.read.freeze(),
+                            data: p.read.map_or_else(Bytes::new, Received::freeze),
                         });
                     }
                 }
                 PduType::R2t => {
                     let h = DataHeader::decode(&pdu);
-                    let Some(p) = self.inflight.get(&h.cccid) else {
+                    let Some(p) = self
+                        .inflight
+                        .get(usize::from(h.cccid))
+                        .and_then(Option::as_ref)
+                    else {
                         return Err(Error::Protocol(format!(
                             "R2T for command {} not in flight",
                             h.cccid
@@ -353,10 +418,10 @@ impl NvmeQueue {
                         let hdr = self.tx.header(PduType::H2cData, flags, &psh[8..], n);
                         let piece = data.slice(off..off + n);
                         let dd = self.tx.data_digest_of(&piece);
-                        self.out.push_back(Bytes::from(hdr));
+                        self.queue_small(&hdr);
                         self.out.push_back(piece);
                         if let Some(d) = dd {
-                            self.out.push_back(Bytes::copy_from_slice(&d));
+                            self.queue_small(&d);
                         }
                         off += n;
                     }

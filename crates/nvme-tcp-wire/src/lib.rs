@@ -374,6 +374,36 @@ impl DataHeader {
     }
 }
 
+/// The longest header [`Layout::header`] makes: a 72-byte CapsuleCmd
+/// header and its digest, padded to an alignment of at most 128 bytes.
+pub const HEADER_MAX: usize = 256;
+
+/// A PDU header laid out on the stack ([`Layout::header`]).
+#[derive(Clone, Copy)]
+pub struct HeaderBuf {
+    b: [u8; HEADER_MAX],
+    len: usize,
+}
+
+impl std::ops::Deref for HeaderBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.b[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for HeaderBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.b[..self.len]
+    }
+}
+
+impl std::fmt::Debug for HeaderBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("HeaderBuf").field(&&self[..]).finish()
+    }
+}
+
 /// How the sender lays out the PDUs it encodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Layout {
@@ -386,14 +416,15 @@ pub struct Layout {
 impl Layout {
     /// The header (CH, PSH, digest, padding up to PDO) of a PDU of type
     /// `t` with PSH bytes `psh` and `data_len` bytes of data; the data and
-    /// then [`Layout::data_digest_of`] follow it on the wire.
-    pub fn header(&self, t: PduType, flags: u8, psh: &[u8], data_len: usize) -> Vec<u8> {
+    /// then [`Layout::data_digest_of`] follow it on the wire. Built on the
+    /// stack: nothing is allocated per PDU.
+    pub fn header(&self, t: PduType, flags: u8, psh: &[u8], data_len: usize) -> HeaderBuf {
         let hlen = CH_LEN + psh.len();
         let hd = self.header_digest && t.has_digests();
         let dd = self.data_digest && t.has_digests() && data_len > 0;
         let header_end = hlen + if hd { DIGEST_LEN } else { 0 };
         let pdo = if data_len > 0 {
-            header_end.next_multiple_of(self.alignment.max(4) as usize)
+            header_end.next_multiple_of(self.alignment.clamp(4, 128) as usize)
         } else {
             0
         };
@@ -402,15 +433,19 @@ impl Layout {
         } else {
             header_end
         };
-        let mut b = vec![0u8; if data_len > 0 { pdo } else { header_end }];
+        let mut h = HeaderBuf {
+            b: [0u8; HEADER_MAX],
+            len: if data_len > 0 { pdo } else { header_end },
+        };
+        let b = &mut h.b;
         let flags = flags | if hd { HDGSTF } else { 0 } | if dd { DDGSTF } else { 0 };
-        put_ch(&mut b, t, flags, pdo as u8, plen as u32);
+        put_ch(b, t, flags, pdo as u8, plen as u32);
         b[CH_LEN..hlen].copy_from_slice(psh);
         if hd {
             let c = crc32c(&b[..hlen]);
             b[hlen..hlen + DIGEST_LEN].copy_from_slice(&c.to_le_bytes());
         }
-        b
+        h
     }
 
     /// The data digest to send after `data`, if digests are on.
@@ -419,13 +454,13 @@ impl Layout {
     }
 
     /// A CapsuleResp carrying `cqe`.
-    pub fn capsule_resp(&self, cqe: &[u8; 16]) -> Vec<u8> {
+    pub fn capsule_resp(&self, cqe: &[u8; 16]) -> HeaderBuf {
         self.header(PduType::CapsuleResp, 0, cqe, 0)
     }
 
     /// The header of a C2HData PDU of `h.length` bytes; `last` and
     /// `success` set LAST_PDU and SUCCESS.
-    pub fn c2h_data(&self, h: &DataHeader, last: bool, success: bool) -> Vec<u8> {
+    pub fn c2h_data(&self, h: &DataHeader, last: bool, success: bool) -> HeaderBuf {
         let mut psh = [0u8; 24];
         h.put(&mut psh);
         let flags = if last { LAST_PDU } else { 0 } | if success { SUCCESS } else { 0 };
@@ -433,7 +468,7 @@ impl Layout {
     }
 
     /// An R2T for `h.length` bytes at `h.offset`.
-    pub fn r2t(&self, h: &DataHeader) -> Vec<u8> {
+    pub fn r2t(&self, h: &DataHeader) -> HeaderBuf {
         let mut psh = [0u8; 24];
         h.put(&mut psh);
         self.header(PduType::R2t, 0, &psh[8..], 0)
@@ -518,7 +553,7 @@ mod tests {
                 offset: 4096,
                 length: data.len() as u32,
             };
-            let mut pdu = l.c2h_data(&h, true, true);
+            let mut pdu = l.c2h_data(&h, true, true).to_vec();
             assert_eq!(pdu.len() % align as usize, 0, "data starts aligned");
             pdu.extend_from_slice(&data);
             if let Some(d) = l.data_digest_of(&data) {
@@ -581,7 +616,9 @@ mod tests {
         b[2] = 25; // HLEN not the type's
         assert_eq!(frame(&b, &n).unwrap_err(), Fatal::field(2));
         // PLEN past the data limit: refused from the common header alone.
-        let mut b = Layout::default().header(PduType::H2cData, 0, &[0; 16], 0);
+        let mut b = Layout::default()
+            .header(PduType::H2cData, 0, &[0; 16], 0)
+            .to_vec();
         b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(frame(&b[..8], &n).unwrap_err(), Fatal::field(4));
         // Data in a PDU that carries none.

@@ -1062,7 +1062,7 @@ pub(crate) fn set_congestion(stream: &TcpStream, name: &str) {
 /// The deadline is `limits.busy_poll_us` after the connection's last work
 /// (bytes read, a command finished by an I/O thread), so idle connections
 /// sleep, whatever else (timers) wakes them.
-async fn poll_socket(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
+pub(crate) async fn poll_socket(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
     loop {
         // A peek: tokio's readiness is left alone (the reader that follows

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 use volume::access::AccessState;
 use volume::Volume;
 
-use crate::conn::{set_congestion, Out};
+use crate::conn::{poll_socket, set_congestion, Out};
 use crate::lunmap::TableCell;
 use crate::server::{Portal, Shared};
 
@@ -137,6 +137,8 @@ pub(crate) async fn serve(
         held_aers: Vec::new(),
         closing: false,
         aen_pending: false,
+        ns_vols: Vec::new(),
+        ns_generation: None,
     };
     match d.run(stop).await {
         Ok(()) => {}
@@ -170,6 +172,10 @@ struct Driver {
     closing: bool,
     /// An ANA change waits for an Asynchronous Event Request to report it.
     aen_pending: bool,
+    /// The namespaces' volumes by NSID, as of `ns_generation` (looked up
+    /// once per change of the LUN table, not per command).
+    ns_vols: Vec<Option<Arc<Volume>>>,
+    ns_generation: Option<u64>,
 }
 
 impl Driver {
@@ -177,6 +183,7 @@ impl Driver {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopping = false;
+        let mut last_work = std::time::Instant::now();
         loop {
             self.handle_received();
             self.queue.out.write_to(&mut Out(&self.stream))?;
@@ -188,13 +195,25 @@ impl Driver {
             }
             let want_read = !self.closing && !stopping && self.queue.out.len() < OUTPUT_HIGH_WATER;
             let want_write = !self.queue.out.is_empty();
+            // Busy polling as the iSCSI connections do (conn.rs
+            // `poll_socket`): after work, for `limits.busy_poll_us`, while
+            // nothing runs off the loop.
+            let poll_until = last_work + self.shared.busy_poll;
+            let busy_poll = want_read
+                && !want_write
+                && self.running == 0
+                && std::time::Instant::now() < poll_until;
             tokio::select! {
+                biased;
                 r = self.stream.readable(), if want_read => {
                     r?;
-                    self.read()?;
+                    if self.read(false)? {
+                        last_work = std::time::Instant::now();
+                    }
                 }
                 r = self.stream.writable(), if want_write => r?,
                 Some(d) = self.rx.recv() => {
+                    last_work = std::time::Instant::now();
                     self.running -= 1;
                     self.queue.complete(d.cid, d.reply.status, d.reply.result, d.reply.data);
                     while let Ok(d) = self.rx.try_recv() {
@@ -218,19 +237,32 @@ impl Driver {
                     }
                 }
                 _ = stop.changed(), if !stopping => stopping = true,
+                r = poll_socket(&self.stream, poll_until), if busy_poll => {
+                    r?;
+                    if self.read(true)? {
+                        last_work = std::time::Instant::now();
+                    }
+                }
             }
         }
     }
 
-    /// Reads what the socket has into the receive buffer.
-    fn read(&mut self) -> io::Result<()> {
+    /// Reads what the socket has into the receive buffer (through tokio,
+    /// or with a plain `recv(2)` when polling); whether anything came.
+    fn read(&mut self, polling: bool) -> io::Result<bool> {
         if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
             self.rbuf.reserve(READ_CHUNK);
         }
-        match self.stream.try_read_buf(&mut self.rbuf) {
+        let r = if polling {
+            use std::os::fd::AsFd;
+            netio::recv_into(self.stream.as_fd(), &mut self.rbuf, libc::MSG_DONTWAIT)
+        } else {
+            self.stream.try_read_buf(&mut self.rbuf)
+        };
+        match r {
             Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -362,7 +394,19 @@ impl Driver {
                 Reply::default()
             });
         }
-        let Some(vol) = ns.volume(nsid) else {
+        let g = ns.generation();
+        if self.ns_generation != Some(g) {
+            self.ns_vols.clear();
+            for n in ns.active() {
+                let i = n as usize;
+                if self.ns_vols.len() <= i {
+                    self.ns_vols.resize(i + 1, None);
+                }
+                self.ns_vols[i] = ns.volume(n);
+            }
+            self.ns_generation = Some(g);
+        }
+        let Some(vol) = self.ns_vols.get(nsid as usize).cloned().flatten() else {
             return self.complete(cid, Reply::status(Status::INVALID_NAMESPACE));
         };
         let caps = vol.backend().caps();
