@@ -30,6 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "tools")
 IRONSAN_IQN = "iqn.2026-11.io.ironsan:sbs"
+IRONSAN_NQN = "nqn.2026-11.io.ironsan:sbs"
 TGT_IQN = "iqn.2026-11.io.ironsan:tgt-peer"
 
 
@@ -115,13 +116,18 @@ class Targets:
         self.urls["tgt"] = f"iscsi://127.0.0.1:{p}/{TGT_IQN}/1"
         # ironsan: RAM, null and file (tmpfs) LUNs.
         p = free_port()
+        # The same LUNs over NVMe/TCP too (NSID = LUN + 1).
+        q = free_port()
         fimg = os.path.join(files, "sbs_ironsan.img")
         self.cleanup.append(fimg)
         args = [a.ironsan, "--log", "warn", "serve", "--listen", f"127.0.0.1:{p}", "--target", IRONSAN_IQN,
+                "--nvme-listen", f"127.0.0.1:{q}",
                 "--lun", "mem:1G", "--lun", "null:1G", "--lun", f"file:{fimg}:1G", "--queue-depth", "128"]
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_port(p)
+        wait_port(q)
         self.urls["ironsan RAM"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/0"
+        self.urls["ironsan RAM NVMe/TCP"] = f"nvme-tcp://127.0.0.1:{q}/{IRONSAN_NQN}/1"
         self.urls["ironsan null"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/1"
         self.urls["ironsan file"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/2"
 
@@ -183,7 +189,7 @@ def qemu_bench(url, qd, size, count, digests):
 
 def ironsan_bench(ironsan, url, rw, bs, qd, secs, digests, busy_poll):
     if digests:
-        url += "?header_digest=crc32c&data_digest=crc32c"
+        url += "?digests" if url.startswith("nvme-tcp://") else "?header_digest=crc32c&data_digest=crc32c"
     cmd = [ironsan, "bench", "--json", "--rw", rw, "--bs", str(bs), "--iodepth", str(qd), "--runtime", f"{secs}s",
            "--busy-poll", busy_poll, url]
     try:
@@ -245,6 +251,9 @@ def main():
         t.stop()
         raise
     names = ["ceiling", "tgt", "ironsan RAM", "ironsan file", "ironsan null"]
+    # `ironsan bench` rows also measure the RAM LUN over NVMe/TCP (its own
+    # host; iscsi-perf and qemu-img speak no NVMe/TCP).
+    bench_names = names + ["ironsan RAM NVMe/TCP"]
     s = a.secs
     tests = [
         # (row, unit, bytes per op, function(url, digests) -> bytes/s, targets)
@@ -253,11 +262,11 @@ def main():
         ("128K seqread Q8 (iscsi-perf)", "MB/s", 0, lambda u, d: iscsi_perf(u, 8, 256, False, s, d), names),
         ("4K write Q32 (qemu-img bench)", "iops", 4096, lambda u, d: qemu_bench(u, 32, 4096, 30000 * s, d), names),
         ("1M write Q8 (qemu-img bench)", "MB/s", 0, lambda u, d: qemu_bench(u, 8, 1 << 20, 1000 * s, d), names),
-        ("4K randread Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 32, s, d, a.bench_busy_poll), names),
-        ("4K randread Q1 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 1, s, d, a.bench_busy_poll), names),
-        ("4K randwrite Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randwrite", 4096, 32, s, d, a.bench_busy_poll), names),
-        ("1M read Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "read", 1 << 20, 8, s, d, a.bench_busy_poll), names),
-        ("1M write Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "write", 1 << 20, 8, s, d, a.bench_busy_poll), names),
+        ("4K randread Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 32, s, d, a.bench_busy_poll), bench_names),
+        ("4K randread Q1 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randread", 4096, 1, s, d, a.bench_busy_poll), bench_names),
+        ("4K randwrite Q32 (ironsan bench)", "iops", 4096, lambda u, d: ironsan_bench(a.ironsan, u, "randwrite", 4096, 32, s, d, a.bench_busy_poll), bench_names),
+        ("1M read Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "read", 1 << 20, 8, s, d, a.bench_busy_poll), bench_names),
+        ("1M write Q8 (ironsan bench)", "MB/s", 0, lambda u, d: ironsan_bench(a.ironsan, u, "write", 1 << 20, 8, s, d, a.bench_busy_poll), bench_names),
     ]
     # The last two differ only in where the replies come from: one buffer in
     # the cache (as the null ceiling sends) or 1 GiB of written memory walked
@@ -458,6 +467,20 @@ def table(results, lb, modes, ceiling_kind, tmpfs_kind, a, cores_note, unsettled
         if row == "4K randread Q32 (ironsan bench)":
             v = (g("ironsan RAM") or 0) / 4096
             bars.append((f"{name}: ironsan bench vs ironsan >= 200K IOPS", v >= 200_000, f"{v / 1000:.0f}K"))
+    nvme_rows = [(k, v) for k, v in results.items() if "ironsan RAM NVMe/TCP" in v[2]]
+    if nvme_rows:
+        out.append("")
+        out.append("| test (ironsan bench, the same RAM LUN) | iSCSI | NVMe/TCP | NVMe/TCP / iSCSI |")
+        out.append("|---|---|---|---|")
+    for (row, digests), (unit, per, best) in nvme_rows:
+        g = best.get
+        name = row + (" +digests" if digests else "")
+        i, n = g("ironsan RAM"), g("ironsan RAM NVMe/TCP")
+        out.append(f"| {name} | {fmt(i, unit, per)} | {fmt(n, unit, per)} | {ratio(n, i)} |")
+        if "4K" in row:
+            ok = bool(i and n and n >= i)
+            what = "IOPS (QD1: latency)" if "Q1 " in row else "IOPS"
+            bars.append((f"{name}: NVMe/TCP {what} >= iSCSI on the same LUN", ok, ratio(n, i)))
     for (row, digests), (unit, per, best) in results.items():
         if "(ironsan bench)" in row:
             peer = (row.replace("(ironsan bench)", "(iscsi-perf)"), digests)

@@ -33,6 +33,7 @@ impl NvmeEngine {
         hostnqn: &str,
         keep_data: bool,
         iodepth: u32,
+        busy_poll: std::time::Duration,
     ) -> Result<Self, String> {
         let host = if hostnqn.starts_with("nqn.") {
             hostnqn.to_owned()
@@ -44,7 +45,8 @@ impl NvmeEngine {
             Controller::connect(url.addr, &url.subnqn, &host, url.digests, 1).map_err(err)?;
         let ns = ctrl.namespace(url.nsid).map_err(err)?;
         let entries = (iodepth + 1).clamp(2, MAX_ENTRIES) as u16;
-        let q = ctrl.io_queue(1, entries).map_err(err)?;
+        let mut q = ctrl.io_queue(1, entries).map_err(err)?;
+        q.set_busy_poll(busy_poll);
         Ok(NvmeEngine {
             _ctrl: ctrl,
             q,

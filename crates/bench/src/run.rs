@@ -245,6 +245,7 @@ pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
                 &spec.initiator,
                 keep_data,
                 spec.iodepth,
+                spec.busy_poll,
             )?),
             "nvme-tcp",
         )),

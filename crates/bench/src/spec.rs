@@ -329,7 +329,7 @@ impl JobSpec {
                 .iter()
                 .any(|t| matches!(t, TargetSpec::File(_)))
         {
-            return Err("--busy-poll is for iscsi:// targets (files and devices use their engine's own waiting)".into());
+            return Err("--busy-poll is for iscsi:// and nvme-tcp:// targets (files and devices use their engine's own waiting)".into());
         }
         if self.targets.len() > 1 && self.multipath.is_none() {
             return Err(
@@ -345,9 +345,6 @@ impl JobSpec {
             return Err("--multipath needs iscsi:// targets".into());
         }
         let nvme = matches!(self.targets[0], TargetSpec::Nvme(_));
-        if nvme && !self.busy_poll.is_zero() {
-            return Err("--busy-poll is for iscsi:// targets".into());
-        }
         if nvme && self.ioengine != IoEngineKind::Auto {
             return Err(
                 "nvme-tcp:// targets use the built-in NVMe/TCP host (no --ioengine)".into(),

@@ -102,6 +102,8 @@ pub struct NvmeQueue {
     outstanding: usize,
     free: Vec<u16>,
     depth: u16,
+    /// How long [`Self::wait`] tries the socket without sleeping.
+    busy_poll: Duration,
     pub qid: u16,
 }
 
@@ -155,6 +157,7 @@ impl NvmeQueue {
             outstanding: 0,
             free: (0..32).rev().collect(),
             depth: 32,
+            busy_poll: Duration::ZERO,
             qid: 0,
         })
     }
@@ -188,6 +191,28 @@ impl NvmeQueue {
     /// 64-byte command).
     pub fn set_in_capsule(&mut self, bytes: u32) {
         self.in_capsule = bytes;
+    }
+
+    /// Polls the socket for up to `budget` before sleeping in
+    /// [`Self::wait`] (as the iSCSI initiator's `set_busy_poll`).
+    pub fn set_busy_poll(&mut self, budget: Duration) {
+        self.busy_poll = budget;
+    }
+
+    /// Reads what the socket has into the receive buffer, blocking or not;
+    /// `Ok(0)` when a non-blocking read found nothing.
+    fn fill(&mut self, block: bool) -> Result<usize, Error> {
+        if self.rbuf.capacity() - self.rbuf.len() < 64 * 1024 {
+            self.rbuf.reserve(256 * 1024);
+        }
+        let flags = if block { 0 } else { libc::MSG_DONTWAIT };
+        use std::os::fd::AsFd;
+        match netio::recv_into(self.stream.as_fd(), &mut self.rbuf, flags) {
+            Ok(0) => Err(Error::Closed),
+            Ok(n) => Ok(n),
+            Err(e) if !block && e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Whether another command may be submitted.
@@ -287,21 +312,18 @@ impl NvmeQueue {
                 // Data an R2T asked for: send it before waiting.
                 continue;
             }
-            if self.rbuf.capacity() - self.rbuf.len() < 64 * 1024 {
-                self.rbuf.reserve(256 * 1024);
+            let start = Instant::now();
+            let mut got = 0;
+            while !self.busy_poll.is_zero() && got == 0 {
+                got = self.fill(false)?;
+                if start.elapsed() >= self.busy_poll {
+                    break;
+                }
+                std::hint::spin_loop();
             }
-            let spare = self.rbuf.spare_capacity_mut();
-            // SAFETY: read(2) only writes into the spare capacity, and
-            // `set_len` below counts only what it wrote.
-            let buf = unsafe {
-                std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), spare.len())
-            };
-            let n = self.stream.read(buf)?;
-            if n == 0 {
-                return Err(Error::Closed);
+            if got == 0 {
+                self.fill(true)?;
             }
-            // SAFETY: `n` bytes were just written into the spare capacity.
-            unsafe { self.rbuf.set_len(self.rbuf.len() + n) };
         }
     }
 
