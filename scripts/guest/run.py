@@ -14,9 +14,11 @@ backing file's allocated bytes). The guest reports on its serial console:
 STEP/PASS/FAIL/INFO/FACT lines (scripts/guest/init); FACT lines are
 checked here against what the scenario's LUNs advertise.
 
-NVMe/TCP scenarios (scenarios/nvme.sh) reach ironsan's `nvme_listen`
-addresses the same way, at 10.0.2.100:4420 and 10.0.2.101:4420, or the
-kernel's own NVMe/TCP target (nvmet) inside the guest, for reference.
+NVMe/TCP scenarios (scenarios/nvme*.sh, helpers in scenarios/nvme-lib.sh)
+reach ironsan's `nvme_listen` addresses the same way, at 10.0.2.100:4420
+and 10.0.2.101:4420 (a small script per port, which the control channel's
+`nvme-cut N` / `nvme-restore N` use to take a port away and give it back),
+or the kernel's own NVMe/TCP target (nvmet) inside the guest, for reference.
 
 /dev/kvm on these machines cannot run Debian's kernel, so the guest runs
 under TCG: its figures are functional, never performance.
@@ -577,6 +579,34 @@ def scenario_list():
             timeout=420,
             tgt=False,
             tgt_reason="the guest serves itself (nvmet)"),
+        Scenario(
+            "nvme-multipath",
+            "native NVMe multipath (nvme_core multipath=Y, iopolicy round-robin) over both "
+            "NVMe/TCP ports, fio --verify on the namespace's raw device while ALUA group 2 "
+            "(port 2's ANA state) goes standby (inaccessible) and back to active-optimized "
+            "with `ironsan admin set-alua`, then while port 1 is taken away (its connection "
+            "closed, new ones refused: the harness's nvme-cut) and given back: no I/O error, "
+            "the other path carries the I/O meanwhile, both carry it before and after",
+            [{"backend": "mem", "size": "256M"}],
+            nvme=True,
+            extra='[alua]\nexplicit = true\n'
+                  '[[alua.group]]\nid = 1\nportals = [1]\nstate = "active-optimized"\n'
+                  '[[alua.group]]\nid = 2\nportals = [2]\nstate = "active-optimized"\n',
+            timeout=240,
+            tgt=False,
+            tgt_reason="tgt has no NVMe/TCP"),
+        Scenario(
+            "nvme-restart",
+            "NVMe/TCP (one path, ctrl-loss-tmo 120 s, reconnect-delay 1 s) with fio --verify "
+            "on the raw namespace while ironsan is killed -9 and started again: the kernel "
+            "reconnects by itself, fio completes without an error, and data written before "
+            "the kill verifies after it (a file LUN)",
+            [{"backend": "file", "size": "256M"}],
+            nvme=True,
+            portals=1,
+            timeout=240,
+            tgt=False,
+            tgt_reason="tgt has no NVMe/TCP"),
     ]
 
 
@@ -649,10 +679,66 @@ class Control(threading.Thread):
             with open(os.path.join(t.work, "target.log"), errors="replace") as f:
                 n = sum(1 for line in f if args[0] in line)
             return f"OK {n}"
+        if op == "nvme-port":
+            # nvme-port N: the address NVMe/TCP port N listens on.
+            return f"OK 127.0.0.1:{t.nvme_ports[int(args[0])]}"
+        if op == "nvme-cut":
+            # nvme-cut N: NVMe/TCP port N gone (its connections closed, new
+            # ones closed at once) until nvme-restore N.
+            i = int(args[0])
+            n = nvme_cut(t.work, i, t.nvme_ports[i])
+            return f"OK {n} connection(s) closed"
+        if op == "nvme-restore":
+            i = int(args[0])
+            t.nvme_ports[i]  # (an IndexError for a port that is not there)
+            try:
+                os.unlink(os.path.join(t.work, f"nvme-cut{i}"))
+            except FileNotFoundError:
+                pass
+            return "OK"
         if op == "allocated":
             st = os.stat(t.luns[int(args[0])]["path"])
             return f"OK {st.st_blocks * 512}"
         return f"ERR unknown request {op}"
+
+
+def nvme_forward(work, i, port):
+    """The guestfwd command of NVMe/TCP port i: a script (slirp splits the
+    command at spaces and runs no shell) that records its PID and becomes
+    `socat - TCP:127.0.0.1:PORT`, or, while the port is cut (`nvme-cut`
+    from the guest), ends at once: the guest's connection is accepted and
+    closed, the nearest a user network comes to a port that is gone."""
+    path = os.path.join(work, f"nvme-fwd{i}.sh")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n"
+                f"[ -e {work}/nvme-cut{i} ] && exit 0\n"
+                f"echo $$ >> {work}/nvme-fwd{i}.pids\n"
+                f"exec socat -lf /dev/null - TCP:127.0.0.1:{port},nodelay\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def nvme_cut(work, i, port):
+    """NVMe/TCP port i taken away: new connections through it are closed
+    at once and the live ones end (their socat killed, by the PIDs the
+    forward recorded; a PID is killed only while it is still that socat)."""
+    open(os.path.join(work, f"nvme-cut{i}"), "w").close()
+    killed = 0
+    try:
+        with open(os.path.join(work, f"nvme-fwd{i}.pids")) as f:
+            pids = [int(l) for l in f if l.strip()]
+    except FileNotFoundError:
+        pids = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if f"TCP:127.0.0.1:{port}," in cmd:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return killed
 
 
 def run_scenario(sc, args, image, binary, keep):
@@ -695,6 +781,10 @@ def run_scenario(sc, args, image, binary, keep):
     tree = os.path.join(work, "cpio")
     os.makedirs(tree)
     shutil.copy(scen, os.path.join(tree, "scenario.sh"))
+    if sc.nvme:
+        # Helpers the NVMe/TCP scenarios share (scenarios/nvme-lib.sh).
+        shutil.copy(os.path.join(HERE, "scenarios", "nvme-lib.sh"),
+                    os.path.join(tree, "nvme-lib.sh"))
     for path, content in (sc.files(target) if sc.files else {}).items():
         dst = os.path.join(tree, path.lstrip("/"))
         os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -719,7 +809,7 @@ def run_scenario(sc, args, image, binary, keep):
         f"guestfwd=tcp:{GUEST_PORTALS[i]}:3260-cmd:{socat} TCP:127.0.0.1:{p},,nodelay"
         for i, p in enumerate(target.ports))
     fwd += "".join(
-        f",guestfwd=tcp:{GUEST_PORTALS[i]}:{NVME_PORT}-cmd:{socat} TCP:127.0.0.1:{p},,nodelay"
+        f",guestfwd=tcp:{GUEST_PORTALS[i]}:{NVME_PORT}-cmd:{nvme_forward(work, i, p)}"
         for i, p in enumerate(getattr(target, "nvme_ports", [])))
     fwd += f",guestfwd=tcp:10.0.2.200:9000-cmd:{socat} TCP:127.0.0.1:{ctl.port}"
     cmd = [args.qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "1",
