@@ -97,6 +97,14 @@ impl std::fmt::Debug for Subsystem {
     }
 }
 
+/// The ANA state as last counted for the log page and as last notified.
+#[derive(Debug, Default)]
+struct AnaSeen {
+    counted: Option<AccessState>,
+    count: u64,
+    notified: Option<AccessState>,
+}
+
 /// What a controller's registers and features hold.
 #[derive(Debug, Default)]
 struct Regs {
@@ -127,9 +135,8 @@ pub struct Controller {
     /// Milliseconds from `started` to the last command that proves the
     /// host alive.
     last_alive: AtomicU64,
-    /// The ANA state last reported to the host, and how many changes it saw
-    /// (the ANA log page's change count).
-    ana_seen: Mutex<(Option<AccessState>, u64)>,
+    /// What was seen of the ANA state through this controller.
+    ana_seen: Mutex<AnaSeen>,
     /// Ended: keep alive expired, shut down, or the admin queue closed.
     /// Every queue's connection closes when it sees this.
     dead: AtomicBool,
@@ -167,28 +174,27 @@ impl Controller {
     }
 
     /// The ANA log page's change count: bumped whenever the state through
-    /// this controller differs from the last one seen here.
+    /// this controller differs from the one last counted.
     pub fn ana_changes(&self) -> u64 {
-        self.ana_changed();
-        self.ana_seen.lock().1
+        let now = self.access_state();
+        let mut s = self.ana_seen.lock();
+        if s.counted.is_some_and(|c| c != now) {
+            s.count += 1;
+        }
+        s.counted = Some(now);
+        s.count
     }
 
-    /// Whether the ANA state changed since this was last asked (the first
-    /// call only records it): an ANA change notice is due.
+    /// Whether the ANA state changed since the last notice (the first call
+    /// only records it): an ANA change notice is due. Independent of the
+    /// log page: a host that read the new state after a path error is
+    /// still told.
     pub fn ana_changed(&self) -> bool {
         let now = self.access_state();
         let mut s = self.ana_seen.lock();
-        match s.0 {
-            Some(before) if before != now => {
-                *s = (Some(now), s.1 + 1);
-                true
-            }
-            Some(_) => false,
-            None => {
-                s.0 = Some(now);
-                false
-            }
-        }
+        let changed = s.notified.is_some_and(|n| n != now);
+        s.notified = Some(now);
+        changed
     }
 
     /// The keep alive timeout (ms; 0: none).
@@ -491,7 +497,7 @@ impl Registry {
                 hostnqn: data.hostnqn.clone(),
                 host_id: data.host_id,
                 port_group,
-                ana_seen: Mutex::new((None, 0)),
+                ana_seen: Mutex::new(AnaSeen::default()),
                 regs: Mutex::new(Regs::default()),
                 kato_ms: AtomicU64::new(u64::from(kato)),
                 started: Instant::now(),

@@ -362,6 +362,7 @@ fn session_info(
     let p = session.params();
     SessionInfo {
         id: shared.stats.next_id(),
+        protocol: "iscsi",
         initiator: p.initiator_name.clone(),
         initiator_alias: p.initiator_alias.clone(),
         isid: isid.iter().map(|b| format!("{b:02x}")).collect(),

@@ -20,7 +20,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use bufpool::Chain;
 use bytes::BytesMut;
@@ -37,6 +37,7 @@ use volume::Volume;
 use crate::conn::{poll_socket, set_congestion, Out};
 use crate::lunmap::TableCell;
 use crate::server::{Portal, Shared};
+use crate::stats::{ConnStats, IoKind, SessionInfo, SessionStats, PUBLISH_EVERY};
 
 /// What a receive read aims to take.
 const READ_CHUNK: usize = 256 * 1024;
@@ -101,6 +102,18 @@ pub(crate) fn register_targets(shared: &Shared, cfg: &crate::Config) {
 struct Done {
     cid: u16,
     reply: Reply,
+    /// What the statistics count of it.
+    io: Counted,
+}
+
+/// A command as the statistics see it.
+#[derive(Clone, Copy)]
+struct Counted {
+    /// LUN (NSID − 1); `u16::MAX`: not counted.
+    lun: u16,
+    kind: IoKind,
+    bytes: u32,
+    start: Instant,
 }
 
 /// Serves one NVMe/TCP connection until it ends.
@@ -139,10 +152,16 @@ pub(crate) async fn serve(
         aen_pending: false,
         ns_vols: Vec::new(),
         ns_generation: None,
+        stats: ConnStats::new(None),
+        stats_shared: None,
     };
     match d.run(stop).await {
         Ok(()) => {}
         Err(e) => tracing::debug!(peer = %d.peer, error = %e, "NVMe/TCP connection ended"),
+    }
+    d.stats.finish();
+    if let Some(s) = &d.stats_shared {
+        d.shared.stats.retire(s);
     }
     if let Some(c) = &d.ctrl {
         if d.queue.qid == 0 {
@@ -176,17 +195,22 @@ struct Driver {
     /// once per change of the LUN table, not per command).
     ns_vols: Vec<Option<Arc<Volume>>>,
     ns_generation: Option<u64>,
+    /// The I/O queue's counters, published as a session's (admin API,
+    /// /metrics, `ironsan top`).
+    stats: ConnStats,
+    stats_shared: Option<Arc<SessionStats>>,
 }
 
 impl Driver {
     async fn run(&mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut tick = tokio::time::interval(PUBLISH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopping = false;
         let mut last_work = std::time::Instant::now();
         loop {
             self.handle_received();
             self.queue.out.write_to(&mut Out(&self.stream))?;
+            self.stats.sent(self.running as u32, 0);
             if self.closing && self.queue.out.is_empty() && self.running == 0 {
                 return Ok(());
             }
@@ -214,14 +238,13 @@ impl Driver {
                 r = self.stream.writable(), if want_write => r?,
                 Some(d) = self.rx.recv() => {
                     last_work = std::time::Instant::now();
-                    self.running -= 1;
-                    self.queue.complete(d.cid, d.reply.status, d.reply.result, d.reply.data);
+                    self.finish_off_loop(d);
                     while let Ok(d) = self.rx.try_recv() {
-                        self.running -= 1;
-                        self.queue.complete(d.cid, d.reply.status, d.reply.result, d.reply.data);
+                        self.finish_off_loop(d);
                     }
                 }
                 _ = tick.tick() => {
+                    self.stats.publish();
                     if let Some(c) = self.ctrl.clone() {
                         if self.queue.qid == 0 && c.expired() {
                             tracing::warn!(peer = %self.peer, cntlid = c.cntlid, kato_ms = c.kato_ms(), "NVMe/TCP keep alive timeout: controller ended");
@@ -298,6 +321,23 @@ impl Driver {
 
     fn complete(&mut self, cid: u16, r: Reply) {
         self.queue.complete(cid, r.status, r.result, r.data);
+    }
+
+    /// Answers a command that ran off the loop, and counts it.
+    fn finish_off_loop(&mut self, d: Done) {
+        self.running -= 1;
+        self.count(d.io, &d.reply);
+        self.queue
+            .complete(d.cid, d.reply.status, d.reply.result, d.reply.data);
+    }
+
+    /// Counts an I/O command's completion.
+    fn count(&mut self, c: Counted, r: &Reply) {
+        if c.lun != u16::MAX {
+            let status = if r.status.is_success() { 0 } else { 2 };
+            self.stats
+                .completed_kind(c.lun, c.kind, c.bytes, status, c.start);
+        }
     }
 
     fn dispatch(&mut self, cmd: Command) {
@@ -409,25 +449,56 @@ impl Driver {
         let Some(vol) = self.ns_vols.get(nsid as usize).cloned().flatten() else {
             return self.complete(cid, Reply::status(Status::INVALID_NAMESPACE));
         };
+        let counted = Counted {
+            lun: u16::try_from(nsid - 1).unwrap_or(u16::MAX),
+            kind: match op {
+                nvme::nvm::opc::READ => IoKind::Read,
+                nvme::nvm::opc::WRITE => IoKind::Write,
+                _ => IoKind::Other,
+            },
+            bytes: match op {
+                nvme::nvm::opc::READ | nvme::nvm::opc::WRITE => {
+                    ((cmd.sqe.dw(12) & 0xffff) + 1) << vol.block_shift()
+                }
+                _ => 0,
+            },
+            start: Instant::now(),
+        };
         let caps = vol.backend().caps();
         let inline = !caps.may_block
             && (direction(&cmd.sqe) & 1 == 0 || cmd.data.len() <= caps.inline_write_max);
         if inline {
             let r = nvme::nvm::execute(&vol, &cmd.sqe, cmd.data);
+            self.count(counted, &r);
             return self.complete(cid, r);
         }
         let Command { sqe, data, .. } = cmd;
-        self.off_loop(cid, move || nvme::nvm::execute(&vol, &sqe, data));
+        self.off_loop_counted(cid, counted, move || nvme::nvm::execute(&vol, &sqe, data));
     }
 
     /// Runs `f` on the blocking pool; its reply comes back through the
     /// channel.
     fn off_loop(&mut self, cid: u16, f: impl FnOnce() -> Reply + Send + 'static) {
+        let none = Counted {
+            lun: u16::MAX,
+            kind: IoKind::Other,
+            bytes: 0,
+            start: Instant::now(),
+        };
+        self.off_loop_counted(cid, none, f);
+    }
+
+    fn off_loop_counted(
+        &mut self,
+        cid: u16,
+        io: Counted,
+        f: impl FnOnce() -> Reply + Send + 'static,
+    ) {
         self.running += 1;
         let tx = self.tx.clone();
         tokio::task::spawn_blocking(move || {
             let reply = f();
-            let _ = tx.send(Done { cid, reply });
+            let _ = tx.send(Done { cid, reply, io });
         });
     }
 
@@ -460,6 +531,12 @@ impl Driver {
                 self.queue
                     .connected(c.qid, c.sqsize + 1, c.sqflow_disabled());
                 let (hd, dd) = self.queue.digests();
+                self.shared
+                    .stats
+                    .portal_event(self.portal.tpgt, |e| e.logins += 1);
+                if c.qid != 0 {
+                    self.register_stats(&ctrl, &data, c.qid, c.sqsize + 1);
+                }
                 if c.qid == 0 {
                     tracing::info!(peer = %self.peer, port = %self.portal.addr, host = %data.hostnqn, subsystem = %data.subnqn, cntlid = ctrl.cntlid, kato_ms = ctrl.kato_ms(), header_digest = hd, data_digest = dd, "NVMe/TCP controller created");
                 } else {
@@ -473,12 +550,47 @@ impl Driver {
                     .complete(cid, Status::SUCCESS, result, Chain::new());
             }
             Err(r) => {
+                self.shared
+                    .stats
+                    .portal_event(self.portal.tpgt, |e| e.login_failures += 1);
                 tracing::warn!(peer = %self.peer, host = %data.hostnqn, subsystem = %data.subnqn, qid = c.qid, status = ?r.status, "NVMe/TCP Connect refused");
                 let cqe_status = r.status;
                 self.queue.complete(cid, cqe_status, r.result, Chain::new());
             }
         }
         let _ = Cqe::default();
+    }
+
+    /// Publishes this I/O queue's counters as a session's.
+    fn register_stats(&mut self, ctrl: &Controller, data: &ConnectData, qid: u16, entries: u16) {
+        let target = self
+            .shared
+            .targets
+            .iter()
+            .find(|t| t.nqn == data.subnqn)
+            .map_or_else(|| data.subnqn.clone(), |t| t.name.clone());
+        let (hd, dd) = self.queue.digests();
+        let info = SessionInfo {
+            id: self.shared.stats.next_id(),
+            protocol: "nvme-tcp",
+            initiator: data.hostnqn.clone(),
+            isid: format!("{}.{qid}", ctrl.cntlid),
+            tsih: ctrl.cntlid,
+            target,
+            peer: self.peer.to_string(),
+            portal: self.portal.addr.to_string(),
+            tpgt: self.portal.tpgt,
+            since: crate::stats::unix_now(),
+            header_digest: hd,
+            data_digest: dd,
+            send_max_data_segment: volume::MAX_TRANSFER_BYTES,
+            recv_max_data_segment: nvme::queue::MAXH2CDATA,
+            queue_depth: u32::from(entries),
+            ..SessionInfo::default()
+        };
+        let s = self.shared.stats.register(info);
+        self.stats = ConnStats::new(Some(s.clone()));
+        self.stats_shared = Some(s);
     }
 
     /// Whether the target behind `data.subnqn` lets this host in (module

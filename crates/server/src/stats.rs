@@ -169,6 +169,10 @@ impl LunCounters {
 pub struct SessionInfo {
     /// Unique while the server runs.
     pub id: u64,
+    /// `iscsi`, or `nvme-tcp` for an NVMe/TCP I/O queue (then the
+    /// initiator is the host NQN, the ISID `CNTLID.QID`, the TSIH the
+    /// controller ID, and the LUNs are NSID − 1).
+    pub protocol: &'static str,
     pub initiator: String,
     pub initiator_alias: Option<String>,
     /// Hex, 12 digits.
@@ -414,10 +418,24 @@ impl ConnStats {
     /// at the next [`ConnStats::sent`].
     #[inline]
     pub fn completed(&mut self, lun: u16, op: u8, bytes: u32, status: u8, start: Instant) {
+        self.completed_kind(lun, IoKind::of(op), bytes, status, start);
+    }
+
+    /// [`ConnStats::completed`] of a command already classified (`status`:
+    /// SCSI's, 0 for success).
+    #[inline]
+    pub fn completed_kind(
+        &mut self,
+        lun: u16,
+        kind: IoKind,
+        bytes: u32,
+        status: u8,
+        start: Instant,
+    ) {
         if self.shared.is_some() {
             self.pending.push(Pending {
                 lun,
-                kind: IoKind::of(op),
+                kind,
                 status,
                 bytes,
                 start,
@@ -495,6 +513,7 @@ pub(crate) mod tests {
     pub(crate) fn info(id: u64, target: &str, tpgt: u16) -> SessionInfo {
         SessionInfo {
             id,
+            protocol: "iscsi",
             initiator: "iqn.x:i".into(),
             initiator_alias: None,
             isid: "800000000001".into(),
