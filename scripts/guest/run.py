@@ -781,7 +781,7 @@ def run_scenario(sc, args, image, binary, keep):
     tree = os.path.join(work, "cpio")
     os.makedirs(tree)
     shutil.copy(scen, os.path.join(tree, "scenario.sh"))
-    if sc.nvme:
+    if sc.nvme or sc.script.startswith("nvme"):
         # Helpers the NVMe/TCP scenarios share (scenarios/nvme-lib.sh).
         shutil.copy(os.path.join(HERE, "scenarios", "nvme-lib.sh"),
                     os.path.join(tree, "nvme-lib.sh"))

@@ -158,7 +158,8 @@ pub fn nvme_controller(data: &[u8]) {
             let r = nvme::nvm::execute(&v, &cmd.sqe, cmd.data);
             q.complete(cid, r.status, r.result, r.data);
         }
-        let _ = q.out.to_vec();
+        let sent = q.out.to_vec().len();
+        q.out.advance(sent);
     }
 }
 

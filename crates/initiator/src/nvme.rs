@@ -626,6 +626,19 @@ impl Controller {
         })
     }
 
+    /// The active NSIDs (Identify, CNS 02h).
+    pub fn active_namespaces(&mut self) -> Result<Vec<u32>, Error> {
+        let c = self
+            .admin
+            .call(sqe(0x06, 0, &[(10, 2)]), Bytes::new(), 4096)?;
+        c.ok()?;
+        Ok(c.data
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .take_while(|&n| n != 0)
+            .collect())
+    }
+
     /// Identify Namespace `nsid`.
     pub fn namespace(&mut self, nsid: u32) -> Result<NamespaceInfo, Error> {
         let c = self
@@ -655,6 +668,60 @@ impl Controller {
         q.set_in_capsule(self.in_capsule);
         Ok(q)
     }
+}
+
+/// One entry of a Discovery log page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryEntry {
+    /// 2: an NVM subsystem; 3: the discovery subsystem itself.
+    pub subtype: u8,
+    pub port_id: u16,
+    pub subnqn: String,
+    pub traddr: String,
+    pub trsvcid: String,
+}
+
+/// Asks the discovery controller at `addr` for its log page: every
+/// subsystem `hostnqn` may connect to, at every port.
+pub fn discover(addr: SocketAddr, hostnqn: &str) -> Result<Vec<DiscoveryEntry>, Error> {
+    let mut q = NvmeQueue::open(addr, false, false)?;
+    let d = ConnectData {
+        host_id: crate::random_bytes::<16>(),
+        cntlid: 0xffff,
+        subnqn: "nqn.2014-08.org.nvmexpress.discovery".into(),
+        hostnqn: hostnqn.to_owned(),
+    };
+    q.connect(0, 32, &d, 0)?;
+    q.call(property(true, 0x14, false, 1), Bytes::new(), 0)?
+        .ok()?;
+    let page = |q: &mut NvmeQueue, len: u32| -> Result<Bytes, Error> {
+        let numd = len / 4 - 1;
+        let c = q.call(
+            sqe(0x02, 0, &[(10, 0x70 | (numd << 16))]),
+            Bytes::new(),
+            len,
+        )?;
+        c.ok()?;
+        Ok(c.data)
+    };
+    let head = page(&mut q, 1024)?;
+    let n = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes")).min(1000) as u32;
+    let all = page(&mut q, 1024 * (n + 1))?;
+    let text = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .trim_end_matches(['\0', ' '])
+            .to_string()
+    };
+    Ok(all[1024..]
+        .chunks_exact(1024)
+        .map(|e| DiscoveryEntry {
+            subtype: e[2],
+            port_id: u16::from_le_bytes([e[4], e[5]]),
+            trsvcid: text(&e[32..64]),
+            subnqn: text(&e[256..512]),
+            traddr: text(&e[512..768]),
+        })
+        .collect())
 }
 
 /// An `nvme-tcp://HOST[:PORT]/SUBNQN[/NSID][?digests]` URL (`?digests`:

@@ -18,7 +18,8 @@ pub struct TuneArgs {
     /// host (default: check this machine), or esxi, linux, windows for an initiator recipe.
     #[arg(default_value = "host")]
     what: String,
-    /// For a recipe: iscsi://HOST[:PORT]/IQN of the target.
+    /// For a recipe: iscsi://HOST[:PORT]/IQN of the target (linux: or
+    /// nvme-tcp://HOST[:PORT]/NQN of the subsystem).
     url: Option<String>,
     /// The target's configuration file (to find the portals' interfaces).
     #[arg(long)]
@@ -937,6 +938,125 @@ pub fn recipe_linux(t: &TargetFacts) -> String {
     o
 }
 
+/// What the NVMe/TCP recipe needs to know of a subsystem.
+#[derive(Clone, Debug)]
+pub struct NvmeFacts {
+    pub nqn: String,
+    /// Its ports (address, port), from the discovery log page.
+    pub ports: Vec<(String, String)>,
+    /// Active namespaces: NSID and NGUID (hex).
+    pub namespaces: Vec<(u32, String)>,
+}
+
+/// Connects to the subsystem of `url` (and its discovery controller) and
+/// gathers the facts.
+pub fn probe_nvme(url: &initiator::nvme::NvmeUrl, hostnqn: &str) -> Result<NvmeFacts> {
+    use initiator::nvme;
+    let host = if hostnqn.starts_with("nqn.") {
+        hostnqn.to_owned()
+    } else {
+        nvme::host_nqn(&initiator::random_bytes::<16>())
+    };
+    let mut ports: Vec<(String, String)> = nvme::discover(url.addr, &host)
+        .map(|l| {
+            l.into_iter()
+                .filter(|e| e.subtype == 2 && e.subnqn == url.subnqn)
+                .map(|e| (e.traddr, e.trsvcid))
+                .collect()
+        })
+        .unwrap_or_default();
+    if ports.is_empty() {
+        ports.push((url.addr.ip().to_string(), url.addr.port().to_string()));
+    }
+    let mut c = nvme::Controller::connect(url.addr, &url.subnqn, &host, (false, false), 1)
+        .with_context(|| format!("connect to {}", url.subnqn))?;
+    let mut namespaces = Vec::new();
+    for n in c.active_namespaces()? {
+        let ns = c.namespace(n)?;
+        namespaces.push((n, ns.nguid.iter().map(|b| format!("{b:02x}")).collect()));
+    }
+    Ok(NvmeFacts {
+        nqn: url.subnqn.clone(),
+        ports,
+        namespaces,
+    })
+}
+
+/// The Linux NVMe/TCP recipe (nvme-cli, native NVMe multipath).
+pub fn recipe_linux_nvme(t: &NvmeFacts) -> String {
+    let mut o = String::new();
+    o.push_str(&format!(
+        "# Linux NVMe/TCP recipe for {} ({} namespaces, {} ports)
+
+",
+        t.nqn,
+        t.namespaces.len(),
+        t.ports.len()
+    ));
+    o.push_str(
+        "# 1. The host: the NVMe/TCP module, native NVMe multipath (Y), and this host's NQN
+#    (the target's nvme_allow names it when the subsystem is restricted).
+",
+    );
+    o.push_str(
+        "modprobe nvme-tcp
+cat /sys/module/nvme_core/parameters/multipath
+[ -s /etc/nvme/hostnqn ] || nvme gen-hostnqn > /etc/nvme/hostnqn; cat /etc/nvme/hostnqn
+",
+    );
+    o.push_str(
+        "
+# 2. One controller per port: an I/O queue per CPU, 1024 entries each (the target's most),
+#    reconnecting every 2 s for as long as it takes after a path is lost.
+",
+    );
+    for (a, p) in &t.ports {
+        o.push_str(&format!(
+            "nvme connect -t tcp -a {a} -s {p} -n {} --nr-io-queues=$(nproc) --queue-size=1024 --reconnect-delay=2 --ctrl-loss-tmo=-1
+",
+            t.nqn
+        ));
+    }
+    o.push_str("
+# 3. Every I/O to the next optimized path (the seeds' round robin with iops=1), now and at every boot.
+");
+    o.push_str(&format!(
+        "for s in /sys/class/nvme-subsystem/nvme-subsys*; do [ \"$(cat $s/subsysnqn)\" = \"{}\" ] && echo round-robin > $s/iopolicy; done
+",
+        t.nqn
+    ));
+    o.push_str(&format!(
+        "cat > /etc/udev/rules.d/71-nvme-iopolicy-ironsan.rules <<'EOF'\nACTION==\"add|change\", SUBSYSTEM==\"nvme-subsystem\", ATTR{{subsysnqn}}==\"{}\", ATTR{{iopolicy}}=\"round-robin\"\nEOF\n",
+        t.nqn
+    ));
+    o.push_str(
+        "
+# 4. Check: every path live and optimized (ANA), the namespaces by their NGUID (the LUN's NAA).
+nvme list-subsys
+",
+    );
+    for (n, g) in &t.namespaces {
+        o.push_str(&format!(
+            "ls -l /dev/disk/by-id/nvme-eui.{g}   # NSID {n} (LUN {})
+",
+            n - 1
+        ));
+    }
+    o.push_str(
+        "
+# 5. Per namespace: no I/O scheduler (the target schedules).
+for q in /sys/block/nvme*n*/queue; do echo none > $q/scheduler 2>/dev/null; done
+",
+    );
+    o.push_str(
+        "
+# 6. Network: as for iSCSI (ironsan tune linux iscsi://…, step 6): 1 MiB socket buffers,
+#    coalescing off, deep RX rings, jumbo frames where every hop allows.
+",
+    );
+    o
+}
+
 /// The Windows (MPIO + Microsoft iSCSI initiator) recipe.
 pub fn recipe_windows(t: &TargetFacts) -> String {
     let vendor = t.luns.first().map_or("IRONSAN", |l| l.vendor.as_str());
@@ -1043,9 +1163,19 @@ pub fn run(a: TuneArgs) -> Result<()> {
             println!("\nPersist sysctl changes in /etc/sysctl.d/90-ironsan.conf; see docs/TUNING.md for why each one matters.");
             Ok(())
         }
+        "linux"
+            if a.url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("nvme-tcp://")) =>
+        {
+            let u = a.url.as_deref().unwrap_or_default();
+            let url = initiator::nvme::NvmeUrl::parse(u).map_err(anyhow::Error::msg)?;
+            print!("{}", recipe_linux_nvme(&probe_nvme(&url, &a.initiator)?));
+            Ok(())
+        }
         w @ ("esxi" | "linux" | "windows") => {
             let Some(u) = &a.url else {
-                bail!("ironsan tune {w} iscsi://HOST[:PORT]/IQN");
+                bail!("ironsan tune {w} iscsi://HOST[:PORT]/IQN (linux: or nvme-tcp://HOST[:PORT]/NQN)");
             };
             let url: Url = u.parse().map_err(anyhow::Error::msg)?;
             let facts = probe(&url, &a.initiator)?;
@@ -1319,6 +1449,27 @@ mod tests {
             let t = line.trim();
             assert!(t.starts_with('#') || !t.contains('#'), "{line}");
         }
+    }
+
+    #[test]
+    fn the_nvme_recipe_connects_every_port_and_sets_round_robin() {
+        let t = NvmeFacts {
+            nqn: "nqn.2026-11.io.ironsan:disk0".into(),
+            ports: vec![
+                ("10.0.0.1".into(), "4420".into()),
+                ("10.0.1.1".into(), "4420".into()),
+            ],
+            namespaces: vec![(1, "60f33e79".into())],
+        };
+        let r = recipe_linux_nvme(&t);
+        assert_eq!(r.matches("nvme connect -t tcp").count(), 2);
+        assert!(r.contains("-a 10.0.1.1 -s 4420 -n nqn.2026-11.io.ironsan:disk0"));
+        assert!(r.contains("--queue-size=1024"));
+        assert!(r.contains("echo round-robin > $s/iopolicy"));
+        assert!(r.contains(
+            r#"ATTR{subsysnqn}=="nqn.2026-11.io.ironsan:disk0", ATTR{iopolicy}="round-robin""#
+        ));
+        assert!(r.contains("nvme-eui.60f33e79   # NSID 1 (LUN 0)"));
     }
 
     #[test]

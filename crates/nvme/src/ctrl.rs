@@ -525,3 +525,172 @@ impl Registry {
         Ok(c)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct One(Arc<Volume>);
+    impl Namespaces for One {
+        fn active(&self) -> Vec<u32> {
+            vec![1]
+        }
+        fn volume(&self, nsid: u32) -> Option<Arc<Volume>> {
+            (nsid == 1).then(|| self.0.clone())
+        }
+        fn generation(&self) -> u64 {
+            0
+        }
+    }
+
+    const NQN: &str = "nqn.2026-12.io.ironsan:t";
+    const HOST: &str = "nqn.2026-12.io.ironsan:h";
+
+    fn registry(allowed: Vec<String>) -> Registry {
+        let v = Volume::new(
+            Arc::new(storage::MemBackend::new(1 << 20)),
+            512,
+            None,
+            false,
+            false,
+        )
+        .unwrap();
+        let r = Registry::new();
+        r.add(Arc::new(Subsystem::new(
+            NQN.into(),
+            Arc::new(One(Arc::new(v))),
+            allowed,
+            None,
+        )));
+        r
+    }
+
+    fn cmd(qid: u16, sqsize: u16, kato_ms: u32) -> ConnectCmd {
+        ConnectCmd {
+            recfmt: 0,
+            qid,
+            sqsize,
+            cattr: 0,
+            kato_ms,
+        }
+    }
+
+    fn data(cntlid: u16, subnqn: &str, hostnqn: &str) -> ConnectData {
+        ConnectData {
+            host_id: [3; 16],
+            cntlid,
+            subnqn: subnqn.into(),
+            hostnqn: hostnqn.into(),
+        }
+    }
+
+    #[test]
+    fn connect_makes_controllers_and_joins_io_queues_to_them() {
+        let r = registry(Vec::new());
+        let a = r
+            .connect(&cmd(0, 31, 5000), &data(0xffff, NQN, HOST), 1)
+            .unwrap();
+        let b = r
+            .connect(&cmd(0, 31, 5000), &data(0xffff, NQN, HOST), 1)
+            .unwrap();
+        assert_ne!(a.cntlid, b.cntlid);
+        // An I/O queue before the controller is enabled and has queues.
+        let io = |qid| r.connect(&cmd(qid, 127, 0), &data(a.cntlid, NQN, HOST), 1);
+        assert_eq!(io(1).unwrap_err(), ConnectRefusal::invalid(42, false));
+        a.property_set(prop::CC, false, 1 | (6 << 16) | (4 << 20))
+            .unwrap();
+        assert_eq!(a.property_get(prop::CSTS, false).unwrap() & 1, 1);
+        assert_eq!(a.grant_queues(1, 1), 1);
+        assert_eq!(io(1).unwrap().cntlid, a.cntlid);
+        assert_eq!(io(2).unwrap().cntlid, a.cntlid);
+        assert_eq!(io(3).unwrap_err(), ConnectRefusal::invalid(42, false));
+        // Another host cannot join a's queues; a dead controller none.
+        let other = r.connect(&cmd(1, 127, 0), &data(a.cntlid, NQN, "nqn.x:other"), 1);
+        assert_eq!(other.unwrap_err(), ConnectRefusal::invalid(16, true));
+        a.kill();
+        assert!(io(1).is_err());
+    }
+
+    #[test]
+    fn connect_refusals() {
+        let r = registry(vec![HOST.into()]);
+        let c = |cmd: ConnectCmd, d: ConnectData| r.connect(&cmd, &d, 1).unwrap_err();
+        // Unknown subsystem, a host not allowed, queue sizes out of range,
+        // a record format not 0, a specific CNTLID on an admin queue.
+        assert_eq!(
+            c(cmd(0, 31, 0), data(0xffff, "nqn.x:nosuch", HOST)),
+            ConnectRefusal::invalid(256, true)
+        );
+        assert_eq!(
+            c(cmd(0, 31, 0), data(0xffff, NQN, "nqn.x:no")).status,
+            Status::specific(0x84)
+        );
+        assert_eq!(
+            c(cmd(0, 0, 0), data(0xffff, NQN, HOST)),
+            ConnectRefusal::invalid(44, false)
+        );
+        assert_eq!(
+            c(cmd(0, 32, 0), data(0xffff, NQN, HOST)),
+            ConnectRefusal::invalid(44, false)
+        );
+        let mut bad = cmd(0, 31, 0);
+        bad.recfmt = 1;
+        assert_eq!(
+            c(bad, data(0xffff, NQN, HOST)).status,
+            Status::specific(0x80)
+        );
+        assert_eq!(
+            c(cmd(0, 31, 0), data(7, NQN, HOST)),
+            ConnectRefusal::invalid(16, true)
+        );
+        // The discovery subsystem takes anyone.
+        let d = r.connect(&cmd(0, 31, 0), &data(0xffff, DISCOVERY_NQN, "nqn.x:any"), 1);
+        assert!(d.unwrap().discovery);
+    }
+
+    #[test]
+    fn keep_alive_expires_only_without_commands() {
+        let r = registry(Vec::new());
+        let c = r
+            .connect(&cmd(0, 31, 100), &data(0xffff, NQN, HOST), 1)
+            .unwrap();
+        for _ in 0..5 {
+            std::thread::sleep(std::time::Duration::from_millis(40));
+            c.alive();
+            assert!(!c.expired());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        assert!(c.expired());
+        assert!(c.is_dead());
+        // KATO 0: no keep alive.
+        let c = r
+            .connect(&cmd(0, 31, 0), &data(0xffff, NQN, HOST), 1)
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!c.expired());
+    }
+
+    #[test]
+    fn properties_and_shutdown() {
+        let r = registry(Vec::new());
+        let c = r
+            .connect(&cmd(0, 31, 0), &data(0xffff, NQN, HOST), 1)
+            .unwrap();
+        let cap = c.property_get(prop::CAP, true).unwrap();
+        assert_eq!(cap & 0xffff, u64::from(MAX_QUEUE_ENTRIES - 1));
+        assert_eq!((cap >> 37) & 1, 1, "NVM command set");
+        assert_eq!(c.property_get(prop::VS, false).unwrap(), u64::from(VERSION));
+        assert!(c.property_get(prop::CAP, false).is_err(), "CAP is 8 bytes");
+        assert!(
+            c.property_set(prop::CSTS, false, 0).is_err(),
+            "CSTS is read-only"
+        );
+        c.property_set(prop::CC, false, 1 | (6 << 16) | (4 << 20))
+            .unwrap();
+        assert!(c.ready());
+        // Normal shutdown: shutdown processing complete (SHST 10b).
+        c.property_set(prop::CC, false, 1 | (1 << 14) | (6 << 16) | (4 << 20))
+            .unwrap();
+        assert_eq!((c.property_get(prop::CSTS, false).unwrap() >> 2) & 3, 2);
+    }
+}

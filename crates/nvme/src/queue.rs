@@ -428,3 +428,246 @@ pub fn direction(sqe: &Sqe) -> u8 {
         sqe.opcode() & 3
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+    use nvme_tcp_wire::{LAST_PDU as LAST, SUCCESS};
+
+    /// Feeds `bytes` to `q` as the driver does; the commands that come out.
+    fn feed(q: &mut Queue, bytes: &[u8]) -> Result<Vec<Command>, Stop> {
+        let mut buf = BytesMut::from(bytes);
+        let mut out = Vec::new();
+        while let Some(f) = q.frame(&buf)? {
+            let pdu = buf.split_to(f.len).freeze();
+            if let Some(c) = q.receive(pdu, &f)? {
+                out.push(c);
+            }
+        }
+        assert!(buf.is_empty(), "a partial PDU left");
+        Ok(out)
+    }
+
+    fn host_layout(digests: bool) -> Layout {
+        Layout {
+            header_digest: digests,
+            data_digest: digests,
+            alignment: 4,
+        }
+    }
+
+    fn ic(digests: bool) -> Vec<u8> {
+        Ic {
+            header_digest: digests,
+            data_digest: digests,
+            ..Ic::default()
+        }
+        .encode(false)
+        .to_vec()
+    }
+
+    fn capsule(l: &Layout, op: u8, cid: u16, sgl: Sgl, data: &[u8]) -> Vec<u8> {
+        let mut s = [0u8; 64];
+        s[0] = op;
+        s[1] = 0x40;
+        s[2..4].copy_from_slice(&cid.to_le_bytes());
+        s[24..40].copy_from_slice(&sgl.encode());
+        let mut b = l.header(PduType::CapsuleCmd, 0, &s, data.len()).to_vec();
+        b.extend_from_slice(data);
+        if let Some(d) = l.data_digest_of(data) {
+            b.extend_from_slice(&d);
+        }
+        b
+    }
+
+    /// What the queue sent since last asked.
+    fn sent(q: &mut Queue) -> Vec<u8> {
+        let v = q.out.to_vec();
+        q.out.advance(v.len());
+        v
+    }
+
+    #[test]
+    fn icreq_is_answered_with_the_digests_asked_and_maxh2cdata() {
+        for digests in [false, true] {
+            let mut q = Queue::new(1 << 20);
+            assert!(feed(&mut q, &ic(digests)).unwrap().is_empty());
+            let r = sent(&mut q);
+            assert_eq!(r.len(), IC_LEN);
+            assert_eq!(r[0], PduType::IcResp as u8);
+            let ic = Ic::decode(r[..IC_LEN].try_into().unwrap());
+            assert_eq!((ic.header_digest, ic.data_digest), (digests, digests));
+            assert_eq!(ic.max, MAXH2CDATA);
+            assert_eq!(q.digests(), (digests, digests));
+        }
+    }
+
+    #[test]
+    fn anything_but_icreq_first_is_a_sequence_error() {
+        let mut q = Queue::new(1 << 20);
+        let c = capsule(
+            &host_layout(false),
+            0x02,
+            1,
+            Sgl::Transport { length: 0 },
+            &[],
+        );
+        match feed(&mut q, &c) {
+            Err(Stop::Fatal(f)) => assert_eq!(f.fes, Fes::SequenceError),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(sent(&mut q)[0], PduType::C2hTermReq as u8);
+    }
+
+    #[test]
+    fn in_capsule_and_r2t_writes_deliver_their_data() {
+        for digests in [false, true] {
+            let l = host_layout(digests);
+            let mut q = Queue::new(1 << 20);
+            feed(&mut q, &ic(digests)).unwrap();
+            q.connected(1, 32, false);
+            sent(&mut q);
+            // 4 KiB in the capsule.
+            let data = vec![0x11u8; 4096];
+            let inc = Sgl::InCapsule {
+                offset: 0,
+                length: 4096,
+            };
+            let c = feed(&mut q, &capsule(&l, 0x01, 5, inc, &data)).unwrap();
+            assert_eq!(c.len(), 1);
+            assert_eq!(
+                (c[0].sqe.cid(), c[0].data.to_vec(), c[0].bad_digest),
+                (5, data, false)
+            );
+            // 40 KiB: an R2T for all of it, then two H2CData PDUs.
+            let big: Vec<u8> = (0..40960u32).map(|i| i as u8).collect();
+            let c = feed(
+                &mut q,
+                &capsule(&l, 0x01, 6, Sgl::Transport { length: 40960 }, &[]),
+            )
+            .unwrap();
+            assert!(c.is_empty());
+            let r2t = sent(&mut q);
+            assert_eq!(r2t[0], PduType::R2t as u8);
+            let h = DataHeader::decode(&r2t);
+            assert_eq!((h.cccid, h.offset, h.length), (6, 0, 40960));
+            let mut b = Vec::new();
+            for (off, n, last) in [(0usize, 32768usize, false), (32768, 8192, true)] {
+                let dh = DataHeader {
+                    cccid: 6,
+                    ttag: h.ttag,
+                    offset: off as u32,
+                    length: n as u32,
+                };
+                let mut psh = [0u8; 24];
+                psh[8..10].copy_from_slice(&dh.cccid.to_le_bytes());
+                psh[10..12].copy_from_slice(&dh.ttag.to_le_bytes());
+                psh[12..16].copy_from_slice(&dh.offset.to_le_bytes());
+                psh[16..20].copy_from_slice(&dh.length.to_le_bytes());
+                let flags = if last { LAST } else { 0 };
+                b.extend_from_slice(&l.header(PduType::H2cData, flags, &psh[8..], n));
+                b.extend_from_slice(&big[off..off + n]);
+                if let Some(d) = l.data_digest_of(&big[off..off + n]) {
+                    b.extend_from_slice(&d);
+                }
+            }
+            let c = feed(&mut q, &b).unwrap();
+            assert_eq!(c.len(), 1);
+            assert_eq!(c[0].data.to_vec(), big);
+            // Data for a tag no command has (any more): fatal.
+            let first = u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize;
+            let c = feed(&mut q, &b[..first]);
+            assert!(matches!(c, Err(Stop::Fatal(_))));
+        }
+    }
+
+    #[test]
+    fn a_bad_data_digest_fails_only_its_command() {
+        let l = host_layout(true);
+        let mut q = Queue::new(1 << 20);
+        feed(&mut q, &ic(true)).unwrap();
+        q.connected(1, 32, false);
+        let mut c = capsule(
+            &l,
+            0x01,
+            9,
+            Sgl::InCapsule {
+                offset: 0,
+                length: 512,
+            },
+            &[7; 512],
+        );
+        let n = c.len();
+        c[n - 1] ^= 0xff;
+        let got = feed(&mut q, &c).unwrap();
+        assert!(got[0].bad_digest);
+    }
+
+    #[test]
+    fn completions_fold_into_the_last_c2hdata_only_without_sq_flow_control() {
+        for disabled in [false, true] {
+            let mut q = Queue::new(1 << 20);
+            feed(&mut q, &ic(false)).unwrap();
+            q.connected(1, 32, disabled);
+            sent(&mut q);
+            q.complete(3, Status::SUCCESS, 0, Chain::from(vec![9u8; 4096]));
+            let out = sent(&mut q);
+            assert_eq!(out[0], PduType::C2hData as u8);
+            assert_eq!(
+                out[1] & (LAST | SUCCESS),
+                LAST | if disabled { SUCCESS } else { 0 }
+            );
+            let plen = u32::from_le_bytes(out[4..8].try_into().unwrap()) as usize;
+            if disabled {
+                assert_eq!(out.len(), plen, "no response capsule");
+            } else {
+                assert_eq!(out[plen], PduType::CapsuleResp as u8);
+                let cqe = Cqe::decode(out[plen + 8..plen + 24].try_into().unwrap());
+                assert_eq!((cqe.cid, cqe.status, cqe.sqid), (3, Status::SUCCESS, 1));
+            }
+            // A failed read sends no data, only the status.
+            q.complete(4, Status::LBA_OUT_OF_RANGE, 0, Chain::from(vec![9u8; 4096]));
+            let out = sent(&mut q);
+            assert_eq!(out[0], PduType::CapsuleResp as u8);
+            assert_eq!(out.len(), 24);
+        }
+    }
+
+    #[test]
+    fn oversized_and_bad_sgls_are_refused_per_command() {
+        let l = host_layout(false);
+        let mut q = Queue::new(1 << 20);
+        feed(&mut q, &ic(false)).unwrap();
+        q.connected(1, 32, false);
+        sent(&mut q);
+        // More than MDTS.
+        let c = feed(
+            &mut q,
+            &capsule(&l, 0x01, 1, Sgl::Transport { length: 2 << 20 }, &[]),
+        )
+        .unwrap();
+        assert!(c.is_empty());
+        let out = sent(&mut q);
+        let cqe = Cqe::decode(out[8..24].try_into().unwrap());
+        assert_eq!(cqe.status, Status::generic(0x0f, true));
+        // An in-capsule length that is not the data's.
+        let c = feed(
+            &mut q,
+            &capsule(
+                &l,
+                0x01,
+                2,
+                Sgl::InCapsule {
+                    offset: 0,
+                    length: 100,
+                },
+                &[0; 64],
+            ),
+        )
+        .unwrap();
+        assert!(c.is_empty());
+        let out = sent(&mut q);
+        assert_eq!(Cqe::decode(out[8..24].try_into().unwrap()).cid, 2);
+    }
+}

@@ -397,13 +397,7 @@ impl Conn {
     /// An accepted connection, with the socket options the server is
     /// configured for (no Nagle, buffer sizes, congestion control).
     fn new(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Conn {
-        let _ = stream.set_nodelay(true);
-        if shared.socket_buffer > 0 {
-            let s = socket2::SockRef::from(&stream);
-            let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
-            let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
-        }
-        set_congestion(&stream, &shared.tcp_congestion);
+        configure_socket(&stream, shared);
         Conn {
             stream,
             peer,
@@ -1040,7 +1034,20 @@ impl Conn {
 
 /// Asks for the configured congestion control (`netio`). A kernel
 /// without it is reported once; the connection goes on with the default.
-pub(crate) fn set_congestion(stream: &TcpStream, name: &str) {
+/// The socket options the server is configured for, on an accepted
+/// connection (iSCSI or NVMe/TCP): no Nagle, buffer sizes, congestion
+/// control.
+pub(crate) fn configure_socket(stream: &TcpStream, shared: &Shared) {
+    let _ = stream.set_nodelay(true);
+    if shared.socket_buffer > 0 {
+        let s = socket2::SockRef::from(stream);
+        let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
+        let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
+    }
+    set_congestion(stream, &shared.tcp_congestion);
+}
+
+fn set_congestion(stream: &TcpStream, name: &str) {
     use std::os::fd::AsFd;
     static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if let Err(e) = netio::set_congestion(stream.as_fd(), name) {

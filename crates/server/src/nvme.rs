@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 use volume::access::AccessState;
 use volume::Volume;
 
-use crate::conn::{poll_socket, set_congestion, Out};
+use crate::conn::{configure_socket, poll_socket, Out};
 use crate::lunmap::TableCell;
 use crate::server::{Portal, Shared};
 use crate::stats::{ConnStats, IoKind, SessionInfo, SessionStats, PUBLISH_EVERY};
@@ -128,13 +128,7 @@ pub(crate) async fn serve(
         tracing::warn!(%peer, "connection limit reached: closed");
         return;
     };
-    let _ = stream.set_nodelay(true);
-    if shared.socket_buffer > 0 {
-        let s = socket2::SockRef::from(&stream);
-        let _ = s.set_recv_buffer_size(shared.socket_buffer as usize);
-        let _ = s.set_send_buffer_size(shared.socket_buffer as usize);
-    }
-    set_congestion(&stream, &shared.tcp_congestion);
+    configure_socket(&stream, &shared);
     let (tx, rx) = mpsc::unbounded_channel();
     let mut d = Driver {
         stream,

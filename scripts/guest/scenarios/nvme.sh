@@ -15,52 +15,8 @@
 NVMET_FILE=/tmp/nvmet/ns$NVME_NSID.img
 T=/sys/kernel/tracing
 
-# The controllers (nvmeN) of $NVME_NQN.
-nvme_ctrls() {
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NVME_NQN" ] && echo "${c##*/}"
-  done
-}
-# The block device of namespace $NVME_NSID of $NVME_NQN: the subsystem's
-# head (one device however many paths).
-ns_dev() {
-  for s in /sys/class/nvme-subsystem/*; do
-    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NVME_NQN" ] || continue
-    for n in "$s"/nvme*n*; do
-      [ "$(cat "$n/nsid" 2>/dev/null)" = "$NVME_NSID" ] && [ -b "/dev/${n##*/}" ] &&
-        { echo "/dev/${n##*/}"; return 0; }
-    done
-  done
-  return 1
-}
-# `wait_ns SECS`: waits for ns_dev, prints it.
-wait_ns() {
-  i=0
-  while [ $i -lt $(( $1 * 10 )) ]; do
-    ns_dev && return 0
-    sleep 0.1; i=$((i + 1))
-  done
-  return 1
-}
-# `wait_ctrls N SECS`: waits until $NVME_NQN has N live controllers.
-wait_ctrls() {
-  i=0
-  while [ $i -lt $(( $2 * 10 )) ]; do
-    live=0
-    for c in $(nvme_ctrls); do
-      [ "$(cat /sys/class/nvme/$c/state)" = live ] && live=$((live + 1))
-    done
-    [ $live -eq $1 ] && [ "$(nvme_ctrls | wc -l)" -eq $1 ] && return 0
-    sleep 0.1; i=$((i + 1))
-  done
-  return 1
-}
-# `connect ADDR PORT [OPTION…]`: nvme connect, bounded in time.
-connect() {
-  a=$1 p=$2; shift 2
-  timeout 60 nvme connect -t tcp -a "$a" -s "$p" -n "$NVME_NQN" "$@"
-}
-disconnect() { timeout 60 nvme disconnect -n "$NVME_NQN"; }
+# nvme_ctrls, ns_dev, wait_ns, wait_ctrls, connect, disconnect.
+. /nvme-lib.sh
 # Bytes allocated to the namespace's backing file: ironsan's LUN 0, asked
 # of the host, or nvmet's file in the guest.
 allocated() {
