@@ -155,7 +155,7 @@ pub fn nvme_controller(data: &[u8]) {
                 Outcome::Disconnect => break,
             }
         } else if let Some(v) = c.subsystem.namespaces.volume(cmd.sqe.nsid()) {
-            let r = nvme::nvm::execute(&v, &cmd.sqe, cmd.data);
+            let r = nvme::nvm::execute(&v, &cmd.sqe, cmd.data, cmd.owned);
             q.complete(cid, r.status, r.result, r.data);
         }
         let sent = q.out.to_vec().len();

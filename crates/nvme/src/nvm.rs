@@ -81,15 +81,17 @@ fn checked(v: &Volume, sqe: &Sqe, slba: u64, nlb: u32) -> Result<(), Status> {
     Ok(())
 }
 
-/// Runs NVM command `sqe` on `v` with the host's `data`.
-pub fn execute(v: &Volume, sqe: &Sqe, data: Chain) -> Reply {
-    match run(v, sqe, data) {
+/// Runs NVM command `sqe` on `v` with the host's `data` (`owned`: one
+/// buffer of the command's own, which the medium may keep; it goes back to
+/// the thread's pool otherwise).
+pub fn execute(v: &Volume, sqe: &Sqe, data: Chain, owned: bool) -> Reply {
+    match run(v, sqe, data, owned) {
         Ok(r) => r,
         Err(s) => Reply::status(s),
     }
 }
 
-fn run(v: &Volume, sqe: &Sqe, data: Chain) -> Result<Reply, Status> {
+fn run(v: &Volume, sqe: &Sqe, data: Chain, owned: bool) -> Result<Reply, Status> {
     match sqe.opcode() {
         opc::READ => {
             let (slba, nlb, fua) = range(sqe);
@@ -107,8 +109,16 @@ fn run(v: &Volume, sqe: &Sqe, data: Chain) -> Result<Reply, Status> {
             if data.len() as u64 != u64::from(nlb) << v.block_shift() {
                 return Err(SGL_LENGTH_INVALID);
             }
-            v.write(slba, &WriteData::from(data), fua)
-                .map_err(io_error)?;
+            let wd = match data.into_single() {
+                Ok(b) if owned => WriteData::Owned(b),
+                Ok(b) => WriteData::from(Chain::from(b)),
+                Err(c) => WriteData::from(c),
+            };
+            let r = v.write(slba, &wd, fua);
+            if let WriteData::Owned(b) = wd {
+                bufpool::give(b);
+            }
+            r.map_err(io_error)?;
             Ok(Reply::default())
         }
         opc::FLUSH => {

@@ -52,6 +52,13 @@ pub const ADMIN_IN_CAPSULE: u32 = 8 * 1024;
 /// queue: as many as the queue holds.
 const MAX_WRITES: usize = 1024;
 
+/// Writes of at least this many bytes sent with R2T are gathered into one
+/// pooled buffer of their own, which the medium may keep (a RAM LUN adopts
+/// whole chunks), rather than kept as slices of the receive buffer: the
+/// receive buffer is then reused at once instead of reallocated while
+/// they wait.
+pub const OWN_BUFFER_MIN: u32 = 64 * 1024;
+
 /// What a PDU asks the controller to do.
 #[derive(Debug)]
 pub struct Command {
@@ -61,7 +68,29 @@ pub struct Command {
     /// The data failed its digest: fail the command with a transient
     /// transport error.
     pub bad_digest: bool,
+    /// `data` is one buffer of the command's own ([`OWN_BUFFER_MIN`]).
+    pub owned: bool,
 }
+
+/// A large H2CData PDU whose data is being received straight into its
+/// command's own buffer ([`Queue::try_land`]): the data read from the
+/// socket goes to [`Queue::landing_room`], its digest (if any) then
+/// through the receive buffer to [`Queue::finish_landing`].
+#[derive(Debug, Clone, Copy)]
+pub struct Landing {
+    slot: usize,
+    /// Where this PDU's data starts in the command's buffer.
+    start: usize,
+    len: usize,
+    /// Data bytes still to come.
+    pub left: usize,
+    /// Digest bytes that follow the data.
+    pub digest: usize,
+    last: bool,
+}
+
+/// Smallest H2CData data received straight into its command's buffer.
+pub const LAND_MIN: usize = 16 * 1024;
 
 /// Why the connection ends.
 #[derive(Debug)]
@@ -78,8 +107,17 @@ pub enum Stop {
 struct Gathering {
     sqe: Sqe,
     want: u32,
+    /// Received so far, as slices (small writes)…
     data: Chain,
+    /// …or copied into the command's own buffer (large ones).
+    own: Option<bytes::BytesMut>,
     bad_digest: bool,
+}
+
+impl Gathering {
+    fn received(&self) -> usize {
+        self.own.as_ref().map_or(self.data.len(), |b| b.len())
+    }
 }
 
 /// The transport state of one connection (module docs).
@@ -270,6 +308,7 @@ impl Queue {
                         Chain::new()
                     },
                     bad_digest,
+                    owned: false,
                 }))
             }
             _ if in_capsule > 0 => Err(self.fatal(Fatal::field(3), &pdu)),
@@ -297,6 +336,7 @@ impl Queue {
                     sqe,
                     want: length,
                     data: Chain::new(),
+                    own: (length >= OWN_BUFFER_MIN).then(|| bufpool::take(length as usize)),
                     bad_digest,
                 });
                 Ok(None)
@@ -306,6 +346,7 @@ impl Queue {
                 sqe,
                 data: Chain::new(),
                 bad_digest,
+                owned: false,
             })),
             Sgl::Other { .. } if sqe.opcode() != OPC_FABRICS && sqe.psdt() == 0 => {
                 // PRPs: not a fabrics data pointer.
@@ -332,6 +373,101 @@ impl Queue {
         Some((self.gathering.len() - 1) as u16)
     }
 
+    /// Whether the PDU starting `buf` is an H2CData PDU whose data should be
+    /// received straight into its command's own buffer: its whole header
+    /// (up to PDO) is here and right, the PDU itself is not all here yet,
+    /// and its data is large. Then `Some((header bytes to drop, landing))`.
+    /// Anything amiss is left to the normal path ([`Self::frame`],
+    /// [`Self::receive`]), which refuses it.
+    pub fn try_land(&mut self, buf: &[u8]) -> Option<(usize, Landing)> {
+        if !self.initialized || buf.len() < 24 || buf[0] != PduType::H2cData as u8 {
+            return None;
+        }
+        // Fully here, or a header the framing refuses: the normal path.
+        if !matches!(frame(buf, &self.rx), Ok(None)) {
+            return None;
+        }
+        let ch = nvme_tcp_wire::common_header(buf).ok()?;
+        let pdo = usize::from(ch.pdo);
+        let hd = self.rx.header_digest;
+        let hlen = usize::from(ch.hlen);
+        if buf.len() < pdo || pdo < hlen + if hd { 4 } else { 0 } {
+            return None;
+        }
+        if hd {
+            let want = u32::from_le_bytes(buf[hlen..hlen + 4].try_into().ok()?);
+            if iscsi_wire::digest::crc32c(&buf[..hlen]) != want {
+                return None;
+            }
+        }
+        let dd = if self.rx.data_digest { 4 } else { 0 };
+        let len = (ch.plen as usize).checked_sub(pdo + dd)?;
+        let h = DataHeader::decode(buf);
+        let g = self.gathering.get(usize::from(h.ttag))?.as_ref()?;
+        let received = g.received();
+        if len < LAND_MIN
+            || g.own.is_none()
+            || g.sqe.cid() != h.cccid
+            || h.offset as usize != received
+            || h.length as usize != len
+            || received + len > g.want as usize
+        {
+            return None;
+        }
+        Some((
+            pdo,
+            Landing {
+                slot: usize::from(h.ttag),
+                start: received,
+                len,
+                left: len,
+                digest: dd,
+                last: ch.flags & LAST_PDU != 0,
+            },
+        ))
+    }
+
+    /// The buffer the landing's data goes to (append at most `l.left`
+    /// bytes, then lower `l.left` by as many).
+    pub fn landing_room(&mut self, l: &Landing) -> &mut bytes::BytesMut {
+        self.gathering[l.slot]
+            .as_mut()
+            .and_then(|g| g.own.as_mut())
+            .expect("a landing's command waits for it")
+    }
+
+    /// The landing's data is all in and `digest` (its data digest, if the
+    /// connection has them) followed: the command, once all its data is.
+    pub fn finish_landing(&mut self, l: Landing, digest: &[u8]) -> Result<Option<Command>, Stop> {
+        let g = self.gathering[l.slot]
+            .as_mut()
+            .expect("a landing's command");
+        if l.digest == 4 {
+            let b = g.own.as_ref().expect("landing into its own buffer");
+            let have = iscsi_wire::digest::crc32c(&b[l.start..l.start + l.len]);
+            g.bad_digest |= digest.len() != 4
+                || have != u32::from_le_bytes(digest.try_into().unwrap_or([0; 4]));
+        }
+        if g.received() as u32 != g.want {
+            if l.last {
+                let f = Fatal {
+                    fes: Fes::DataOutOfRange,
+                    fei: 0,
+                };
+                return Err(self.fatal(f, &[]));
+            }
+            return Ok(None);
+        }
+        let g = self.gathering[l.slot].take().expect("checked");
+        self.free_tags.push(l.slot as u16);
+        Ok(Some(Command {
+            sqe: g.sqe,
+            data: Chain::from(g.own.expect("own buffer").freeze()),
+            bad_digest: g.bad_digest,
+            owned: true,
+        }))
+    }
+
     fn h2c_data(&mut self, pdu: Bytes, f: &Frame) -> Result<Option<Command>, Stop> {
         let h = DataHeader::decode(&pdu);
         let slot = usize::from(h.ttag);
@@ -345,7 +481,10 @@ impl Queue {
         }
         let g = self.gathering[slot].as_mut().expect("checked");
         let len = f.data.len() as u32;
-        if h.offset as usize != g.data.len() || h.length != len || h.offset + len > g.want {
+        if h.offset as usize != g.received()
+            || h.length != len
+            || u64::from(h.offset) + u64::from(len) > u64::from(g.want)
+        {
             return Err(self.fatal(
                 Fatal {
                     fes: Fes::DataOutOfRange,
@@ -355,8 +494,11 @@ impl Queue {
             ));
         }
         g.bad_digest |= !data_digest_ok(&pdu, f);
-        g.data.push(pdu.slice(f.data.clone()));
-        let done = g.data.len() as u32 == g.want;
+        match &mut g.own {
+            Some(b) => b.extend_from_slice(&pdu[f.data.clone()]),
+            None => g.data.push(pdu.slice(f.data.clone())),
+        }
+        let done = g.received() as u32 == g.want;
         if !done {
             if f.ch.flags & LAST_PDU != 0 {
                 return Err(self.fatal(
@@ -371,10 +513,15 @@ impl Queue {
         }
         let g = self.gathering[slot].take().expect("checked");
         self.free_tags.push(h.ttag);
+        let owned = g.own.is_some();
         Ok(Some(Command {
             sqe: g.sqe,
-            data: g.data,
+            data: match g.own {
+                Some(b) => Chain::from(b.freeze()),
+                None => g.data,
+            },
             bad_digest: g.bad_digest,
+            owned,
         }))
     }
 

@@ -144,6 +144,7 @@ pub(crate) async fn serve(
         held_aers: Vec::new(),
         closing: false,
         aen_pending: false,
+        landing: None,
         ns_vols: Vec::new(),
         ns_generation: None,
         stats: ConnStats::new(None),
@@ -185,6 +186,9 @@ struct Driver {
     closing: bool,
     /// An ANA change waits for an Asynchronous Event Request to report it.
     aen_pending: bool,
+    /// A large H2CData PDU's data being received into its command's
+    /// buffer (docs/ARCHITECTURE.md "Data lands where it is going").
+    landing: Option<nvme::queue::Landing>,
     /// The namespaces' volumes by NSID, as of `ns_generation` (looked up
     /// once per change of the LUN table, not per command).
     ns_vols: Vec<Option<Arc<Volume>>>,
@@ -267,14 +271,34 @@ impl Driver {
     /// Reads what the socket has into the receive buffer (through tokio,
     /// or with a plain `recv(2)` when polling); whether anything came.
     fn read(&mut self, polling: bool) -> io::Result<bool> {
-        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
-            self.rbuf.reserve(READ_CHUNK);
-        }
-        let r = if polling {
-            use std::os::fd::AsFd;
-            netio::recv_into(self.stream.as_fd(), &mut self.rbuf, libc::MSG_DONTWAIT)
-        } else {
-            self.stream.try_read_buf(&mut self.rbuf)
+        use bytes::BufMut;
+        use std::os::fd::AsFd;
+        let r = match &mut self.landing {
+            // A large H2CData's data: straight into its command's buffer.
+            Some(l) if l.left > 0 => {
+                let left = l.left;
+                let room = self.queue.landing_room(l);
+                let mut lim = room.limit(left);
+                let r = if polling {
+                    netio::recv_into(self.stream.as_fd(), &mut lim, libc::MSG_DONTWAIT)
+                } else {
+                    self.stream.try_read_buf(&mut lim)
+                };
+                if let (Ok(n), Some(l)) = (&r, &mut self.landing) {
+                    l.left -= n;
+                }
+                r
+            }
+            _ => {
+                if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+                    self.rbuf.reserve(READ_CHUNK);
+                }
+                if polling {
+                    netio::recv_into(self.stream.as_fd(), &mut self.rbuf, libc::MSG_DONTWAIT)
+                } else {
+                    self.stream.try_read_buf(&mut self.rbuf)
+                }
+            }
         };
         match r {
             Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
@@ -287,6 +311,29 @@ impl Driver {
     /// Frames and handles every complete PDU received.
     fn handle_received(&mut self) {
         while !self.closing {
+            if self.landing.is_none() {
+                if let Some((header, mut l)) = self.queue.try_land(&self.rbuf) {
+                    let _ = self.rbuf.split_to(header);
+                    let n = l.left.min(self.rbuf.len());
+                    let here = self.rbuf.split_to(n);
+                    self.queue.landing_room(&l).extend_from_slice(&here);
+                    l.left -= n;
+                    self.landing = Some(l);
+                }
+            }
+            if let Some(l) = self.landing {
+                if l.left > 0 || self.rbuf.len() < l.digest {
+                    return;
+                }
+                self.landing = None;
+                let digest = self.rbuf.split_to(l.digest);
+                match self.queue.finish_landing(l, &digest) {
+                    Ok(Some(cmd)) => self.dispatch(cmd),
+                    Ok(None) => {}
+                    Err(s) => return self.stop(s),
+                }
+                continue;
+            }
             let f = match self.queue.frame(&self.rbuf) {
                 Ok(Some(f)) => f,
                 Ok(None) => return,
@@ -462,12 +509,16 @@ impl Driver {
         let inline = !caps.may_block
             && (direction(&cmd.sqe) & 1 == 0 || cmd.data.len() <= caps.inline_write_max);
         if inline {
-            let r = nvme::nvm::execute(&vol, &cmd.sqe, cmd.data);
+            let r = nvme::nvm::execute(&vol, &cmd.sqe, cmd.data, cmd.owned);
             self.count(counted, &r);
             return self.complete(cid, r);
         }
-        let Command { sqe, data, .. } = cmd;
-        self.off_loop_counted(cid, counted, move || nvme::nvm::execute(&vol, &sqe, data));
+        let Command {
+            sqe, data, owned, ..
+        } = cmd;
+        self.off_loop_counted(cid, counted, move || {
+            nvme::nvm::execute(&vol, &sqe, data, owned)
+        });
     }
 
     /// Runs `f` on the blocking pool; its reply comes back through the
