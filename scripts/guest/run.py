@@ -85,6 +85,11 @@ class Ironsan:
             f.write(scenario.toml(self.ports, self.luns, self.nvme_ports))
         self.log = open(os.path.join(work, "target.log"), "ab")
         self.proc = None
+        # Portals removed with `ironsan admin remove-portal`: their ports
+        # are silent meanwhile (`Silence`), as a port taken off a real
+        # network is, not closed right after the guestfwd accepts.
+        self.silent = {}
+        self.quieted = []
 
     def start(self, *_):
         self.proc = subprocess.Popen(
@@ -113,6 +118,8 @@ class Ironsan:
             self.proc.wait()
 
     def stop(self):
+        for q in list(self.silent.values()) + self.quieted:
+            q.close()
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -121,10 +128,22 @@ class Ironsan:
                 self.kill()
 
     def admin(self, args):
+        if args[:1] == ["add-portal"] and args[1:2] and args[1] in self.silent:
+            # The port is ironsan's again; connections taken while it was
+            # away stay silent until the initiator gives them up.
+            q = self.silent.pop(args[1])
+            q.stop_listening()
+            self.quieted.append(q)
         r = subprocess.run(
             [self.bin, "admin", "--socket", os.path.join(self.state, "admin.sock")] + args,
             capture_output=True, text=True, timeout=30,
             env=dict(os.environ, RUST_BACKTRACE="0"))
+        if r.returncode == 0 and args[:1] == ["remove-portal"] and args[1:2]:
+            # Closed ports set off open-iscsi's bug #387 (see `Silence`).
+            try:
+                self.silent[args[1]] = Silence(int(args[1].rsplit(":", 1)[1]))
+            except (OSError, ValueError):
+                pass
         return r.returncode == 0, (r.stdout + r.stderr).strip()
 
 

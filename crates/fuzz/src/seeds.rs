@@ -389,11 +389,7 @@ fn nvme_controller_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             offset: 0,
             length: 4096,
         };
-        let mut psh = [0u8; 24];
-        psh[8..10].copy_from_slice(&h.cccid.to_le_bytes());
-        psh[12..16].copy_from_slice(&h.offset.to_le_bytes());
-        psh[16..20].copy_from_slice(&h.length.to_le_bytes());
-        b.extend_from_slice(&l.header(PduType::H2cData, 0x04, &psh[8..], 4096));
+        b.extend_from_slice(&l.h2c_data(&h, true));
         b.extend_from_slice(&data);
         if let Some(d) = l.data_digest_of(&data) {
             b.extend_from_slice(&d);

@@ -431,13 +431,7 @@ impl NvmeQueue {
                             offset: h.offset + off as u32,
                             length: n as u32,
                         };
-                        let mut psh = [0u8; 24];
-                        psh[8..10].copy_from_slice(&dh.cccid.to_le_bytes());
-                        psh[10..12].copy_from_slice(&dh.ttag.to_le_bytes());
-                        psh[12..16].copy_from_slice(&dh.offset.to_le_bytes());
-                        psh[16..20].copy_from_slice(&dh.length.to_le_bytes());
-                        let flags = if last { LAST_PDU } else { 0 };
-                        let hdr = self.tx.header(PduType::H2cData, flags, &psh[8..], n);
+                        let hdr = self.tx.h2c_data(&dh, last);
                         let piece = data.slice(off..off + n);
                         let dd = self.tx.data_digest_of(&piece);
                         self.queue_small(&hdr);

@@ -467,6 +467,15 @@ impl Layout {
         self.header(PduType::C2hData, flags, &psh[8..], h.length as usize)
     }
 
+    /// The header of an H2CData PDU of `h.length` bytes; `last` sets
+    /// LAST_PDU.
+    pub fn h2c_data(&self, h: &DataHeader, last: bool) -> HeaderBuf {
+        let mut psh = [0u8; 24];
+        h.put(&mut psh);
+        let flags = if last { LAST_PDU } else { 0 };
+        self.header(PduType::H2cData, flags, &psh[8..], h.length as usize)
+    }
+
     /// An R2T for `h.length` bytes at `h.offset`.
     pub fn r2t(&self, h: &DataHeader) -> HeaderBuf {
         let mut psh = [0u8; 24];

@@ -707,13 +707,7 @@ mod tests {
                     offset: off as u32,
                     length: n as u32,
                 };
-                let mut psh = [0u8; 24];
-                psh[8..10].copy_from_slice(&dh.cccid.to_le_bytes());
-                psh[10..12].copy_from_slice(&dh.ttag.to_le_bytes());
-                psh[12..16].copy_from_slice(&dh.offset.to_le_bytes());
-                psh[16..20].copy_from_slice(&dh.length.to_le_bytes());
-                let flags = if last { LAST } else { 0 };
-                b.extend_from_slice(&l.header(PduType::H2cData, flags, &psh[8..], n));
+                b.extend_from_slice(&l.h2c_data(&dh, last));
                 b.extend_from_slice(&big[off..off + n]);
                 if let Some(d) = l.data_digest_of(&big[off..off + n]) {
                     b.extend_from_slice(&d);
