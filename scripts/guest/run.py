@@ -180,7 +180,14 @@ class Silence(threading.Thread):
         """The machine is back: the gateway takes the port; connections
         already taken stay silent until the initiator gives them up (its
         login timeout), as they would to a host that rebooted."""
+        # shutdown() wakes the accept() blocked in run(): a close() alone
+        # leaves the port listening until it returns.
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
+        self.join(2)
 
     def close(self):
         self.stop_listening()
