@@ -149,10 +149,9 @@ pub fn nvme_controller(data: &[u8]) {
                 ports: &ports,
                 aers_held: held,
             };
-            match admin::execute(&c, &cx, &cmd.sqe, &cmd.data.to_vec()) {
+            match admin::execute(&c, &cx, &cmd.sqe) {
                 Outcome::Reply(r) => q.complete(cid, r.status, r.result, r.data),
                 Outcome::Held => held += 1,
-                Outcome::Disconnect => break,
             }
         } else if let Some(v) = c.subsystem.namespaces.volume(cmd.sqe.nsid()) {
             let r = nvme::nvm::execute(&v, &cmd.sqe, cmd.data, cmd.owned);

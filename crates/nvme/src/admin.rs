@@ -19,7 +19,7 @@ use volume::access::AccessState;
 use volume::Volume;
 
 use crate::ctrl::{Controller, Registry, DISCOVERY_NQN, MAX_ADMIN_ENTRIES, MAX_QUEUE_ENTRIES};
-use crate::queue::{ADMIN_IN_CAPSULE, IO_IN_CAPSULE};
+use crate::queue::IO_IN_CAPSULE;
 
 /// Admin opcodes.
 pub mod opc {
@@ -98,8 +98,6 @@ pub enum Outcome {
     Reply(Reply),
     /// An Asynchronous Event Request: held until an event (or the end).
     Held,
-    /// A Disconnect: answer, then close the connection.
-    Disconnect,
 }
 
 /// A port a controller may be reached through (the discovery log page's
@@ -123,8 +121,9 @@ fn host_len(sqe: &Sqe) -> u32 {
     u32::from_le_bytes(sqe.0[32..36].try_into().expect("4 bytes"))
 }
 
-/// Runs admin command `sqe` (with its data, from the host) on `c`.
-pub fn execute(c: &Controller, cx: &Context<'_>, sqe: &Sqe, data: &[u8]) -> Outcome {
+/// Runs admin command `sqe` on `c` (no admin command served takes data
+/// from the host).
+pub fn execute(c: &Controller, cx: &Context<'_>, sqe: &Sqe) -> Outcome {
     c.alive();
     if sqe.opcode() == OPC_FABRICS {
         return Outcome::Reply(fabrics(c, sqe));
@@ -133,7 +132,6 @@ pub fn execute(c: &Controller, cx: &Context<'_>, sqe: &Sqe, data: &[u8]) -> Outc
         // Command Sequence Error: the controller is not enabled.
         return Outcome::Reply(Reply::status(Status::generic(0x0c, true)));
     }
-    let _ = data;
     let r = match sqe.opcode() {
         opc::IDENTIFY => identify(c, sqe),
         opc::GET_LOG_PAGE => get_log_page(c, cx, sqe),
@@ -205,7 +203,9 @@ fn identify(c: &Controller, sqe: &Sqe) -> Reply {
     let valid_nsid = (1..=MAX_NSID).contains(&nsid);
     match cns {
         0x00 if c.discovery => Reply::status(Status::INVALID_FIELD),
-        0x00 if nsid == 0xffff_ffff => Reply::data(common_namespace(), len),
+        // NSID FFFFFFFFh: what every namespace has in common (the one LBA
+        // format list is per namespace, so nothing).
+        0x00 if nsid == 0xffff_ffff => Reply::data(Vec::new(), len),
         0x00 if !valid_nsid => Reply::status(Status::INVALID_NAMESPACE),
         0x00 => match ns.volume(nsid) {
             Some(v) => Reply::data(identify_namespace(&v), len),
@@ -299,14 +299,7 @@ fn identify_controller(c: &Controller) -> Vec<u8> {
     put32(&mut b, 1792, (64 + IO_IN_CAPSULE) / 16);
     put32(&mut b, 1796, 1);
     b[1803] = 1;
-    let _ = (ADMIN_IN_CAPSULE, MAX_ADMIN_ENTRIES);
     b
-}
-
-/// Identify Namespace for NSID FFFFFFFFh: what every namespace has in
-/// common (the one LBA format list is per namespace, so nothing).
-fn common_namespace() -> Vec<u8> {
-    vec![0u8; 4096]
 }
 
 /// Identify Namespace (NVM Command Set 1.0 "Identify Namespace Data

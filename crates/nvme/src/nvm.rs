@@ -35,8 +35,8 @@ const COMPARE_FAILURE: Status = Status::media(0x85, true);
 /// Most Dataset Management ranges (NR is 8 bits, 0's based).
 const MAX_DSM_RANGES: usize = 256;
 
-/// Whether the command needs no namespace (a Flush of all of them is
-/// answered by the caller).
+/// Whether `op` is an NVM command served here (others get Invalid Command
+/// Opcode before a namespace is looked up).
 pub fn is_known(op: u8) -> bool {
     matches!(
         op,

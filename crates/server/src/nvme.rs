@@ -28,7 +28,7 @@ use nvme::admin::{self, Context, Outcome, Port, Reply};
 use nvme::ctrl::{ConnectCmd, Controller, Namespaces, Registry, Subsystem};
 use nvme::queue::direction;
 use nvme::{Command, Queue, Stop};
-use nvme_tcp_wire::capsule::{fctype, ConnectData, Cqe, Status, OPC_FABRICS};
+use nvme_tcp_wire::capsule::{fctype, ConnectData, Status, OPC_FABRICS};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use volume::access::AccessState;
@@ -413,16 +413,11 @@ impl Driver {
                 ports: &ports,
                 aers_held: self.held_aers.len(),
             };
-            let data = cmd.data.to_vec();
-            match admin::execute(&ctrl, &cx, &cmd.sqe, &data) {
+            match admin::execute(&ctrl, &cx, &cmd.sqe) {
                 Outcome::Reply(r) => self.complete(cid, r),
                 Outcome::Held => {
                     self.held_aers.push(cid);
                     self.deliver_aen(&ctrl);
-                }
-                Outcome::Disconnect => {
-                    self.complete(cid, Reply::default());
-                    self.closing = true;
                 }
             }
             return;
@@ -603,7 +598,6 @@ impl Driver {
                 self.queue.complete(cid, cqe_status, r.result, Chain::new());
             }
         }
-        let _ = Cqe::default();
     }
 
     /// Publishes this I/O queue's counters as a session's.
