@@ -1319,15 +1319,12 @@ impl RbdLun {
     /// `POOL[/NAMESPACE]/IMAGE[@SNAPSHOT]`, as `rbd` names it (what
     /// `storage::RbdOptions::spec` says once the image is opened).
     pub fn spec(&self) -> String {
-        let mut s = self.pool.clone();
-        if let Some(ns) = &self.namespace {
-            s = format!("{s}/{ns}");
-        }
-        s = format!("{s}/{}", self.image);
-        if let Some(snap) = &self.snapshot {
-            s = format!("{s}@{snap}");
-        }
-        s
+        storage::rbd_spec(
+            &self.pool,
+            self.namespace.as_deref(),
+            &self.image,
+            self.snapshot.as_deref(),
+        )
     }
 }
 

@@ -47,6 +47,25 @@ mod null;
 #[cfg(feature = "rbd")]
 pub mod rbd;
 
+/// `POOL[/NAMESPACE]/IMAGE[@SNAPSHOT]`, as `rbd` names an image (with or
+/// without the `rbd` feature: configurations name images either way).
+pub fn rbd_spec(
+    pool: &str,
+    namespace: Option<&str>,
+    image: &str,
+    snapshot: Option<&str>,
+) -> String {
+    let mut s = pool.to_owned();
+    if let Some(ns) = namespace {
+        s = format!("{s}/{ns}");
+    }
+    s = format!("{s}/{image}");
+    if let Some(snap) = snapshot {
+        s = format!("{s}@{snap}");
+    }
+    s
+}
+
 pub use fault::FaultBackend;
 pub use file::FileBackend;
 pub use mem::MemBackend;
@@ -512,5 +531,17 @@ fn check_range_u64(size: u64, offset: u64, len: u64) -> io::Result<()> {
             io::ErrorKind::InvalidInput,
             format!("range {offset}+{len} beyond capacity {size}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod spec_tests {
+    #[test]
+    fn rbd_specs_name_namespace_and_snapshot() {
+        assert_eq!(super::rbd_spec("rbd", None, "vol", None), "rbd/vol");
+        assert_eq!(
+            super::rbd_spec("rbd", Some("tenant1"), "vol", Some("monday")),
+            "rbd/tenant1/vol@monday"
+        );
     }
 }

@@ -95,15 +95,12 @@ pub struct RbdOptions {
 impl RbdOptions {
     /// `POOL[/NAMESPACE]/IMAGE[@SNAPSHOT]`, as `rbd` names it.
     pub fn spec(&self) -> String {
-        let mut s = self.pool.clone();
-        if let Some(ns) = &self.namespace {
-            s = format!("{s}/{ns}");
-        }
-        s = format!("{s}/{}", self.image);
-        if let Some(snap) = &self.snapshot {
-            s = format!("{s}@{snap}");
-        }
-        s
+        crate::rbd_spec(
+            &self.pool,
+            self.namespace.as_deref(),
+            &self.image,
+            self.snapshot.as_deref(),
+        )
     }
 }
 
