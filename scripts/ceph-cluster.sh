@@ -142,9 +142,11 @@ mon_data_avail_crit = 1
 # No ceph-mgr here: do not warn about it.
 mon_mgr_mkfs_grace = 100000000
 # A PG's read lease lasts osd_heartbeat_grace x 0.8; a lone OSD paused past
-# it (the tests pause it 35 s) finds its PGs "laggy" and, with no peer to
-# renew the lease, never serves them again. Real clusters have peers.
-osd_heartbeat_grace = 60
+# it finds its PGs "laggy" and, with no peer to renew the lease, never
+# serves them again (Real clusters have peers). The tests pause the OSD
+# 15 s; a CI machine once left PGs laggy after a 35 s pause with a 48 s
+# lease, and the next cluster request waited for ever: 240 s of lease.
+osd_heartbeat_grace = 300
 # A client that died stops watching its images after this many seconds.
 osd_client_watch_timeout = ${CEPH_WATCH_TIMEOUT:-30}
 EOF

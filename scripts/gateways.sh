@@ -59,6 +59,8 @@ pid_a=
 pid_b=
 
 say() { echo "gateways: $*" >&2; }
+# No cluster command may hang the run (a cluster that stopped serving).
+rbd() { timeout 120 rbd "$@"; }
 step() { # NAME RESULT
   say "$1: $2"
   case $2 in
@@ -66,10 +68,19 @@ step() { # NAME RESULT
   *) fail=$((fail + 1)) ;;
   esac
 }
-stop() { # PID...
+stop() { # PID...: SIGTERM, then 30 s to exit
+  local i
   for p in "$@"; do
     [ -n "$p" ] || continue
-    kill "$p" 2>/dev/null || true
+    kill "$p" 2>/dev/null || continue
+    for i in $(seq 300); do
+      kill -0 "$p" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$p" 2>/dev/null; then
+      kill -9 "$p" 2>/dev/null || true
+      step "serve (PID $p) stops on SIGTERM" "fail (still running after 30 s: killed)"
+    fi
     wait "$p" 2>/dev/null || true
   done
 }

@@ -7,7 +7,7 @@
 #   3. writes a 64 MiB image through the LUN with qemu-img and reads it
 #      back, and writes/reads all of a 256 MiB LUN with ironsan bench --verify,
 #      and serves a namespace image and a read-only snapshot (3b),
-#   4b. pauses the OSD for 35 s under a bench: retried NOT READY 04/01, no
+#   4b. pauses the OSD for 15 s under a bench: retried NOT READY 04/01, no
 #      error, logged once per burst and counted in /metrics,
 #   4c. starts serve with the monitor down: it listens, reports the LU
 #      becoming ready, and serves it once the monitor is back,
@@ -34,21 +34,79 @@ srv=
 results=()
 failed=0
 
+now=setup
 say() { echo "rbd.sh: $*" >&2; }
+part() { # TITLE: a numbered part starts
+  now=$1
+  say "$1"
+}
 step() { # NAME STATE
   results+=("$(printf '%-28s %s' "$1" "$2")")
   [ "$2" != fail ] || failed=1
 }
+report() {
+  echo
+  echo "ironsan on RBD ($((SECONDS - t_start)) s):"
+  printf '  %s\n' "${results[@]}"
+}
+# No cluster command may hang the run: against a cluster that stopped
+# serving they fail after a while, and the cluster's state is printed.
+rbd() { timeout 120 rbd "$@"; }
+cluster_state() {
+  say "cluster state:"
+  timeout 15 ceph --connect-timeout 10 -s >&2 || true
+  tail -20 "$dir/log/osd.0.log" >&2 || true
+}
+pgs_ready() { # SECONDS: objects in every PG written and read back within SECONDS
+  # (no ceph-mgr here, so no PG states to ask; a laggy PG blocks its requests)
+  local deadline=$((SECONDS + $1))
+  while [ $SECONDS -lt $deadline ]; do
+    if timeout 20 rados -p rbd bench 2 write -b 4096 -t 16 --no-cleanup >"$work/probe.txt" 2>&1 &&
+      timeout 20 rados -p rbd bench 2 seq -t 16 >>"$work/probe.txt" 2>&1; then
+      timeout 30 rados -p rbd cleanup >/dev/null 2>&1 || true
+      return 0
+    fi
+    sleep 1
+  done
+  tail -5 "$work/probe.txt" >&2
+  say "the pool did not serve writes and reads in $1 s"
+  return 1
+}
+
+stop_serve() { # PID: SIGTERM, then 30 s to finish in-flight commands and exit
+  local i
+  kill "$1" 2>/dev/null || return 0
+  for i in $(seq 300); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$1" 2>/dev/null; then
+    say "serve (PID $1) still running 30 s after SIGTERM: killed"
+    kill -9 "$1" 2>/dev/null || true
+    step "serve stops on SIGTERM" fail
+  fi
+  wait "$1" 2>/dev/null || true
+}
 
 cleanup() {
+  local rc=$?
   if [ -n "$srv" ] && kill -0 "$srv" 2>/dev/null; then
-    kill "$srv" 2>/dev/null || true
-    wait "$srv" 2>/dev/null || true
+    stop_serve "$srv"
+  fi
+  if [ "$interrupted" ]; then
+    say "interrupted (SIG$interrupted) during: $now"
+    cluster_state
+    report
   fi
   scripts/ceph-cluster.sh down "$dir" || true
   rm -rf "$work"
+  return "$rc"
 }
+interrupted=
 trap cleanup EXIT
+# A run stopped from outside (test.sh bounds it with timeout) says where.
+trap 'interrupted=TERM; exit 124' TERM
+trap 'interrupted=INT; exit 130' INT
 
 if ! command -v iscsi-test-cu >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libiscsi-bin >/dev/null
@@ -68,7 +126,7 @@ rbd create --size 256M rbd/ironsan
 rbd create --size 64M rbd/conformance
 rbd create --size 64M rbd/scratch
 
-say "1. backend live test"
+part "1. backend live test"
 rbd create --size 64M rbd/locktest
 # The live tests are #[ignore]d without a cluster; here they run, and all
 # of them must (none filtered out by a rename).
@@ -85,7 +143,7 @@ else
   step "backend live test" fail
 fi
 
-say "2. iscsi-test-cu on rbd:rbd/conformance"
+part "2. iscsi-test-cu on rbd:rbd/conformance"
 t0=$SECONDS
 if python3 scripts/conformance.py --ironsan "$bin" --lun "rbd:rbd/conformance$IRONSAN_RBD_OPTS" \
   --expect tests/conformance/expected-pass-rbd.txt --log "${CARGO_TARGET_DIR:-target}/conformance-rbd.log" |
@@ -97,8 +155,7 @@ fi
 
 serve() { # [ENV=VALUE]: (re)starts the target on rbd:rbd/ironsan
   if [ -n "$srv" ]; then
-    kill "$srv" 2>/dev/null || true
-    wait "$srv" 2>/dev/null || true
+    stop_serve "$srv"
   fi
   say "serving rbd:rbd/ironsan on 127.0.0.1:$port $*"
   env "$@" "$bin" --log warn serve --listen "127.0.0.1:$port" --target "$iqn" \
@@ -115,7 +172,7 @@ serve() { # [ENV=VALUE]: (re)starts the target on rbd:rbd/ironsan
 }
 serve
 
-say "3. data round trips"
+part "3. data round trips"
 if command -v qemu-img >/dev/null && ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so >/dev/null 2>&1; then
   head -c $((64 << 20)) /dev/urandom >"$work/src.img"
   if qemu-img convert -n -f raw -O raw "$work/src.img" "$url" &&
@@ -139,7 +196,7 @@ else
   step "bench --verify 256M" fail
 fi
 
-say "3b. a namespace LUN and a snapshot LUN, as client.ironsan"
+part "3b. a namespace LUN and a snapshot LUN, as client.ironsan"
 # A second target on its own port, so the main one keeps serving.
 nsurl=iscsi://127.0.0.1:$((port + 1))/$iqn:more
 ns_ok=
@@ -163,8 +220,7 @@ if rbd namespace create rbd/tenant1 && rbd create --size 32M rbd/tenant1/vol &&
       >>"$work/ns.txt" 2>&1 &&
     "$bin" bench --rw write --bs 64k --size 32M --verify "$nsurl/1" >"$work/snap.txt" 2>&1 &&
     snid=$(grep -oE 'verify-id 0x[0-9a-f]+' "$work/snap.txt" | head -1 | cut -d' ' -f2); then
-    kill "$nssrv" 2>/dev/null || true
-    wait "$nssrv" 2>/dev/null || true
+    stop_serve "$nssrv"
     rbd snap create rbd/snapsrc@monday >/dev/null &&
       rbd bench --io-type write --io-size 64K --io-total 32M rbd/snapsrc >/dev/null 2>&1
     "$bin" --log info serve --listen "127.0.0.1:$((port + 1))" --target "$iqn:more" \
@@ -184,8 +240,7 @@ if rbd namespace create rbd/tenant1 && rbd create --size 32M rbd/tenant1/vol &&
   fi
 fi
 if [ -n "$nssrv" ]; then
-  kill "$nssrv" 2>/dev/null || true
-  wait "$nssrv" 2>/dev/null || true
+  stop_serve "$nssrv"
 fi
 if [ -n "$ns_ok" ]; then
   step "namespace and snapshot" pass
@@ -195,7 +250,7 @@ else
   step "namespace and snapshot" fail
 fi
 
-say "4. 4K random reads, depth 32, 256 MiB: rbd bench vs ironsan bench"
+part "4. 4K random reads, depth 32, 256 MiB: rbd bench vs ironsan bench"
 # The `rbd` tool links tcmalloc and librbd allocates on every request:
 # serve with the same allocator (docs/CONFIG.md recommends it for rbd LUNs),
 # so the comparison is of the data paths, not of malloc implementations.
@@ -225,50 +280,55 @@ say "ironsan bench (pool): $(grep -E 'IOPS=' "$work/isbw.txt" | head -1 || echo 
 step "4K randread Q32 IOPS" "rbd bench ${rbd_iops:-?}, ironsan ${isb_iops:-?} (I/O pool: ${wait_iops:-?}; $allocator)"
 
 if [ -n "$srv" ]; then
-  kill "$srv" 2>/dev/null || true
-  wait "$srv" 2>/dev/null || true
+  stop_serve "$srv"
   srv=
 fi
-say "4b. the OSD paused 35 s under load: NOT READY 04/01, retried, logged, counted; I/O resumes"
-# The requests the OSD does not answer fail after ceph_op_timeout (25 s)
-# with LOGICAL UNIT IS IN PROCESS OF BECOMING READY, which initiators retry
-# on the same path (not a path failure, not standby); the bench retries
-# them for up to 30 s, as the kernel would, and must end with no error.
+part "4b. the OSD paused 15 s under load: NOT READY 04/01, retried, logged, counted; I/O resumes"
+# The requests the OSD does not answer fail after ceph_op_timeout (8 s
+# here, 25 s by default) with LOGICAL UNIT IS IN PROCESS OF BECOMING READY,
+# which initiators retry on the same path (not a path failure, not
+# standby); the bench retries them for up to 30 s, as the kernel would, and
+# must end with no error.
 rbd create --size 64M rbd/osdpause
 "$bin" --log info serve --listen "127.0.0.1:$((port + 2))" --target "$iqn:pause" \
-  --lun "rbd:rbd/osdpause$IRONSAN_RBD_OPTS" --admin 127.0.0.1:0 --state-dir "$work" \
+  --lun "rbd:rbd/osdpause$IRONSAN_RBD_OPTS,ceph_op_timeout=8" --admin 127.0.0.1:0 --state-dir "$work" \
   >"$work/pause.log" 2>&1 &
 psrv=$!
 for _ in $(seq 100); do
   (exec 3<>"/dev/tcp/127.0.0.1/$((port + 2))") 2>/dev/null && break
   sleep 0.1
 done
-"$bin" bench --rw randwrite --bs 4k --iodepth 4 --size 64M --runtime 50 --time_based \
+timeout 150 "$bin" bench --rw randwrite --bs 4k --iodepth 4 --size 64M --runtime 30 --time_based \
   "iscsi://127.0.0.1:$((port + 2))/$iqn:pause/0" >"$work/pause.txt" 2>&1 &
 pbench=$!
 sleep 3
 osd=$(cat "$dir/osd.0.pid")
 kill -STOP "$osd"
-sleep 35
+sleep 15
 kill -CONT "$osd"
 prc=0
 wait "$pbench" || prc=$?
 faults=$("$bin" admin --state-dir "$work" metrics 2>/dev/null |
   awk '/^ironsan_storage_faults_total\{kind="unresponsive"\}/ { print $2 }')
 lines=$(grep -c 'storage fault' "$work/pause.log" || true)
-kill "$psrv" 2>/dev/null || true
-wait "$psrv" 2>/dev/null || true
+stop_serve "$psrv"
 cat "$work/pause.txt" >&2
 say "unresponsive faults counted: ${faults:-none}; storage fault log lines: $lines"
 if [ "$prc" = 0 ] && grep -q ' 0 errors' "$work/pause.txt" && grep -q '2/04/01' "$work/pause.txt" &&
   [ "${faults:-0}" -gt 0 ] && [ "$lines" -ge 1 ] && [ "$lines" -lt "$faults" ]; then
-  step "OSD paused 35 s" "pass ($faults requests NOT READY 04/01 and retried, $lines log lines, 0 errors)"
+  step "OSD paused 15 s" "pass ($faults requests NOT READY 04/01 and retried, $lines log lines, 0 errors)"
 else
   tail -5 "$work/pause.log" >&2
-  step "OSD paused 35 s" fail
+  cluster_state
+  step "OSD paused 15 s" fail
+fi
+# What follows needs a cluster that serves every PG again.
+if ! pgs_ready 60; then
+  cluster_state
+  step "cluster after the pause" fail
 fi
 
-say "4c. the monitor down at start: serve listens, the LU is becoming ready, served once it is back"
+part "4c. the monitor down at start: serve listens, the LU is becoming ready, served once it is back"
 # With no monitor, opening the image cannot finish: serve waits
 # ceph_start_wait (5 s), listens, answers NOT READY 04/01 (becoming ready)
 # with the LU's identity, and keeps trying in the background. A bench
@@ -294,9 +354,9 @@ for _ in $(seq 300); do
   kill -0 "$lsrv" 2>/dev/null || break
   sleep 0.1
 done
-"$bin" inq "$lurl" >"$work/late-inq.txt" 2>&1 || true
-"$bin" admin --state-dir "$work/late" list >"$work/late-list.txt" 2>&1 || true
-"$bin" bench --rw write --bs 64k --size 64M --verify "$lurl" >"$work/late-w.txt" 2>&1 &
+timeout 60 "$bin" inq "$lurl" >"$work/late-inq.txt" 2>&1 || true
+timeout 60 "$bin" admin --state-dir "$work/late" list >"$work/late-list.txt" 2>&1 || true
+timeout 150 "$bin" bench --rw write --bs 64k --size 64M --verify "$lurl" >"$work/late-w.txt" 2>&1 &
 lbench=$!
 sleep 3
 t1=$SECONDS
@@ -309,17 +369,16 @@ cat "$work/late-inq.txt" "$work/late-list.txt" "$work/late-w.txt" >&2
 if [ -n "$listening" ] && [ "$lrc" = 0 ] && [ -n "$lid" ] && [ -n "$opened" ] &&
   grep -q 'BECOMING READY' "$work/late-inq.txt" && grep -q 'Device identifier: naa' "$work/late-inq.txt" &&
   grep -q 'opening (NOT READY' "$work/late-list.txt" && grep -q ' 0 errors' "$work/late-w.txt" &&
-  "$bin" bench --rw read --bs 64k --size 64M --verify --verify-id "$lid" "$lurl" >"$work/late-r.txt" 2>&1; then
+  timeout 150 "$bin" bench --rw read --bs 64k --size 64M --verify --verify-id "$lid" "$lurl" >"$work/late-r.txt" 2>&1; then
   step "monitor down at start" "pass (listening after ${listening} s, NOT READY 04/01 meanwhile; $opened, the monitor restarted at $((t1 - t0)) s; bench 0 errors, data read back)"
 else
   tail -8 "$work/late.log" >&2
   cat "$work/late-r.txt" 2>/dev/null >&2
   step "monitor down at start" fail
 fi
-kill "$lsrv" 2>/dev/null || true
-wait "$lsrv" 2>/dev/null || true
+stop_serve "$lsrv"
 
-say "5. two gateways, one image: failover"
+part "5. two gateways, one image: failover"
 if scripts/gateways.sh "$bin" 2>&1 | tee "$work/gateways.out" | grep '^gateways: '; then
   step "gateway failover" "pass ($(grep -o '[0-9]* passed, [0-9]* failed' "$work/gateways.out"))"
 else
@@ -329,7 +388,7 @@ fi
 # 6. The Linux kernel over both gateways (scripts/guest/run.py gateways):
 #    dm-multipath, the owner killed -9 under fio --verify on ext4.
 if [ "${IRONSAN_SKIP_GUEST:-0}" != 1 ]; then
-  say "6. a Linux kernel over two gateways: dm-multipath failover"
+  part "6. a Linux kernel over two gateways: dm-multipath failover"
   rc=0
   python3 scripts/guest/run.py gateways >"$work/guest.out" 2>&1 || rc=$?
   grep -E '^guest: ' "$work/guest.out" | tail -4 >&2
@@ -343,7 +402,5 @@ if [ "${IRONSAN_SKIP_GUEST:-0}" != 1 ]; then
   fi
 fi
 
-echo
-echo "ironsan on RBD ($((SECONDS - t_start)) s):"
-printf '  %s\n' "${results[@]}"
+report
 exit "$failed"

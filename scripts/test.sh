@@ -18,8 +18,10 @@ scripts/recipes.sh
 # scenario in a fresh guest (scripts/guest/run.py --list; about 5 minutes).
 # The guest is built from Debian's packages at test time and cached; where
 # it cannot be built or booted the run says SKIPPED with the reason.
+# Each long part is bounded (timeout), so a hang fails the run with its
+# own report instead of outliving CI's limit.
 if [ "${IRONSAN_SKIP_GUEST:-0}" != 1 ]; then
-  python3 scripts/guest/run.py
+  timeout -k 30 2400 python3 scripts/guest/run.py
 fi
 # Fuzz targets on the stable runner: seeds, regressions, then 30 s of random
 # and mutated inputs each (IRONSAN_FUZZ_SECONDS to change), one process per
@@ -38,5 +40,5 @@ scripts/conformance.sh --digest off --physical-block-size 4096
 # LUN (about 90 s once Ceph is installed). IRONSAN_SKIP_RBD=1 skips it on
 # machines that cannot install Ceph.
 if [ "${IRONSAN_SKIP_RBD:-0}" != 1 ]; then
-  scripts/rbd.sh
+  timeout -k 90 1500 scripts/rbd.sh
 fi
