@@ -60,6 +60,8 @@ class Targets:
         self.cleanup = []
         self.mounts = []
         self.urls = {}
+        # The process serving each target, for its CPU time.
+        self.pids = {}
         self.tmpfs_kind = "/dev/shm"
 
     def file_dir(self, work):
@@ -97,6 +99,18 @@ class Targets:
             self.ceiling_kind = "ironsan probe null-target"
         wait_port(p)
         self.urls["ceiling"] = f"iscsi://127.0.0.1:{p}/iqn.2026-11.io.ironsan:null/0"
+        self.pids["ceiling"] = self.procs[-1].pid
+        # The NVMe/TCP ceilings: ironsan's null NVMe/TCP controller, blocking
+        # on receive as the iSCSI null responders do, and busy polling as
+        # the target does (for information: a ceiling with a core of its own).
+        for name, busy in [("ceiling NVMe/TCP", "0"), ("ceiling NVMe/TCP busy-poll", "50")]:
+            p = free_port()
+            self.procs.append(subprocess.Popen([a.ironsan, "probe", "nvme-null-target", "--listen", f"127.0.0.1:{p}",
+                                                "--busy-poll-us", busy],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_port(p)
+            self.urls[name] = f"nvme-tcp://127.0.0.1:{p}/nqn.2026-11.io.ironsan:null/1"
+            self.pids[name] = self.procs[-1].pid
         # tgt with a 1 GiB file LUN on tmpfs.
         files = self.file_dir(work)
         p = free_port()
@@ -107,6 +121,7 @@ class Targets:
         tgtd = subprocess.Popen(["tgtd", "-f", "--iscsi", f"portal=127.0.0.1:{p}", "-C", "7"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(tgtd)
+        self.pids["tgt"] = tgtd.pid
         time.sleep(1)
         adm = ["tgtadm", "-C", "7", "--lld", "iscsi"]
         subprocess.run(adm + ["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN], check=True)
@@ -124,10 +139,13 @@ class Targets:
                 "--nvme-listen", f"127.0.0.1:{q}",
                 "--lun", "mem:1G", "--lun", "null:1G", "--lun", f"file:{fimg}:1G", "--queue-depth", "128"]
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for n in ["ironsan RAM", "ironsan RAM NVMe/TCP", "ironsan null", "ironsan null NVMe/TCP", "ironsan file"]:
+            self.pids[n] = self.procs[-1].pid
         wait_port(p)
         wait_port(q)
         self.urls["ironsan RAM"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/0"
         self.urls["ironsan RAM NVMe/TCP"] = f"nvme-tcp://127.0.0.1:{q}/{IRONSAN_NQN}/1"
+        self.urls["ironsan null NVMe/TCP"] = f"nvme-tcp://127.0.0.1:{q}/{IRONSAN_NQN}/2"
         self.urls["ironsan null"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/1"
         self.urls["ironsan file"] = f"iscsi://127.0.0.1:{p}/{IRONSAN_IQN}/2"
 
@@ -157,6 +175,16 @@ class Targets:
                 os.rmdir(d)
             except OSError:
                 pass
+
+
+def proc_cpu(pid):
+    """CPU seconds (user + system) process `pid` has used, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def digest_url(url, on):
@@ -253,7 +281,7 @@ def main():
     names = ["ceiling", "tgt", "ironsan RAM", "ironsan file", "ironsan null"]
     # `ironsan bench` rows also measure the RAM LUN over NVMe/TCP (its own
     # host; iscsi-perf and qemu-img speak no NVMe/TCP).
-    bench_names = names + ["ironsan RAM NVMe/TCP"]
+    bench_names = names + ["ironsan RAM NVMe/TCP", "ironsan null NVMe/TCP", "ceiling NVMe/TCP", "ceiling NVMe/TCP busy-poll"]
     s = a.secs
     tests = [
         # (row, unit, bytes per op, function(url, digests) -> bytes/s, targets)
@@ -303,14 +331,25 @@ def main():
         # --samples.
         cells = [(row, d, name) for row, unit, per, fn, tnames in tests for d in modes for name in tnames]
         fns = {row: fn for row, unit, per, fn, tnames in tests}
+        pers = {row: per for row, unit, per, fn, tnames in tests}
         samples = []
         by_cell = {c: [] for c in cells}
 
         def measure(rnd, row, digests, name):
             p0 = cores_probe(a.ironsan)
+            pid = t.pids.get(name)
+            c0 = proc_cpu(pid) if pid else None
             v = fns[row](t.urls[name], digests)
+            c1 = proc_cpu(pid) if pid else None
             p1 = cores_probe(a.ironsan)
+            # The target's CPU per I/O: its CPU time over the I/Os of the
+            # run (the rate times the run's length; 4K rows only).
+            per = pers[row]
+            cpu_us = None
+            if v and per and c0 is not None and c1 is not None:
+                cpu_us = (c1 - c0) * 1e6 / (v / per * s)
             samples.append({"round": rnd, "row": row, "digests": digests, "target": name, "value": v,
+                            "target_cpu_us_per_io": cpu_us,
                             "probe_before_ns": p0, "probe_after_ns": p1, "time": time.time()})
             by_cell[(row, digests, name)].append(samples[-1])
 
@@ -338,17 +377,21 @@ def main():
                     wait_budget -= 2
                 measure(a.rounds + extra, row, digests, name)
         best = {(row, d): {} for row, *_ in tests for d in modes}
+        cpu = {}
         unsettled = set()
         for row, digests, name in cells:
             mine = by_cell[(row, digests, name)]
-            ok = [smp["value"] for smp in mine if counted(smp)]
+            ok = [smp for smp in mine if counted(smp)]
             if not ok:
                 # Never in the near placement: the best of what there is,
                 # marked in the table.
                 unsettled.add((row, digests, name))
-                ok = [smp["value"] for smp in mine if smp["value"] is not None]
+                ok = [smp for smp in mine if smp["value"] is not None]
             if ok:
-                best[(row, digests)][name] = max(ok)
+                top = max(ok, key=lambda smp: smp["value"])
+                best[(row, digests)][name] = top["value"]
+                # The CPU per I/O of the best sample's run.
+                cpu[(row, digests, name)] = top["target_cpu_us_per_io"]
         if a.samples:
             import json
             with open(a.samples, "w") as f:
@@ -372,7 +415,7 @@ def main():
     finally:
         t.stop()
 
-    lines = table(results, lb, modes, t.ceiling_kind, t.tmpfs_kind, a, cores_note, unsettled)
+    lines = table(results, lb, modes, t.ceiling_kind, t.tmpfs_kind, a, cores_note, unsettled, cpu)
     print("\n".join(lines))
     if a.markdown:
         with open(a.markdown, "w") as f:
@@ -441,7 +484,7 @@ def ratio(x, y):
     return f"{x / y:.2f}" if x and y else "n/a"
 
 
-def table(results, lb, modes, ceiling_kind, tmpfs_kind, a, cores_note, unsettled):
+def table(results, lb, modes, ceiling_kind, tmpfs_kind, a, cores_note, unsettled, cpu):
     out = []
     out.append(f"ceiling: {ceiling_kind}; tgt: Debian tgt, 1 GiB file LUN on tmpfs; ironsan: RAM, file (tmpfs) and null LUNs")
     out.append(f"file LUNs (tgt's and ironsan's) on {tmpfs_kind}")
@@ -470,17 +513,34 @@ def table(results, lb, modes, ceiling_kind, tmpfs_kind, a, cores_note, unsettled
     nvme_rows = [(k, v) for k, v in results.items() if "ironsan RAM NVMe/TCP" in v[2]]
     if nvme_rows:
         out.append("")
-        out.append("| test (ironsan bench, the same RAM LUN) | iSCSI | NVMe/TCP | NVMe/TCP / iSCSI |")
-        out.append("|---|---|---|---|")
+        out.append("NVMe/TCP ceilings: `ironsan probe nvme-null-target`, blocking on receive as the iSCSI null "
+                   "responders do, and busy polling 50 us as the target does (for information). Target CPU: "
+                   "the serving process's user + system time over the run's I/Os (4K rows). The null LUN over NVMe/TCP "
+                   "reads no memory, as the null responder does: its ratio is the protocol path's alone.")
+        out.append("")
+        out.append("| test (ironsan bench, the same RAM LUN) | iSCSI | NVMe/TCP | NVMe/TCP / iSCSI | NVMe null | NVMe/TCP / NVMe null"
+                   " | NVMe null, busy poll | NVMe/TCP / it | null LUN, NVMe/TCP | it / NVMe null | target CPU us/I/O iSCSI | NVMe/TCP |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    us = lambda v: f"{v:.2f}" if v else "n/a"
     for (row, digests), (unit, per, best) in nvme_rows:
         g = best.get
         name = row + (" +digests" if digests else "")
         i, n = g("ironsan RAM"), g("ironsan RAM NVMe/TCP")
-        out.append(f"| {name} | {fmt(i, unit, per)} | {fmt(n, unit, per)} | {ratio(n, i)} |")
+        c, cb, nn = g("ceiling NVMe/TCP"), g("ceiling NVMe/TCP busy-poll"), g("ironsan null NVMe/TCP")
+        ci, cn = cpu.get((row, digests, "ironsan RAM")), cpu.get((row, digests, "ironsan RAM NVMe/TCP"))
+        out.append(f"| {name} | {fmt(i, unit, per)} | {fmt(n, unit, per)} | {ratio(n, i)} | {fmt(c, unit, per)} | {ratio(n, c)}"
+                   f" | {fmt(cb, unit, per)} | {ratio(n, cb)} | {fmt(nn, unit, per)} | {ratio(nn, c)}"
+                   f" | {us(ci) if per else ''} | {us(cn) if per else ''} |")
         if "4K" in row:
             ok = bool(i and n and n >= i)
             what = "IOPS (QD1: latency)" if "Q1 " in row else "IOPS"
             bars.append((f"{name}: NVMe/TCP {what} >= iSCSI on the same LUN", ok, ratio(n, i)))
+            ok = bool(ci and cn and cn <= ci)
+            bars.append((f"{name}: NVMe/TCP target CPU per I/O <= iSCSI's", ok, f"{us(cn)} vs {us(ci)} us"))
+        r = (n or 0) / (c or 1)
+        bars.append((f"{name}: NVMe/TCP (RAM LUN) >= 0.85 x NVMe/TCP null", r >= 0.85, f"{r:.2f}"))
+        r = (nn or 0) / (c or 1)
+        bars.append((f"{name}: NVMe/TCP (null LUN) >= 0.85 x NVMe/TCP null", r >= 0.85, f"{r:.2f}"))
     for (row, digests), (unit, per, best) in results.items():
         if "(ironsan bench)" in row:
             peer = (row.replace("(ironsan bench)", "(iscsi-perf)"), digests)

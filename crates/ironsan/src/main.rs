@@ -9,6 +9,7 @@ mod client;
 mod http;
 mod multinode;
 mod probe;
+mod probe_nvme;
 mod tools;
 mod top;
 mod tune;

@@ -4,6 +4,7 @@
 //!   answered with zeros, writes dropped, a fixed identity — to measure what
 //!   a client can do at all (its ceiling). Deliberately independent of the
 //!   target's code: only the PDU codec is shared.
+//! * `nvme-null-target`: the same for NVMe/TCP (`probe_nvme`).
 //! * `loopback`: a raw TCP request/response probe (fixed-size requests,
 //!   fixed-size replies, a fixed number outstanding): the transport ceiling
 //!   for the same shapes; with `--source-bytes` the replies come from a
@@ -36,6 +37,8 @@ use iscsi_wire::{text, Outbox, Sn};
 pub enum Probe {
     /// A null iSCSI responder (reads return zeros, writes are dropped).
     NullTarget(NullArgs),
+    /// A null NVMe/TCP controller (reads return zeros, writes are dropped).
+    NvmeNullTarget(crate::probe_nvme::NvmeNullArgs),
     /// A raw loopback TCP request/response probe.
     Loopback(LoopArgs),
     /// Cache-line round trip between two CPUs, in nanoseconds.
@@ -88,6 +91,7 @@ pub struct LoopArgs {
 pub fn run(p: Probe) -> Result<()> {
     match p {
         Probe::NullTarget(a) => null_target(a),
+        Probe::NvmeNullTarget(a) => crate::probe_nvme::run(a),
         Probe::Loopback(a) => loopback(a),
         Probe::Cores(a) => cores(a),
     }

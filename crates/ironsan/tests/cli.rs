@@ -203,3 +203,47 @@ fn cores_probe_measures_two_cpus_or_says_why_not() {
     // round trip of a second would mean the two were never both running.
     assert!(ns > 1.0 && ns < 1e9, "{text}");
 }
+
+/// `probe nvme-null-target` (the NVMe/TCP ceiling of the side-by-side
+/// script) is a controller the userspace host brings up and drives: reads
+/// in one and several C2HData PDUs, writes in the capsule and after an R2T
+/// (several H2CData PDUs), with digests off and on, and with no error.
+#[test]
+fn nvme_null_target_serves_the_userspace_host() {
+    let mut child = ironsan()
+        .args(["probe", "nvme-null-target", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("nvme-null-target: listening on ")
+        .unwrap_or_else(|| panic!("start-up line {line:?}"))
+        .to_owned();
+    let url = format!("nvme-tcp://{addr}/nqn.2026-11.io.ironsan:null/1");
+    for (rw, bs) in [
+        ("randread", "4k"),
+        ("randwrite", "4k"),
+        ("read", "1m"),
+        ("write", "1m"),
+    ] {
+        for u in [url.clone(), format!("{url}?digests")] {
+            let out = ironsan()
+                .args(["bench", "--rw", rw, "--bs", bs, "--iodepth", "8"])
+                .args(["--size", "8M", &u])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{rw} {bs} {u}: {text}{err}");
+            assert!(text.contains(" 0 errors"), "{rw} {bs} {u}: {text}");
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
