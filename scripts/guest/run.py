@@ -582,7 +582,9 @@ def scenario_list():
             "nvme",
             "NVMe/TCP from the kernel's host (nvme-tcp, nvme-cli): discover lists the "
             "subsystem; connect without and with header and data digests; the namespace's "
-            "size and identity (id-ctrl, id-ns, ns-descs); ext4 and xfs with fio --verify, "
+            "size and identity (id-ctrl, id-ns, ns-descs); a LUN added and removed while "
+            "connected appears and goes as namespace 2 without a rescan (Namespace Attribute "
+            "Changed notices); ext4 and xfs with fio --verify, "
             "fstrim shrinks the backing file, fsck clean; a second path; disconnect",
             [{"backend": "file", "size": "512M"}],
             nvme=True,

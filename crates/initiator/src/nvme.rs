@@ -215,6 +215,13 @@ impl NvmeQueue {
         }
     }
 
+    /// Bounds how long [`Self::wait`] and [`Self::call`] block on the
+    /// socket (an error once it passes); `None`: for ever.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<(), Error> {
+        self.stream.set_read_timeout(t)?;
+        Ok(())
+    }
+
     /// Whether another command may be submitted.
     pub fn can_submit(&self) -> bool {
         !self.free.is_empty()

@@ -43,6 +43,12 @@ pub const MAX_AERS: usize = 4;
 pub const ANA_GROUP: u32 = 1;
 /// Asynchronous Event Configuration bit: ANA change notices.
 pub const AEC_ANA_CHANGE: u32 = 1 << 11;
+/// Asynchronous Event Configuration bit: Namespace Attribute notices.
+pub const AEC_NS_ATTR: u32 = 1 << 8;
+/// The Asynchronous Event Request completion of a namespace change: type
+/// notice (2h), information Namespace Attribute Changed (00h), log page
+/// 04h (Changed Namespace List).
+pub const AEN_NS_CHANGED: u64 = 0x02 | (0x04 << 16);
 /// The Asynchronous Event Request completion of an ANA change: type notice
 /// (2h), information ANA change (03h), log page 0Ch.
 pub const AEN_ANA_CHANGE: u64 = 0x02 | (0x03 << 8) | (0x0c << 16);
@@ -254,8 +260,8 @@ fn identify_controller(c: &Controller) -> Vec<u8> {
     put16(&mut b, 78, c.cntlid);
     put32(&mut b, 80, crate::ctrl::VERSION);
     if !c.discovery {
-        // OAES: ANA change notices.
-        put32(&mut b, 92, AEC_ANA_CHANGE);
+        // OAES: ANA change and Namespace Attribute notices.
+        put32(&mut b, 92, AEC_ANA_CHANGE | AEC_NS_ATTR);
     }
     b[111] = if c.discovery { 2 } else { 1 }; // CNTRLTYPE
     b[258] = 3; // ACL: 4 Aborts
@@ -363,8 +369,8 @@ fn get_log_page(c: &Controller, cx: &Context<'_>, sqe: &Sqe) -> Reply {
             ascii(&mut b[8..16], env!("CARGO_PKG_VERSION"));
             b
         }
-        // Changed Namespace List: none reported yet.
-        0x04 => vec![0u8; 4096],
+        // Changed Namespace List; read, it is cleared unless RAE (bit 15).
+        0x04 => c.take_changed_namespaces(d10 & (1 << 15) != 0),
         0x05 => effects(),
         0x0c => ana_log(c, (d10 >> 8) & 1 != 0),
         // Invalid Log Page.

@@ -105,6 +105,24 @@ struct AnaSeen {
     notified: Option<AccessState>,
 }
 
+/// The most entries of the Changed Namespace List log page; more changes
+/// than this are reported as its overflow entry, FFFFFFFFh (Base 2.0
+/// "Changed Namespace List").
+pub const CHANGED_NS_MAX: usize = 1024;
+
+/// The namespaces as last notified, and what changed since the host last
+/// read the Changed Namespace List.
+#[derive(Debug, Default)]
+struct NsSeen {
+    /// (NSID, blocks) of every active namespace when last looked at; None
+    /// before the first look.
+    notified: Option<Vec<(u32, u64)>>,
+    /// NSIDs attached, detached or resized since the list was last read,
+    /// ascending, at most [`CHANGED_NS_MAX`].
+    changed: Vec<u32>,
+    overflow: bool,
+}
+
 /// What a controller's registers and features hold.
 #[derive(Debug, Default)]
 struct Regs {
@@ -137,6 +155,8 @@ pub struct Controller {
     last_alive: AtomicU64,
     /// What was seen of the ANA state through this controller.
     ana_seen: Mutex<AnaSeen>,
+    /// What was seen of the namespaces.
+    ns_seen: Mutex<NsSeen>,
     /// Ended: keep alive expired, shut down, or the admin queue closed.
     /// Every queue's connection closes when it sees this.
     dead: AtomicBool,
@@ -195,6 +215,88 @@ impl Controller {
         let changed = s.notified.is_some_and(|n| n != now);
         s.notified = Some(now);
         changed
+    }
+
+    /// Whether a namespace was attached, detached or resized since the
+    /// last look (the first call only records them): a Namespace Attribute
+    /// Changed notice is due. The NSIDs go to the Changed Namespace List
+    /// ([`Controller::take_changed_namespaces`]).
+    pub fn namespaces_changed(&self) -> bool {
+        let ns = &self.subsystem.namespaces;
+        let now: Vec<(u32, u64)> = ns
+            .active()
+            .into_iter()
+            .map(|n| (n, ns.volume(n).map_or(0, |v| v.num_blocks())))
+            .collect();
+        let mut s = self.ns_seen.lock();
+        let Some(before) = s.notified.replace(now) else {
+            return false;
+        };
+        let now = s.notified.as_deref().unwrap_or_default();
+        // Both lists are ascending by NSID: walk them together.
+        let mut diff = Vec::new();
+        let (mut i, mut j) = (0, 0);
+        while i < before.len() || j < now.len() {
+            match (before.get(i), now.get(j)) {
+                (Some(a), Some(b)) if a.0 == b.0 => {
+                    if a.1 != b.1 {
+                        diff.push(a.0);
+                    }
+                    i += 1;
+                    j += 1;
+                }
+                (Some(a), Some(b)) if a.0 < b.0 => {
+                    diff.push(a.0);
+                    i += 1;
+                }
+                (Some(_), Some(b)) => {
+                    diff.push(b.0);
+                    j += 1;
+                }
+                (Some(a), None) => {
+                    diff.push(a.0);
+                    i += 1;
+                }
+                (None, Some(b)) => {
+                    diff.push(b.0);
+                    j += 1;
+                }
+                (None, None) => break,
+            }
+        }
+        if diff.is_empty() {
+            return false;
+        }
+        for n in diff {
+            if let Err(at) = s.changed.binary_search(&n) {
+                if s.changed.len() < CHANGED_NS_MAX {
+                    s.changed.insert(at, n);
+                } else {
+                    s.overflow = true;
+                }
+            }
+        }
+        true
+    }
+
+    /// The Changed Namespace List log page (4 KiB: NSIDs, zero-filled; a
+    /// first entry FFFFFFFFh when more changed than it holds), cleared
+    /// unless `retain` (Retain Asynchronous Event).
+    pub fn take_changed_namespaces(&self, retain: bool) -> Vec<u8> {
+        let mut b = vec![0u8; 4 * CHANGED_NS_MAX];
+        let mut s = self.ns_seen.lock();
+        if s.overflow {
+            b[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        } else {
+            for (i, n) in s.changed.iter().enumerate() {
+                b[4 * i..4 * i + 4].copy_from_slice(&n.to_le_bytes());
+            }
+        }
+        if !retain {
+            s.changed.clear();
+            s.overflow = false;
+        }
+        b
     }
 
     /// The keep alive timeout (ms; 0: none).
@@ -498,6 +600,7 @@ impl Registry {
                 host_id: data.host_id,
                 port_group,
                 ana_seen: Mutex::new(AnaSeen::default()),
+                ns_seen: Mutex::new(NsSeen::default()),
                 regs: Mutex::new(Regs::default()),
                 kato_ms: AtomicU64::new(u64::from(kato)),
                 started: Instant::now(),
@@ -646,6 +749,72 @@ mod tests {
         // The discovery subsystem takes anyone.
         let d = r.connect(&cmd(0, 31, 0), &data(0xffff, DISCOVERY_NQN, "nqn.x:any"), 1);
         assert!(d.unwrap().discovery);
+    }
+
+    /// A set of namespaces a test changes: NSIDs, all on one volume.
+    struct Many(Mutex<Vec<u32>>, Arc<Volume>);
+    impl Namespaces for Many {
+        fn active(&self) -> Vec<u32> {
+            self.0.lock().clone()
+        }
+        fn volume(&self, nsid: u32) -> Option<Arc<Volume>> {
+            self.0.lock().contains(&nsid).then(|| self.1.clone())
+        }
+        fn generation(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn namespace_changes_are_listed_until_read() {
+        let v = Volume::new(
+            Arc::new(storage::MemBackend::new(1 << 20)),
+            512,
+            None,
+            false,
+            false,
+        )
+        .unwrap();
+        let ns = Arc::new(Many(Mutex::new(vec![1, 3]), Arc::new(v)));
+        let r = Registry::new();
+        r.add(Arc::new(Subsystem::new(
+            NQN.into(),
+            ns.clone(),
+            Vec::new(),
+            None,
+        )));
+        let c = r
+            .connect(&cmd(0, 31, 0), &data(0xffff, NQN, HOST), 1)
+            .unwrap();
+        let list = |c: &Controller, retain: bool| -> Vec<u32> {
+            c.take_changed_namespaces(retain)
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+                .take_while(|&n| n != 0)
+                .collect()
+        };
+        // The first look records; nothing changed.
+        assert!(!c.namespaces_changed());
+        assert!(!c.namespaces_changed());
+        assert!(list(&c, false).is_empty());
+        // 3 detached, 2 and 7 attached: all three listed, ascending.
+        *ns.0.lock() = vec![1, 2, 7];
+        assert!(c.namespaces_changed());
+        assert!(!c.namespaces_changed(), "noticed once");
+        *ns.0.lock() = vec![1, 7];
+        assert!(c.namespaces_changed());
+        assert_eq!(list(&c, true), vec![2, 3, 7], "retained");
+        assert_eq!(list(&c, false), vec![2, 3, 7]);
+        assert!(list(&c, false).is_empty(), "cleared once read");
+        // A resize is a change too.
+        ns.1.resize(2 << 20).unwrap();
+        assert!(c.namespaces_changed());
+        assert_eq!(list(&c, false), vec![1, 7]);
+        // More than the list holds: FFFFFFFFh first, then cleared.
+        *ns.0.lock() = (1..=CHANGED_NS_MAX as u32 + 5).collect();
+        assert!(c.namespaces_changed());
+        assert_eq!(list(&c, false), vec![u32::MAX]);
+        assert!(list(&c, false).is_empty());
     }
 
     #[test]

@@ -144,6 +144,7 @@ pub(crate) async fn serve(
         held_aers: Vec::new(),
         closing: false,
         aen_pending: false,
+        ns_aen_pending: false,
         landing: None,
         ns_vols: Vec::new(),
         ns_generation: None,
@@ -186,6 +187,8 @@ struct Driver {
     closing: bool,
     /// An ANA change waits for an Asynchronous Event Request to report it.
     aen_pending: bool,
+    /// So does a namespace attached, detached or resized.
+    ns_aen_pending: bool,
     /// A large H2CData PDU's data being received into its command's
     /// buffer (docs/ARCHITECTURE.md "Data lands where it is going").
     landing: Option<nvme::queue::Landing>,
@@ -253,6 +256,10 @@ impl Driver {
                         if self.queue.qid == 0 && !c.discovery && c.ana_changed() {
                             tracing::info!(peer = %self.peer, cntlid = c.cntlid, state = ?c.access_state(), "NVMe/TCP ANA state changed");
                             self.aen_pending = true;
+                        }
+                        if self.queue.qid == 0 && !c.discovery && c.namespaces_changed() {
+                            tracing::info!(peer = %self.peer, cntlid = c.cntlid, "NVMe/TCP namespaces changed");
+                            self.ns_aen_pending = true;
                         }
                         self.deliver_aen(&c);
                     }
@@ -425,16 +432,30 @@ impl Driver {
         self.io(&ctrl, cmd);
     }
 
-    /// Completes a held Asynchronous Event Request with a pending ANA
-    /// change notice, if the host enabled them.
+    /// Completes held Asynchronous Event Requests with the pending notices
+    /// (ANA change, Namespace Attribute Changed) the host enabled; a notice
+    /// it did not enable is dropped (the log pages still tell).
     fn deliver_aen(&mut self, c: &Controller) {
-        if !self.aen_pending || c.aec() & admin::AEC_ANA_CHANGE == 0 {
-            return;
-        }
-        if let Some(cid) = self.held_aers.pop() {
+        let aec = c.aec();
+        if self.aen_pending && aec & admin::AEC_ANA_CHANGE == 0 {
             self.aen_pending = false;
+        }
+        if self.ns_aen_pending && aec & admin::AEC_NS_ATTR == 0 {
+            self.ns_aen_pending = false;
+        }
+        while self.aen_pending || self.ns_aen_pending {
+            let Some(cid) = self.held_aers.pop() else {
+                return;
+            };
+            let result = if self.aen_pending {
+                self.aen_pending = false;
+                admin::AEN_ANA_CHANGE
+            } else {
+                self.ns_aen_pending = false;
+                admin::AEN_NS_CHANGED
+            };
             self.queue
-                .complete(cid, Status::SUCCESS, admin::AEN_ANA_CHANGE, Chain::new());
+                .complete(cid, Status::SUCCESS, result, Chain::new());
         }
     }
 

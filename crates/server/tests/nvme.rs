@@ -355,3 +355,109 @@ fn ana_states_follow_the_alua_groups_of_the_ports() {
     let r = qb.call(rw(0x02, 1, 0, 1), Bytes::new(), 512).unwrap();
     assert_eq!(r.status, Status::path(0x02), "ANA inaccessible");
 }
+
+/// A LUN added or removed at run time (the admin API's add-lun and
+/// remove-lun) reaches a connected host as a Namespace Attribute Changed
+/// notice; the Changed Namespace List names it and is cleared once read
+/// (unless Retain Asynchronous Event); a notice the host did not enable is
+/// not sent.
+#[test]
+fn namespaces_added_and_removed_are_notified() {
+    let cfg = config(TWO_LUNS, "nvme_listen = [\"127.0.0.1:0\", \"127.0.0.1:0\"]");
+    let (_, nvme, control, _stop) = start_controlled(cfg);
+    let mut c = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+    let id = c
+        .admin
+        .call(sqe(0x06, 0, &[(10, 1)]), Bytes::new(), 4096)
+        .unwrap();
+    // A notice that never comes fails the test instead of hanging it.
+    c.admin
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let oaes = u32::from_le_bytes(id.data[92..96].try_into().unwrap());
+    assert_eq!(oaes & (1 << 8), 1 << 8, "OAES: Namespace Attribute notices");
+    // Asynchronous Event Configuration: namespace notices on.
+    c.admin
+        .call(sqe(0x09, 0, &[(10, 0x0b), (11, 1 << 8)]), Bytes::new(), 0)
+        .unwrap()
+        .ok()
+        .unwrap();
+    let changed = |c: &mut Controller, rae: bool| -> Vec<u32> {
+        let numd = 4096 / 4 - 1;
+        let d10 = 0x04 | (numd << 16) | if rae { 1 << 15 } else { 0 };
+        let r = c
+            .admin
+            .call(sqe(0x02, 0xffff_ffff, &[(10, d10)]), Bytes::new(), 4096)
+            .unwrap();
+        r.ok().unwrap();
+        r.data
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .take_while(|&n| n != 0)
+            .collect()
+    };
+    // Let the controller take its first look at the namespaces.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(changed(&mut c, false).is_empty(), "nothing changed yet");
+    let aer = c.admin.submit(sqe(0x0c, 0, &[]), Bytes::new(), 0).unwrap();
+    c.admin.flush().unwrap();
+    let spec = server::config::LunConfig::from_spec("mem:4M").unwrap();
+    let lu = control.build_lun(IQN, 5, &spec).unwrap();
+    control.install_lun(IQN, 5, lu).unwrap();
+    let mut done = Vec::new();
+    while !done
+        .iter()
+        .any(|d: &initiator::nvme::Completion| d.cid == aer)
+    {
+        c.admin.wait(&mut done).unwrap();
+    }
+    let d = done.iter().find(|d| d.cid == aer).unwrap();
+    assert!(d.status.is_success());
+    assert_eq!(
+        d.result & 0xff_ffff,
+        0x04_0002,
+        "notice, attribute changed, log 04h"
+    );
+    assert_eq!(changed(&mut c, true), vec![6], "NSID 6 (LUN 5), retained");
+    assert_eq!(changed(&mut c, false), vec![6], "still there after RAE");
+    assert!(changed(&mut c, false).is_empty(), "cleared once read");
+    // Removed, and LUN 0 resized: both listed, the next AER reports them.
+    control.remove_lun(IQN, 5).unwrap();
+    control.resize_lun(IQN, 0, 128 << 20, false).unwrap();
+    let aer = c.admin.submit(sqe(0x0c, 0, &[]), Bytes::new(), 0).unwrap();
+    c.admin.flush().unwrap();
+    let mut done = Vec::new();
+    while !done
+        .iter()
+        .any(|d: &initiator::nvme::Completion| d.cid == aer)
+    {
+        c.admin.wait(&mut done).unwrap();
+    }
+    assert_eq!(changed(&mut c, false), vec![1, 6]);
+    // Notices off: a change is listed but not notified.
+    c.admin
+        .call(sqe(0x09, 0, &[(10, 0x0b), (11, 0)]), Bytes::new(), 0)
+        .unwrap()
+        .ok()
+        .unwrap();
+    let aer = c.admin.submit(sqe(0x0c, 0, &[]), Bytes::new(), 0).unwrap();
+    c.admin.flush().unwrap();
+    let lu = control.build_lun(IQN, 7, &spec).unwrap();
+    control.install_lun(IQN, 7, lu).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    // A Keep Alive completes; the AER stays held.
+    let k = c.admin.submit(sqe(0x18, 0, &[]), Bytes::new(), 0).unwrap();
+    c.admin.flush().unwrap();
+    let mut done = Vec::new();
+    while !done
+        .iter()
+        .any(|d: &initiator::nvme::Completion| d.cid == k)
+    {
+        c.admin.wait(&mut done).unwrap();
+    }
+    assert!(
+        !done.iter().any(|d| d.cid == aer),
+        "a notice the host did not enable was sent"
+    );
+    assert_eq!(changed(&mut c, false), vec![8]);
+}

@@ -4,7 +4,8 @@
 # target, set up here through configfs with a file on xfs on a RAM disk as
 # namespace $NVME_NSID, for reference (run.py nvme-nvmet). discover lists
 # the subsystem; connect; the namespace's size and identity (id-ctrl,
-# id-ns, ns-descs, sysfs: printed); ext4 with 192 MiB checked by fio's
+# id-ns, ns-descs, sysfs: printed); a namespace attached and detached
+# while connected appears and goes without a rescan; ext4 with 192 MiB checked by fio's
 # verify, fstrim (the backing file's allocated bytes shrink), fsck;
 # disconnect; connect again with header and data digests: the files verify,
 # xfs likewise; a second controller through $NVME_ADDR1:$NVME_PORT1 joins
@@ -117,6 +118,50 @@ fs_write() {
   check $fsck "$d"
 }
 
+# `ns_present NSID`: the subsystem has a block device for namespace NSID.
+ns_present() {
+  for _n in "$(subsys_dir)"/nvme*n*; do
+    [ "$(cat "$_n/nsid" 2>/dev/null)" = "$1" ] && [ -b "/dev/${_n##*/}" ] && return 0
+  done
+  return 1
+}
+# A namespace attached while the host is connected appears without a
+# rescan (the controller's Namespace Attribute Changed notice: the host
+# reads the Changed Namespace List and scans), and goes when detached:
+# ironsan's admin add-lun/remove-lun (LUN 1: NSID 2), or nvmet's
+# namespaces/2 enabled and disabled, for reference.
+ns_hotplug() {
+  step ns-attach
+  if [ "$NVME_TARGET" = nvmet ]; then
+    truncate -s 64M /tmp/nvmet/ns2.img
+    n2=/sys/kernel/config/nvmet/subsystems/$NVME_NQN/namespaces/2
+    mkdir "$n2" && echo /tmp/nvmet/ns2.img > "$n2/device_path" && echo 1 > "$n2/enable"
+    ans="nvmet namespaces/2 enabled"
+  else
+    ans=$(host admin add-lun --number 1 "$IQN" mem:64M)
+  fi
+  if wait_until 15 ns_present 2; then
+    pass
+    info "namespace 2 appeared $waited ms after it was attached ($ans)"
+  else
+    fail "no namespace 2 within 15 s of $ans: $(dmesg | grep -i nvme | tail -3 | tr '\n' '|')"
+  fi
+  step ns-detach
+  if [ "$NVME_TARGET" = nvmet ]; then
+    echo 0 > "$n2/enable" && rmdir "$n2"
+    ans="nvmet namespaces/2 disabled"
+  else
+    ans=$(host admin remove-lun "$IQN" 1)
+  fi
+  if wait_until 15 not_present2; then
+    pass
+    info "namespace 2 went $waited ms after it was detached ($ans)"
+  else
+    fail "namespace 2 still there 15 s after $ans"
+  fi
+}
+not_present2() { ! ns_present 2; }
+
 nvme_run() {
   step modprobe
   check modprobe nvme-tcp
@@ -180,6 +225,8 @@ nvme_run() {
   if [ -n "$nsze" ] && [ -n "$lbads" ] && [ $(( nsze << lbads )) = "$size" ] &&
      [ "$subnqn" = "$NVME_NQN" ] && nvme ns-descs "$d" >/dev/null 2>&1; then pass
   else fail "id-ns nsze $nsze lbads $lbads (device $size bytes), id-ctrl subnqn $subnqn"; fi
+
+  ns_hotplug
 
   fs_write ext4 "$d"
 

@@ -31,6 +31,21 @@ pub fn start(cfg: Config) -> (Vec<SocketAddr>, Stopper) {
 
 /// [`start`], returning the NVMe/TCP ports too.
 pub fn start_both(cfg: Config) -> (Vec<SocketAddr>, Vec<SocketAddr>, Stopper) {
+    let (a, n, _, stop) = start_controlled(cfg);
+    (a, n, stop)
+}
+
+/// [`start_both`], returning the server's control handle too (what the
+/// admin API drives).
+#[allow(dead_code)]
+pub fn start_controlled(
+    cfg: Config,
+) -> (
+    Vec<SocketAddr>,
+    Vec<SocketAddr>,
+    server::control::Control,
+    Stopper,
+) {
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let th = std::thread::spawn(move || {
@@ -41,15 +56,16 @@ pub fn start_both(cfg: Config) -> (Vec<SocketAddr>, Vec<SocketAddr>, Stopper) {
             .unwrap();
         rt.block_on(async move {
             let s = Server::bind(cfg).await.unwrap();
-            tx.send((s.local_addrs(), s.nvme_addrs())).unwrap();
+            tx.send((s.local_addrs(), s.nvme_addrs(), s.control()))
+                .unwrap();
             s.run(async move {
                 let _ = stop_rx.await;
             })
             .await;
         });
     });
-    let (a, n) = rx.recv().unwrap();
-    (a, n, Stopper(Some(stop_tx), Some(th)))
+    let (a, n, c) = rx.recv().unwrap();
+    (a, n, c, Stopper(Some(stop_tx), Some(th)))
 }
 
 pub struct Stopper(
