@@ -286,6 +286,9 @@ fn identify_controller(c: &Controller) -> Vec<u8> {
         put32(&mut b, 516, MAX_NSID);
         // ONCS: Compare, Dataset Management, Write Zeroes.
         put16(&mut b, 520, 0x0001 | 0x0004 | 0x0008);
+        // FUSES: Compare and Write (ACWU 0: one block is atomic, as any
+        // length is here: the range is locked).
+        put16(&mut b, 522, 0x0001);
         // VWC present; Flush with NSID FFFFFFFFh applies to all.
         b[525] = 0x07;
         // MNAN: as many namespaces as NN (a host with ANA needs it).

@@ -4,6 +4,12 @@
 //! write cache the SCSI personality serves, so a LU served over iSCSI and
 //! NVMe/TCP at once is one volume. Unsupported commands get Invalid Command
 //! Opcode.
+//!
+//! The fused Compare and Write (NVMe Base 2.0 "Fused Operations"; NVM
+//! Command Set 1.0 "Compare command"), VMware's ATS on NVMe, runs as
+//! [`compare_and_write`] under the range's exclusive lock, the same lock
+//! SCSI's COMPARE AND WRITE takes: one atomic test-and-set whichever
+//! protocol the hosts use.
 
 use bufpool::{Chain, WriteData};
 use nvme_tcp_wire::capsule::{Sqe, Status};
@@ -31,6 +37,10 @@ const WRITE_FAULT: Status = Status::media(0x80, false);
 const READ_ERROR: Status = Status::media(0x81, false);
 /// Compare Failure.
 const COMPARE_FAILURE: Status = Status::media(0x85, true);
+/// Command Aborted due to Failed Fused Command.
+pub const FAILED_FUSED: Status = Status::generic(0x09, false);
+/// Command Aborted due to Missing Fused Command.
+pub const MISSING_FUSED: Status = Status::generic(0x0a, true);
 
 /// Most Dataset Management ranges (NR is 8 bits, 0's based).
 const MAX_DSM_RANGES: usize = 256;
@@ -69,6 +79,68 @@ fn range(sqe: &Sqe) -> (u64, u32, bool) {
     let slba = u64::from(sqe.dw(10)) | (u64::from(sqe.dw(11)) << 32);
     let d12 = sqe.dw(12);
     (slba, (d12 & 0xffff) + 1, d12 & (1 << 30) != 0)
+}
+
+/// Whether `first` (FUSE 01b) and `second` (FUSE 10b) make a Compare and
+/// Write: a Compare then a Write of the same blocks of the same namespace.
+pub fn is_compare_and_write(first: &Sqe, second: &Sqe) -> bool {
+    first.fuse() == 1
+        && second.fuse() == 2
+        && first.opcode() == opc::COMPARE
+        && second.opcode() == opc::WRITE
+        && first.nsid() == second.nsid()
+        && first.dw(10) == second.dw(10)
+        && first.dw(11) == second.dw(11)
+        && first.dw(12) & 0xffff == second.dw(12) & 0xffff
+}
+
+/// The fused Compare and Write ([`is_compare_and_write`]) on `v`: the
+/// blocks are compared with `expected` and, only if they match, replaced
+/// by `new`, with no other command touching them in between. The replies
+/// of the Compare and of the Write: a Compare that fails (Compare Failure,
+/// or any error) aborts the Write (Command Aborted due to Failed Fused
+/// Command), and a Write that cannot run aborts the Compare likewise.
+pub fn compare_and_write(
+    v: &Volume,
+    cmp: &Sqe,
+    expected: Chain,
+    wr: &Sqe,
+    new: Chain,
+) -> (Reply, Reply) {
+    let fail_first = |s| (Reply::status(s), Reply::status(FAILED_FUSED));
+    let fail_second = |s| (Reply::status(FAILED_FUSED), Reply::status(s));
+    let (slba, nlb, fua_cmp) = range(cmp);
+    let fua = range(wr).2;
+    if let Err(s) = checked(v, cmp, slba, nlb) {
+        return fail_first(s);
+    }
+    if let Err(s) = checked(v, wr, slba, nlb).and_then(|()| v.check_writable().map_err(refusal)) {
+        return fail_second(s);
+    }
+    let len = (nlb as usize) << v.block_shift();
+    if expected.len() != len {
+        return fail_first(SGL_LENGTH_INVALID);
+    }
+    if new.len() != len {
+        return fail_second(SGL_LENGTH_INVALID);
+    }
+    let shift = v.block_shift();
+    let backend = v.backend();
+    let _range = v.locks().exclusive(slba, u64::from(nlb));
+    if fua_cmp && v.write_back() && v.flush().is_err() {
+        return fail_first(READ_ERROR);
+    }
+    let mut medium = vec![0u8; len];
+    if backend.read_at(&mut medium, slba << shift).is_err() {
+        return fail_first(READ_ERROR);
+    }
+    if medium != expected.to_vec() {
+        return fail_first(COMPARE_FAILURE);
+    }
+    if backend.write_at(&new.to_vec(), slba << shift, fua).is_err() {
+        return fail_second(WRITE_FAULT);
+    }
+    (Reply::default(), Reply::default())
 }
 
 /// Checks a transfer of `nlb` blocks at `slba` and its data length.

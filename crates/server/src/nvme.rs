@@ -145,6 +145,7 @@ pub(crate) async fn serve(
         closing: false,
         aen_pending: false,
         ns_aen_pending: false,
+        fused: None,
         landing: None,
         ns_vols: Vec::new(),
         ns_generation: None,
@@ -189,6 +190,10 @@ struct Driver {
     aen_pending: bool,
     /// So does a namespace attached, detached or resized.
     ns_aen_pending: bool,
+    /// The first command of a fused operation (a Compare, FUSE 01b),
+    /// waiting for its second (a Write, FUSE 10b), which must be the next
+    /// command this queue takes.
+    fused: Option<Command>,
     /// A large H2CData PDU's data being received into its command's
     /// buffer (docs/ARCHITECTURE.md "Data lands where it is going").
     landing: Option<nvme::queue::Landing>,
@@ -463,6 +468,28 @@ impl Driver {
     fn io(&mut self, ctrl: &Controller, cmd: Command) {
         let cid = cmd.sqe.cid();
         let op = cmd.sqe.opcode();
+        // Fused operations (Base 2.0 "Fused Operations"): a Compare marked
+        // first waits for the next command; a pair that does not match
+        // fails with Missing Fused Command, the rest goes on as usual.
+        let second = match self.fused.take() {
+            Some(first) if nvme::nvm::is_compare_and_write(&first.sqe, &cmd.sqe) => Some(first),
+            Some(first) => {
+                self.complete(first.sqe.cid(), Reply::status(nvme::nvm::MISSING_FUSED));
+                None
+            }
+            None => None,
+        };
+        match cmd.sqe.fuse() {
+            0 => {}
+            1 if op == nvme::nvm::opc::COMPARE => {
+                self.fused = Some(cmd);
+                return;
+            }
+            2 if second.is_some() => {}
+            2 => return self.complete(cid, Reply::status(nvme::nvm::MISSING_FUSED)),
+            // Only Compare and Write is fused here; FUSE 11b is reserved.
+            _ => return self.complete(cid, Reply::status(Status::INVALID_FIELD)),
+        }
         if !nvme::nvm::is_known(op) {
             return self.complete(cid, Reply::status(Status::INVALID_OPCODE));
         }
@@ -472,6 +499,9 @@ impl Driver {
             ctrl.access_state(),
             AccessState::Standby | AccessState::Unavailable
         ) {
+            if let Some(first) = second {
+                self.complete(first.sqe.cid(), Reply::status(Status::path(0x02)));
+            }
             return self.complete(cid, Reply::status(Status::path(0x02)));
         }
         let ns = &ctrl.subsystem.namespaces;
@@ -504,8 +534,14 @@ impl Driver {
             self.ns_generation = Some(g);
         }
         let Some(vol) = self.ns_vols.get(nsid as usize).cloned().flatten() else {
+            if let Some(first) = second {
+                self.complete(first.sqe.cid(), Reply::status(Status::INVALID_NAMESPACE));
+            }
             return self.complete(cid, Reply::status(Status::INVALID_NAMESPACE));
         };
+        if let Some(first) = second {
+            return self.compare_and_write(vol, first, cmd);
+        }
         let counted = Counted {
             lun: u16::try_from(nsid - 1).unwrap_or(u16::MAX),
             kind: match op {
@@ -534,6 +570,48 @@ impl Driver {
         } = cmd;
         self.off_loop_counted(cid, counted, move || {
             nvme::nvm::execute(&vol, &sqe, data, owned)
+        });
+    }
+
+    /// A fused Compare and Write (`first` the Compare, `second` the
+    /// Write): both complete, on the loop or, on a backend that may block,
+    /// from the I/O pool.
+    fn compare_and_write(&mut self, vol: Arc<Volume>, first: Command, second: Command) {
+        let (c1, c2) = (first.sqe.cid(), second.sqe.cid());
+        let lun = u16::try_from(first.sqe.nsid() - 1).unwrap_or(u16::MAX);
+        let bytes = second.data.len() as u32;
+        let counted = |kind, bytes| Counted {
+            lun,
+            kind,
+            bytes,
+            start: Instant::now(),
+        };
+        let (k1, k2) = (counted(IoKind::Other, 0), counted(IoKind::Write, bytes));
+        let may_block = vol.backend().caps().may_block;
+        let run = move || {
+            nvme::nvm::compare_and_write(&vol, &first.sqe, first.data, &second.sqe, second.data)
+        };
+        if !may_block {
+            let (r1, r2) = run();
+            self.count(k1, &r1);
+            self.complete(c1, r1);
+            self.count(k2, &r2);
+            return self.complete(c2, r2);
+        }
+        self.running += 2;
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let (r1, r2) = run();
+            let _ = tx.send(Done {
+                cid: c1,
+                reply: r1,
+                io: k1,
+            });
+            let _ = tx.send(Done {
+                cid: c2,
+                reply: r2,
+                io: k2,
+            });
         });
     }
 

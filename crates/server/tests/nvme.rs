@@ -461,3 +461,145 @@ fn namespaces_added_and_removed_are_notified() {
     );
     assert_eq!(changed(&mut c, false), vec![8]);
 }
+
+/// The fused Compare and Write (VMware's ATS on NVMe): the Write happens
+/// only when the Compare matches, both complete; a mismatch fails the
+/// Compare (Compare Failure) and aborts the Write (Failed Fused Command);
+/// a first command without its second, or a second alone, gets Missing
+/// Fused Command and the commands around them run as usual.
+#[test]
+fn fused_compare_and_write() {
+    let (iscsi, nvme, _stop) = serve(TWO_LUNS, "");
+    let mut c = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+    let id = c
+        .admin
+        .call(sqe(0x06, 0, &[(10, 1)]), Bytes::new(), 4096)
+        .unwrap();
+    assert_eq!(id.data[522] & 1, 1, "FUSES: Compare and Write");
+    let mut q = c.io_queue(1, 32).unwrap();
+    q.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let block = |b: u8| Bytes::from(vec![b; 512]);
+    let fused = |op: u8, fuse: u8| {
+        let mut s = rw(op, 1, 40, 1);
+        s.0[1] |= fuse;
+        s
+    };
+    // Runs the commands together; their completions in submission order.
+    let run = |q: &mut NvmeQueue, cmds: Vec<(nvme_tcp_wire::capsule::Sqe, Bytes, u32)>| {
+        let cids: Vec<u16> = cmds
+            .into_iter()
+            .map(|(s, w, r)| q.submit(s, w, r).unwrap())
+            .collect();
+        let mut done = Vec::new();
+        while cids.iter().any(|c| {
+            !done
+                .iter()
+                .any(|d: &initiator::nvme::Completion| d.cid == *c)
+        }) {
+            q.wait(&mut done).unwrap();
+        }
+        cids.iter()
+            .map(|c| done.iter().find(|d| d.cid == *c).unwrap().clone())
+            .collect::<Vec<_>>()
+    };
+    let read40 = |q: &mut NvmeQueue| {
+        let r = q.call(rw(0x02, 1, 40, 1), Bytes::new(), 512).unwrap();
+        r.ok().unwrap();
+        r.data[0]
+    };
+    q.call(rw(0x01, 1, 40, 1), block(0xaa), 0)
+        .unwrap()
+        .ok()
+        .unwrap();
+    // Matches: written.
+    let r = run(
+        &mut q,
+        vec![
+            (fused(0x05, 1), block(0xaa), 0),
+            (fused(0x01, 2), block(0xbb), 0),
+        ],
+    );
+    assert!(
+        r[0].status.is_success() && r[1].status.is_success(),
+        "{r:?}"
+    );
+    assert_eq!(read40(&mut q), 0xbb);
+    // Does not match: nothing written.
+    let r = run(
+        &mut q,
+        vec![
+            (fused(0x05, 1), block(0xaa), 0),
+            (fused(0x01, 2), block(0xcc), 0),
+        ],
+    );
+    assert_eq!(r[0].status, Status::media(0x85, true), "Compare Failure");
+    assert_eq!(r[1].status, Status::generic(0x09, false), "Failed Fused");
+    assert_eq!(read40(&mut q), 0xbb);
+    // A first followed by a plain Read, and a second alone.
+    let r = run(
+        &mut q,
+        vec![
+            (fused(0x05, 1), block(0xbb), 0),
+            (rw(0x02, 1, 40, 1), Bytes::new(), 512),
+            (fused(0x01, 2), block(0xdd), 0),
+        ],
+    );
+    assert_eq!(r[0].status, Status::generic(0x0a, true), "Missing Fused");
+    assert!(r[1].status.is_success());
+    assert_eq!(r[1].data[0], 0xbb);
+    assert_eq!(r[2].status, Status::generic(0x0a, true), "Missing Fused");
+    assert_eq!(read40(&mut q), 0xbb, "nothing written by an unpaired Write");
+    // A pair whose blocks differ is no pair.
+    let mut other = rw(0x01, 1, 41, 1);
+    other.0[1] |= 2;
+    let r = run(
+        &mut q,
+        vec![(fused(0x05, 1), block(0xbb), 0), (other, block(0xee), 0)],
+    );
+    assert_eq!(r[0].status, Status::generic(0x0a, true));
+    assert_eq!(r[1].status, Status::generic(0x0a, true));
+    // One ATS view: SCSI's COMPARE AND WRITE over iSCSI sees what the
+    // NVMe/TCP one wrote, and the other way round.
+    let mut conn = initiator::Connection::login(
+        &iscsi[0].to_string(),
+        initiator::LoginConfig::new(
+            "iqn.2026-11.io.ironsan:i",
+            Some(IQN),
+            initiator::random_isid(),
+        ),
+    )
+    .unwrap();
+    let mut caw = [0u8; 16];
+    caw[0] = 0x89;
+    caw[2..10].copy_from_slice(&40u64.to_be_bytes());
+    caw[13] = 1;
+    let mut data = vec![0xbb; 512];
+    data.extend_from_slice(&[0x11; 512]);
+    let t = conn
+        .execute(0, &caw, initiator::DataDir::Write(Bytes::from(data)))
+        .unwrap();
+    assert_eq!(
+        t.status,
+        Some(0),
+        "iSCSI COMPARE AND WRITE: {:02x?}",
+        t.sense
+    );
+    let r = run(
+        &mut q,
+        vec![
+            (fused(0x05, 1), block(0x11), 0),
+            (fused(0x01, 2), block(0x22), 0),
+        ],
+    );
+    assert!(
+        r[0].status.is_success() && r[1].status.is_success(),
+        "{r:?}"
+    );
+    let mut data = vec![0x11; 512];
+    data.extend_from_slice(&[0x33; 512]);
+    let t = conn
+        .execute(0, &caw, initiator::DataDir::Write(Bytes::from(data)))
+        .unwrap();
+    assert_eq!(t.status, Some(2), "MISCOMPARE: the block is 0x22 now");
+    assert_eq!(read40(&mut q), 0x22);
+}
