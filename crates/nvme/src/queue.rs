@@ -29,7 +29,7 @@
 //!   command (Transient Transport Error).
 
 use bufpool::Chain;
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use iscsi_wire::outbox::Outbox;
 use nvme_tcp_wire::capsule::{Cqe, Sgl, Sqe, Status, OPC_FABRICS};
 use nvme_tcp_wire::{
@@ -228,7 +228,7 @@ impl Queue {
             return self.ic_req(&pdu).map(|()| None);
         }
         match t {
-            PduType::CapsuleCmd => self.capsule(pdu, f),
+            PduType::CapsuleCmd => self.capsule(&pdu, f, Some(&pdu)),
             PduType::H2cData => self.h2c_data(pdu, f),
             PduType::H2cTermReq => Err(Stop::HostTerminated {
                 fes: u16::from_le_bytes([pdu[8], pdu[9]]),
@@ -286,10 +286,31 @@ impl Queue {
         Ok(())
     }
 
-    fn capsule(&mut self, pdu: Bytes, f: &Frame) -> Result<Option<Command>, Stop> {
+    /// [`Self::receive`] of the PDU `f` at the start of `buf`, which it
+    /// consumes: a command capsule without data (a read, most admin
+    /// commands) is taken from the buffer as it is, without making the
+    /// PDU a `Bytes` of its own.
+    pub fn receive_from(&mut self, buf: &mut BytesMut, f: &Frame) -> Result<Option<Command>, Stop> {
+        if self.initialized && f.ch.pdu_type == PduType::CapsuleCmd && f.data.is_empty() {
+            let r = self.capsule(&buf[..f.len], f, None);
+            buf.advance(f.len);
+            return r;
+        }
+        let pdu = buf.split_to(f.len).freeze();
+        self.receive(pdu, f)
+    }
+
+    /// A command capsule (`pdu`, framed as `f`); `whole` is the PDU as
+    /// `Bytes` when it carries data (the in-capsule data is a slice of it).
+    fn capsule(
+        &mut self,
+        pdu: &[u8],
+        f: &Frame,
+        whole: Option<&Bytes>,
+    ) -> Result<Option<Command>, Stop> {
         let sqe = Sqe(pdu[8..72].try_into().expect("framed: 72 bytes"));
         self.sqhd = (self.sqhd + 1) % self.sqsize;
-        let bad_digest = !data_digest_ok(&pdu, f);
+        let bad_digest = !data_digest_ok(pdu, f);
         let in_capsule = f.data.len();
         let to_controller = direction(&sqe) & 1 != 0;
         match sqe.sgl() {
@@ -302,16 +323,15 @@ impl Queue {
                 }
                 Ok(Some(Command {
                     sqe,
-                    data: if in_capsule > 0 {
-                        Chain::from(pdu.slice(f.data.clone()))
-                    } else {
-                        Chain::new()
+                    data: match whole {
+                        Some(w) if in_capsule > 0 => Chain::from(w.slice(f.data.clone())),
+                        _ => Chain::new(),
                     },
                     bad_digest,
                     owned: false,
                 }))
             }
-            _ if in_capsule > 0 => Err(self.fatal(Fatal::field(3), &pdu)),
+            _ if in_capsule > 0 => Err(self.fatal(Fatal::field(3), pdu)),
             Sgl::Transport { length } if to_controller && length > 0 => {
                 if length > self.max_transfer {
                     return Ok(self.refuse(&sqe, Status::generic(0x0F, true)));
@@ -322,7 +342,7 @@ impl Queue {
                             fes: Fes::DataLimitExceeded,
                             fei: 0,
                         },
-                        &pdu,
+                        pdu,
                     ));
                 };
                 let r2t = self.tx.r2t(&DataHeader {
@@ -586,9 +606,18 @@ mod tests {
     fn feed(q: &mut Queue, bytes: &[u8]) -> Result<Vec<Command>, Stop> {
         let mut buf = BytesMut::from(bytes);
         let mut out = Vec::new();
+        // Alternately as the driver does (capsules without data read in
+        // place) and as whole PDUs: both ways must agree.
+        let mut in_place = true;
         while let Some(f) = q.frame(&buf)? {
-            let pdu = buf.split_to(f.len).freeze();
-            if let Some(c) = q.receive(pdu, &f)? {
+            let c = if in_place {
+                q.receive_from(&mut buf, &f)?
+            } else {
+                let pdu = buf.split_to(f.len).freeze();
+                q.receive(pdu, &f)?
+            };
+            in_place = !in_place;
+            if let Some(c) = c {
                 out.push(c);
             }
         }

@@ -151,6 +151,7 @@ pub(crate) async fn serve(
         ns_generation: None,
         stats: ConnStats::new(None),
         stats_shared: None,
+        received_at: Instant::now(),
     };
     match d.run(stop).await {
         Ok(()) => {}
@@ -205,6 +206,10 @@ struct Driver {
     /// /metrics, `ironsan top`).
     stats: ConnStats,
     stats_shared: Option<Arc<SessionStats>>,
+    /// When the PDUs being handled were received: the start of the
+    /// latency of every command among them (one clock read per batch,
+    /// not per command).
+    received_at: Instant,
 }
 
 impl Driver {
@@ -322,6 +327,7 @@ impl Driver {
 
     /// Frames and handles every complete PDU received.
     fn handle_received(&mut self) {
+        self.received_at = Instant::now();
         while !self.closing {
             if self.landing.is_none() {
                 if let Some((header, mut l)) = self.queue.try_land(&self.rbuf) {
@@ -351,8 +357,7 @@ impl Driver {
                 Ok(None) => return,
                 Err(s) => return self.stop(s),
             };
-            let pdu = self.rbuf.split_to(f.len).freeze();
-            match self.queue.receive(pdu, &f) {
+            match self.queue.receive_from(&mut self.rbuf, &f) {
                 Ok(Some(cmd)) => self.dispatch(cmd),
                 Ok(None) => {}
                 Err(s) => return self.stop(s),
@@ -555,7 +560,7 @@ impl Driver {
                 }
                 _ => 0,
             },
-            start: Instant::now(),
+            start: self.received_at,
         };
         let caps = vol.backend().caps();
         let inline = !caps.may_block
