@@ -90,6 +90,9 @@ pub fn add_lun(doc: &mut DocumentMut, name: &str, n: u16, c: &LunConfig) -> Resu
     if let Some(s) = &c.size {
         l.insert("size", value(s.as_str()));
     }
+    if let Some(u) = &c.uuid {
+        l.insert("uuid", value(u.as_str()));
+    }
     if c.block_size != 512 {
         l.insert("block_size", value(i64::from(c.block_size)));
     }

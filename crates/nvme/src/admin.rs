@@ -342,15 +342,23 @@ fn identify_namespace(v: &Volume) -> Vec<u8> {
     b
 }
 
-/// Namespace Identification Descriptor list: NGUID and command set (NVM).
+/// Namespace Identification Descriptor list: NGUID, the UUID when the
+/// LUN has one (`uuid` in its configuration), and the command set (NVM).
 fn descriptors(v: &Volume) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
     b[0] = 0x02; // NIDT: NGUID
     b[1] = 16;
     b[4..20].copy_from_slice(&v.identity().naa);
-    b[20] = 0x04; // NIDT: Command Set Identifier
-    b[21] = 1;
-    b[24] = 0; // NVM
+    let mut at = 20;
+    if let Some(u) = v.uuid() {
+        b[at] = 0x03; // NIDT: UUID
+        b[at + 1] = 16;
+        b[at + 4..at + 20].copy_from_slice(&u);
+        at += 20;
+    }
+    b[at] = 0x04; // NIDT: Command Set Identifier
+    b[at + 1] = 1;
+    b[at + 4] = 0; // NVM
     b
 }
 

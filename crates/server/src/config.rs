@@ -768,6 +768,13 @@ pub struct LunConfig {
     /// absent, so it stays the same across restarts.
     #[serde(default)]
     pub serial: Option<String>,
+    /// A UUID for the namespace this LUN is over NVMe/TCP
+    /// (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`): listed among its
+    /// identification descriptors beside the NGUID (Linux then names the
+    /// disk `uuid.…`). None by default: the NGUID (the LUN's NAA) alone
+    /// names it, the same designator as over iSCSI.
+    #[serde(default)]
+    pub uuid: Option<String>,
     /// The LUN number (0..=255); by default its position in the list. The
     /// admin API writes it for every LUN of a target it changes, so that
     /// removing one LUN does not renumber the others.
@@ -834,8 +841,9 @@ fn default_thin() -> bool {
 }
 
 /// The `,KEY=VALUE` options of a `--lun` spec.
-const SPEC_OPTIONS: [&str; 7] = [
+const SPEC_OPTIONS: [&str; 8] = [
     "physical_block_size",
+    "uuid",
     "ceph_client",
     "ceph_conf",
     "ceph_keyring",
@@ -900,6 +908,7 @@ impl LunConfig {
             read_only: false,
             thin: true,
             serial: None,
+            uuid: opt("uuid").map(str::to_string),
             number: None,
             pool: None,
             image: None,
@@ -984,6 +993,10 @@ impl LunConfig {
             && l.path.as_ref().is_none_or(|p| p.as_os_str().is_empty())
         {
             return Err(bad());
+        }
+        if let Some(u) = &l.uuid {
+            parse_uuid(u)
+                .map_err(|m| ConfigError::Invalid(format!("--lun {spec:?}: uuid {u:?}: {m}")))?;
         }
         if l.backend != BackendKind::Rbd {
             if let Some((k, _)) = opts.iter().find(|(k, _)| k.starts_with("ceph_")) {
@@ -1129,6 +1142,10 @@ impl Config {
                     ));
                 }
                 check_physical_block_size(&at, lun)?;
+                if let Some(u) = &lun.uuid {
+                    parse_uuid(u)
+                        .map_err(|m| ConfigError::Invalid(format!("{at}: uuid {u:?}: {m}")))?;
+                }
                 let size = lun
                     .size_bytes()
                     .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
@@ -1229,6 +1246,29 @@ fn check_physical_block_size(at: &str, lun: &LunConfig) -> Result<(), ConfigErro
         )));
     }
     Ok(())
+}
+
+/// A UUID in its usual text form (8-4-4-4-12 hexadecimal digits), as 16
+/// bytes; the nil UUID is refused (it means "none" to NVMe hosts).
+pub fn parse_uuid(s: &str) -> Result<[u8; 16], String> {
+    let parts: Vec<&str> = s.split('-').collect();
+    let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+    if lens != [8, 4, 4, 4, 12] {
+        return Err("not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)".into());
+    }
+    let hex: String = parts.concat();
+    if !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err("not a UUID: hexadecimal digits only".into());
+    }
+    let mut b = [0u8; 16];
+    for (i, byte) in b.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .map_err(|_| "not a UUID: hexadecimal digits only".to_string())?;
+    }
+    if b == [0u8; 16] {
+        return Err("the nil UUID names nothing".into());
+    }
+    Ok(b)
 }
 
 fn check_lun_size(at: &str, size: u64, bs: u32) -> Result<(), ConfigError> {

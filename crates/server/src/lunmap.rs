@@ -686,6 +686,10 @@ pub fn build_lu(
     } else {
         lu.without_reservations()
     });
+    if let Some(u) = &l.uuid {
+        let u = crate::config::parse_uuid(u).map_err(|m| format!("{at}: uuid {u:?}: {m}"))?;
+        lu.shared_volume().set_uuid(u);
+    }
     lu.follow_backend_size();
     Ok(lu)
 }

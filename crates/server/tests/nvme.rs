@@ -603,3 +603,52 @@ fn fused_compare_and_write() {
     assert_eq!(t.status, Some(2), "MISCOMPARE: the block is 0x22 now");
     assert_eq!(read40(&mut q), 0x22);
 }
+
+/// A LUN's `uuid` is listed among its namespace's identification
+/// descriptors (NIDT 03h) beside the NGUID; a LUN without one lists none;
+/// a malformed one is refused in the file and in a `--lun` spec.
+#[test]
+fn a_configured_uuid_is_a_namespace_descriptor() {
+    const U: &str = "91fdba0d-f87b-4c25-b80f-db7be1418b9e";
+    let luns = format!(
+        "[[target.lun]]\nbackend = \"mem\"\nsize = \"8M\"\nuuid = \"{U}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"8M\""
+    );
+    let (_, nvme, _stop) = serve(&luns, "");
+    let mut c = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+    // The descriptors, as (type, value).
+    let descs = |c: &mut Controller, nsid: u32| -> Vec<(u8, Vec<u8>)> {
+        let r = c
+            .admin
+            .call(sqe(0x06, nsid, &[(10, 3)]), Bytes::new(), 4096)
+            .unwrap();
+        r.ok().unwrap();
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + 4 <= r.data.len() && r.data[at] != 0 {
+            let len = usize::from(r.data[at + 1]);
+            out.push((r.data[at], r.data[at + 4..at + 4 + len].to_vec()));
+            at += 4 + len;
+        }
+        out
+    };
+    let want: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&U.replace('-', "")[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let d1 = descs(&mut c, 1);
+    assert_eq!(d1.iter().map(|d| d.0).collect::<Vec<_>>(), vec![2, 3, 4]);
+    assert_eq!(d1[1].1, want);
+    let d2 = descs(&mut c, 2);
+    assert_eq!(d2.iter().map(|d| d.0).collect::<Vec<_>>(), vec![2, 4]);
+    for bad in [
+        "mem:4M,uuid=zz",
+        "mem:4M,uuid=00000000-0000-0000-0000-000000000000",
+        "mem:4M,uuid=91fdba0d-f87b-4c25-b80f-db7be1418b9é",
+    ] {
+        assert!(server::config::LunConfig::from_spec(bad).is_err(), "{bad}");
+    }
+    let bad = format!(
+        "listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"8M\"\nuuid = \"91fdba0d\""
+    );
+    let e = server::Config::from_toml(&bad).unwrap_err().to_string();
+    assert!(e.contains("uuid"), "{e}");
+}

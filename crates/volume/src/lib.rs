@@ -218,6 +218,9 @@ pub struct Volume {
     /// The write cache's policy when the volume was made.
     default_write_back: bool,
     identity: Identity,
+    /// A UUID the operator gave the volume (an NVMe namespace's UUID
+    /// designator); set once, before the volume is served.
+    uuid: std::sync::OnceLock<[u8; 16]>,
 }
 
 impl std::fmt::Debug for Volume {
@@ -293,6 +296,7 @@ impl Volume {
             locks: Arc::new(LbaLocks::new(bs.trailing_zeros())),
             default_write_back: caps.write_cache == WriteCache::WriteBack,
             identity: Identity::default(),
+            uuid: std::sync::OnceLock::new(),
             backend,
         })
     }
@@ -308,6 +312,17 @@ impl Volume {
     /// until then).
     pub fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    /// Gives the volume a UUID (once; a second call changes nothing and
+    /// says so).
+    pub fn set_uuid(&self, uuid: [u8; 16]) -> bool {
+        self.uuid.set(uuid).is_ok()
+    }
+
+    /// The UUID the operator gave the volume, if any.
+    pub fn uuid(&self) -> Option<[u8; 16]> {
+        self.uuid.get().copied()
     }
 
     /// The write cache is write-back now: a write is durable only after a
