@@ -37,7 +37,8 @@ pub struct InqArgs {
 /// `ironsan bench`: fio-style workloads against iSCSI LUNs, files or block devices.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Targets: iscsi://host[:port]/iqn/lun (several with --multipath), a file or a block device;
+    /// Targets: iscsi://host[:port]/iqn/lun (several with --multipath),
+    /// nvme-tcp://host[:port]/subnqn/nsid[?digests], a file or a block device;
     /// or one fio job file (JOB.fio: a [global] section and one job section). With --client:
     /// the targets of every node without its own.
     #[arg(required_unless_present_any = ["server", "clients", "filename"])]

@@ -13,7 +13,8 @@ use crate::client::{parse_duration, size_arg};
 /// `ironsan cdm`: CrystalDiskMark's table of read and write MB/s and IOPS.
 #[derive(Args, Debug)]
 pub struct CdmArgs {
-    /// iscsi://host[:port]/iqn/lun (several with --multipath), a file or a block device. Its test area is overwritten.
+    /// iscsi://host[:port]/iqn/lun (several with --multipath),
+    /// nvme-tcp://host[:port]/subnqn/nsid, a file or a block device. Its test area is overwritten.
     #[arg(required = true)]
     targets: Vec<String>,
     /// cdm8 (SEQ1M Q8T1, SEQ1M Q1T1, RND4K Q32T1, RND4K Q1T1), cdm6 (Seq 128K Q32T1, 4KiB Q8T8, 4KiB Q32T1, 4KiB Q1T1) or nvme (SEQ1M Q8T1, SEQ128K Q32T1, RND4K Q32T16, RND4K Q1T1).
