@@ -748,6 +748,24 @@ impl std::fmt::Display for NvmeUrl {
     }
 }
 
+/// The address of an `nvme-tcp://HOST[:PORT][/…]` URL (port 4420 when
+/// none is given): what discovery needs.
+pub fn portal_of(s: &str) -> Result<SocketAddr, String> {
+    let rest = s
+        .strip_prefix("nvme-tcp://")
+        .ok_or_else(|| format!("{s}: not an nvme-tcp:// URL"))?;
+    let host = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = if host.contains(']') || host.matches(':').count() == 1 {
+        host.to_owned()
+    } else {
+        format!("{host}:{DEFAULT_PORT}")
+    };
+    host.to_socket_addrs()
+        .map_err(|e| format!("{s}: {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{s}: {host}: no address"))
+}
+
 impl NvmeUrl {
     pub fn parse(s: &str) -> Result<NvmeUrl, String> {
         let rest = s

@@ -14,12 +14,13 @@ use initiator::{scsi, Connection, DataDir, Url};
 /// `ironsan ls`: discovery, and with `-s` the LUNs of every target.
 #[derive(Args, Debug)]
 pub struct LsArgs {
-    /// iscsi://host[:port]
+    /// iscsi://host[:port], or nvme-tcp://host[:port] (its discovery log)
     url: String,
-    /// Also log in to each target and list its LUNs with their size.
+    /// Also log in to each target and list its LUNs (NVMe/TCP: connect to
+    /// each subsystem and list its namespaces) with their size.
     #[arg(short = 's', long)]
     show_luns: bool,
-    /// Initiator name.
+    /// Initiator name (NVMe/TCP: the host NQN when it is one).
     #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
     initiator: String,
 }
@@ -27,9 +28,10 @@ pub struct LsArgs {
 /// `ironsan inq`: INQUIRY, identification and capacity of one LUN.
 #[derive(Args, Debug)]
 pub struct InqArgs {
-    /// iscsi://host[:port]/iqn/lun
+    /// iscsi://host[:port]/iqn/lun, or nvme-tcp://host[:port]/subnqn/nsid
     url: String,
-    /// Initiator name.
+    /// Initiator name (NVMe/TCP: the host NQN when it is one, else a fresh
+    /// one of the UUID form).
     #[arg(long, default_value = initiator::DEFAULT_INITIATOR)]
     initiator: String,
 }
@@ -699,7 +701,163 @@ fn run_jobs(jobs: Vec<BenchArgs>) -> Result<()> {
     Ok(())
 }
 
+/// The host NQN of `ironsan ls/inq` over NVMe/TCP: `--initiator` when it
+/// is an NQN, else a fresh one of the UUID form.
+fn nvme_host(initiator: &str) -> String {
+    if initiator.starts_with("nqn.") {
+        initiator.to_owned()
+    } else {
+        initiator::nvme::host_nqn(&initiator::random_bytes::<16>())
+    }
+}
+
+/// `ironsan ls nvme-tcp://HOST[:PORT]`: the discovery log page, and with
+/// `-s` every namespace of every subsystem listed.
+fn ls_nvme(a: &LsArgs) -> Result<()> {
+    use initiator::nvme::{discover, Controller};
+    let addr = initiator::nvme::portal_of(&a.url).map_err(anyhow::Error::msg)?;
+    let host = nvme_host(&a.initiator);
+    let entries = discover(addr, &host).with_context(|| format!("discovery at {addr}"))?;
+    let mut seen = Vec::new();
+    for e in entries.iter().filter(|e| e.subtype == 2) {
+        println!(
+            "Subsystem:{} Port:{}:{} (port {})",
+            e.subnqn, e.traddr, e.trsvcid, e.port_id
+        );
+        if seen.contains(&e.subnqn) {
+            continue;
+        }
+        seen.push(e.subnqn.clone());
+        if a.show_luns {
+            let mut c = Controller::connect(addr, &e.subnqn, &host, (false, false), 1)
+                .with_context(|| format!("connect to {}", e.subnqn))?;
+            for nsid in c.active_namespaces()? {
+                let ns = c.namespace(nsid)?;
+                println!(
+                    "  Namespace:{nsid} ({} bytes, {}-byte blocks) NGUID {}",
+                    ns.blocks * u64::from(ns.block_size),
+                    ns.block_size,
+                    hex(&ns.nguid)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `ironsan inq nvme-tcp://HOST[:PORT]/SUBNQN/NSID`: Identify Controller
+/// and Namespace, the namespace's designators and its ANA state through
+/// this port.
+fn inq_nvme(a: &InqArgs) -> Result<()> {
+    use initiator::nvme::{sqe, Controller, NvmeUrl};
+    let u = NvmeUrl::parse(&a.url).map_err(anyhow::Error::msg)?;
+    let host = nvme_host(&a.initiator);
+    let mut c = Controller::connect(u.addr, &u.subnqn, &host, u.digests, 1)
+        .with_context(|| format!("connect to {}", u.subnqn))?;
+    let id = c
+        .admin
+        .call(sqe(0x06, 0, &[(10, 1)]), bytes::Bytes::new(), 4096)?;
+    id.ok()?;
+    let d = &id.data;
+    let text = |r: std::ops::Range<usize>| {
+        String::from_utf8_lossy(&d[r])
+            .trim_end_matches(['\0', ' '])
+            .to_string()
+    };
+    let ver = u32::from_le_bytes(d[80..84].try_into().expect("4 bytes"));
+    println!("Model: {}", text(24..64));
+    println!("Serial number: {}", text(4..24));
+    println!("Firmware: {}", text(64..72));
+    println!("Subsystem: {}", text(768..1024));
+    println!(
+        "Controller: {} (NVMe {}.{}.{})",
+        c.cntlid,
+        ver >> 16,
+        (ver >> 8) & 0xff,
+        ver & 0xff
+    );
+    let ns = c.namespace(u.nsid).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: {e} (`ironsan ls -s nvme-tcp://{}` lists the namespaces)",
+            a.url,
+            u.addr
+        )
+    })?;
+    println!("Namespace: {}", u.nsid);
+    println!(
+        "Capacity: {} bytes ({} blocks of {} bytes)",
+        ns.blocks * u64::from(ns.block_size),
+        ns.blocks,
+        ns.block_size
+    );
+    println!("NGUID: {}", hex(&ns.nguid));
+    let descs = c
+        .admin
+        .call(sqe(0x06, u.nsid, &[(10, 3)]), bytes::Bytes::new(), 4096)?;
+    if descs.ok().is_ok() {
+        let b = &descs.data;
+        let mut at = 0;
+        while at + 4 <= b.len() && b[at] != 0 {
+            let len = usize::from(b[at + 1]);
+            if at + 4 + len > b.len() {
+                break;
+            }
+            if b[at] == 3 && len == 16 {
+                let h = hex(&b[at + 4..at + 20]);
+                println!(
+                    "UUID: {}-{}-{}-{}-{}",
+                    &h[0..8],
+                    &h[8..12],
+                    &h[12..16],
+                    &h[16..20],
+                    &h[20..32]
+                );
+            }
+            at += 4 + len;
+        }
+    }
+    // ANA (CMIC bit 3): the state of each group through this port.
+    if d[76] & 0x08 != 0 {
+        let numd = 4096 / 4 - 1;
+        let r = c.admin.call(
+            sqe(0x02, 0xffff_ffff, &[(10, 0x0c | (numd << 16))]),
+            bytes::Bytes::new(),
+            4096,
+        )?;
+        if r.ok().is_ok() && r.data.len() >= 16 {
+            let b = &r.data;
+            let groups = u16::from_le_bytes([b[8], b[9]]);
+            let mut at = 16;
+            for _ in 0..groups {
+                if at + 32 > b.len() {
+                    break;
+                }
+                let g = u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+                let n = u32::from_le_bytes(b[at + 4..at + 8].try_into().expect("4 bytes"));
+                let state = match b[at + 16] & 0x0f {
+                    1 => "optimized",
+                    2 => "non-optimized",
+                    3 => "inaccessible",
+                    4 => "persistent loss",
+                    0xf => "change",
+                    _ => "reserved",
+                };
+                println!("ANA group {g}: {state} through this port");
+                at += 32 + 4 * n as usize;
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn ls(a: LsArgs) -> Result<()> {
+    if a.url.starts_with("nvme-tcp://") {
+        return ls_nvme(&a);
+    }
     let url: Url = a.url.parse().map_err(anyhow::Error::msg)?;
     let targets = initiator::discover_with(&url.addr(), url.login_config(&a.initiator, None))
         .with_context(|| format!("discovery at {}", url.addr()))?;
@@ -733,6 +891,9 @@ pub fn ls(a: LsArgs) -> Result<()> {
 }
 
 pub fn inq(a: InqArgs) -> Result<()> {
+    if a.url.starts_with("nvme-tcp://") {
+        return inq_nvme(&a);
+    }
     let url: Url = a.url.parse().map_err(anyhow::Error::msg)?;
     let Some(target) = url.target.clone() else {
         bail!(

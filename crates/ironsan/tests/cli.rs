@@ -247,3 +247,87 @@ fn nvme_null_target_serves_the_userspace_host() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// `ironsan ls` and `ironsan inq` over NVMe/TCP: the discovery log lists
+/// the subsystem, `-s` its namespaces, and `inq` the namespace's size, its
+/// NGUID (the LUN's NAA, as `inq` over iSCSI prints it), its UUID when
+/// the LUN has one, and its ANA state.
+#[test]
+fn ls_and_inq_speak_nvme_tcp() {
+    const U: &str = "91fdba0d-f87b-4c25-b80f-db7be1418b9e";
+    let mut child = ironsan()
+        .args(["--log", "warn", "serve", "--listen", "127.0.0.1:0"])
+        .args(["--nvme-listen", "127.0.0.1:0", "--lun", "mem:1M"])
+        .args(["--lun", &format!("mem:2M,uuid={U}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut iscsi, mut nvme) = (String::new(), String::new());
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(a) = line.strip_prefix("ironsan: listening on ") {
+            iscsi = a.to_string();
+        }
+        if let Some(a) = line.strip_prefix("ironsan: NVMe/TCP on ") {
+            nvme = a.to_string();
+        }
+        if line.contains("try ") && line.contains("iscsi") {
+            break;
+        }
+    }
+    assert!(!iscsi.is_empty() && !nvme.is_empty(), "start-up lines");
+    let run = |args: &[&str]| {
+        let out = ironsan().args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let nqn = "nqn.2026-11.io.ironsan:target0";
+    let ls = run(&["ls", "-s", &format!("nvme-tcp://{nvme}")]);
+    assert!(ls.contains(&format!("Subsystem:{nqn} Port:{nvme}")), "{ls}");
+    assert!(
+        ls.contains("Namespace:1 (1048576 bytes, 512-byte blocks)"),
+        "{ls}"
+    );
+    assert!(
+        ls.contains("Namespace:2 (2097152 bytes, 512-byte blocks)"),
+        "{ls}"
+    );
+    let inq = run(&["inq", &format!("nvme-tcp://{nvme}/{nqn}/2")]);
+    assert!(
+        inq.contains("Capacity: 2097152 bytes (4096 blocks of 512 bytes)"),
+        "{inq}"
+    );
+    assert!(inq.contains(&format!("UUID: {U}")), "{inq}");
+    assert!(
+        inq.contains("ANA group 1: optimized through this port"),
+        "{inq}"
+    );
+    let nguid = inq
+        .lines()
+        .find_map(|l| l.strip_prefix("NGUID: "))
+        .unwrap_or_else(|| panic!("no NGUID: {inq}"))
+        .to_string();
+    let scsi = run(&[
+        "inq",
+        &format!("iscsi://{iscsi}/iqn.2026-11.io.ironsan:target0/1"),
+    ]);
+    assert!(
+        scsi.contains(&format!("Device identifier: naa.{nguid}")),
+        "{scsi} / NGUID {nguid}"
+    );
+    let one = run(&["inq", &format!("nvme-tcp://{nvme}/{nqn}/1")]);
+    assert!(!one.contains("UUID"), "{one}");
+    let out = ironsan()
+        .args(["inq", &format!("nvme-tcp://{nvme}/{nqn}/9")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let _ = child.kill();
+    let _ = child.wait();
+}
