@@ -649,15 +649,20 @@ mod tests {
     const NQN: &str = "nqn.2026-12.io.ironsan:t";
     const HOST: &str = "nqn.2026-12.io.ironsan:h";
 
-    fn registry(allowed: Vec<String>) -> Registry {
-        let v = Volume::new(
+    /// A 1 MiB RAM volume of 512-byte blocks.
+    fn volume() -> Volume {
+        Volume::new(
             Arc::new(storage::MemBackend::new(1 << 20)),
             512,
             None,
             false,
             false,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    fn registry(allowed: Vec<String>) -> Registry {
+        let v = volume();
         let r = Registry::new();
         r.add(Arc::new(Subsystem::new(
             NQN.into(),
@@ -767,15 +772,7 @@ mod tests {
 
     #[test]
     fn namespace_changes_are_listed_until_read() {
-        let v = Volume::new(
-            Arc::new(storage::MemBackend::new(1 << 20)),
-            512,
-            None,
-            false,
-            false,
-        )
-        .unwrap();
-        let ns = Arc::new(Many(Mutex::new(vec![1, 3]), Arc::new(v)));
+        let ns = Arc::new(Many(Mutex::new(vec![1, 3]), Arc::new(volume())));
         let r = Registry::new();
         r.add(Arc::new(Subsystem::new(
             NQN.into(),

@@ -29,6 +29,31 @@ fn host() -> String {
     host_nqn(&[7; 16])
 }
 
+/// Waits until command `cid` of `q` completes; every completion so far.
+fn until_done(q: &mut NvmeQueue, cid: u16) -> Vec<initiator::nvme::Completion> {
+    let mut done = Vec::new();
+    while !done
+        .iter()
+        .any(|d: &initiator::nvme::Completion| d.cid == cid)
+    {
+        q.wait(&mut done).unwrap();
+    }
+    done
+}
+
+/// An iSCSI session to the test target through `portal`.
+fn iscsi_login(portal: SocketAddr) -> initiator::Connection {
+    initiator::Connection::login(
+        &portal.to_string(),
+        initiator::LoginConfig::new(
+            "iqn.2026-11.io.ironsan:i",
+            Some(IQN),
+            initiator::random_isid(),
+        ),
+    )
+    .unwrap()
+}
+
 fn rw(op: u8, nsid: u32, lba: u64, blocks: u32) -> nvme_tcp_wire::capsule::Sqe {
     sqe(
         op,
@@ -144,15 +169,7 @@ fn nvme_and_iscsi_see_one_volume() {
         .unwrap()
         .ok()
         .unwrap();
-    let mut conn = initiator::Connection::login(
-        &iscsi[0].to_string(),
-        initiator::LoginConfig::new(
-            "iqn.2026-11.io.ironsan:i",
-            Some(IQN),
-            initiator::random_isid(),
-        ),
-    )
-    .unwrap();
+    let mut conn = iscsi_login(iscsi[0]);
     let r = conn
         .execute(
             0,
@@ -404,13 +421,7 @@ fn namespaces_added_and_removed_are_notified() {
     let spec = server::config::LunConfig::from_spec("mem:4M").unwrap();
     let lu = control.build_lun(IQN, 5, &spec).unwrap();
     control.install_lun(IQN, 5, lu).unwrap();
-    let mut done = Vec::new();
-    while !done
-        .iter()
-        .any(|d: &initiator::nvme::Completion| d.cid == aer)
-    {
-        c.admin.wait(&mut done).unwrap();
-    }
+    let done = until_done(&mut c.admin, aer);
     let d = done.iter().find(|d| d.cid == aer).unwrap();
     assert!(d.status.is_success());
     assert_eq!(
@@ -426,13 +437,9 @@ fn namespaces_added_and_removed_are_notified() {
     control.resize_lun(IQN, 0, 128 << 20, false).unwrap();
     let aer = c.admin.submit(sqe(0x0c, 0, &[]), Bytes::new(), 0).unwrap();
     c.admin.flush().unwrap();
-    let mut done = Vec::new();
-    while !done
-        .iter()
-        .any(|d: &initiator::nvme::Completion| d.cid == aer)
-    {
-        c.admin.wait(&mut done).unwrap();
-    }
+    let done = until_done(&mut c.admin, aer);
+    let d = done.iter().find(|d| d.cid == aer).unwrap();
+    assert_eq!(d.result & 0xff_ffff, 0x04_0002);
     assert_eq!(changed(&mut c, false), vec![1, 6]);
     // Notices off: a change is listed but not notified.
     c.admin
@@ -448,13 +455,7 @@ fn namespaces_added_and_removed_are_notified() {
     // A Keep Alive completes; the AER stays held.
     let k = c.admin.submit(sqe(0x18, 0, &[]), Bytes::new(), 0).unwrap();
     c.admin.flush().unwrap();
-    let mut done = Vec::new();
-    while !done
-        .iter()
-        .any(|d: &initiator::nvme::Completion| d.cid == k)
-    {
-        c.admin.wait(&mut done).unwrap();
-    }
+    let done = until_done(&mut c.admin, k);
     assert!(
         !done.iter().any(|d| d.cid == aer),
         "a notice the host did not enable was sent"
@@ -511,27 +512,25 @@ fn fused_compare_and_write() {
         .unwrap()
         .ok()
         .unwrap();
+    // A Compare and Write of block 40: expected, new.
+    let pair = |q: &mut NvmeQueue, expected: u8, new: u8| {
+        run(
+            q,
+            vec![
+                (fused(0x05, 1), block(expected), 0),
+                (fused(0x01, 2), block(new), 0),
+            ],
+        )
+    };
     // Matches: written.
-    let r = run(
-        &mut q,
-        vec![
-            (fused(0x05, 1), block(0xaa), 0),
-            (fused(0x01, 2), block(0xbb), 0),
-        ],
-    );
+    let r = pair(&mut q, 0xaa, 0xbb);
     assert!(
         r[0].status.is_success() && r[1].status.is_success(),
         "{r:?}"
     );
     assert_eq!(read40(&mut q), 0xbb);
     // Does not match: nothing written.
-    let r = run(
-        &mut q,
-        vec![
-            (fused(0x05, 1), block(0xaa), 0),
-            (fused(0x01, 2), block(0xcc), 0),
-        ],
-    );
+    let r = pair(&mut q, 0xaa, 0xcc);
     assert_eq!(r[0].status, Status::media(0x85, true), "Compare Failure");
     assert_eq!(r[1].status, Status::generic(0x09, false), "Failed Fused");
     assert_eq!(read40(&mut q), 0xbb);
@@ -560,15 +559,7 @@ fn fused_compare_and_write() {
     assert_eq!(r[1].status, Status::generic(0x0a, true));
     // One ATS view: SCSI's COMPARE AND WRITE over iSCSI sees what the
     // NVMe/TCP one wrote, and the other way round.
-    let mut conn = initiator::Connection::login(
-        &iscsi[0].to_string(),
-        initiator::LoginConfig::new(
-            "iqn.2026-11.io.ironsan:i",
-            Some(IQN),
-            initiator::random_isid(),
-        ),
-    )
-    .unwrap();
+    let mut conn = iscsi_login(iscsi[0]);
     let mut caw = [0u8; 16];
     caw[0] = 0x89;
     caw[2..10].copy_from_slice(&40u64.to_be_bytes());
@@ -584,13 +575,7 @@ fn fused_compare_and_write() {
         "iSCSI COMPARE AND WRITE: {:02x?}",
         t.sense
     );
-    let r = run(
-        &mut q,
-        vec![
-            (fused(0x05, 1), block(0x11), 0),
-            (fused(0x01, 2), block(0x22), 0),
-        ],
-    );
+    let r = pair(&mut q, 0x11, 0x22);
     assert!(
         r[0].status.is_success() && r[1].status.is_success(),
         "{r:?}"
