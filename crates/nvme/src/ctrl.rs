@@ -233,37 +233,12 @@ impl Controller {
             return false;
         };
         let now = s.notified.as_deref().unwrap_or_default();
-        // Both lists are ascending by NSID: walk them together.
-        let mut diff = Vec::new();
-        let (mut i, mut j) = (0, 0);
-        while i < before.len() || j < now.len() {
-            match (before.get(i), now.get(j)) {
-                (Some(a), Some(b)) if a.0 == b.0 => {
-                    if a.1 != b.1 {
-                        diff.push(a.0);
-                    }
-                    i += 1;
-                    j += 1;
-                }
-                (Some(a), Some(b)) if a.0 < b.0 => {
-                    diff.push(a.0);
-                    i += 1;
-                }
-                (Some(_), Some(b)) => {
-                    diff.push(b.0);
-                    j += 1;
-                }
-                (Some(a), None) => {
-                    diff.push(a.0);
-                    i += 1;
-                }
-                (None, Some(b)) => {
-                    diff.push(b.0);
-                    j += 1;
-                }
-                (None, None) => break,
-            }
-        }
+        // Both lists are ascending by NSID (so by pair): an entry missing
+        // from the other list is a namespace attached, detached or resized
+        // (a resize is missing both ways: the NSID is listed once).
+        let gone = before.iter().filter(|e| now.binary_search(e).is_err());
+        let came = now.iter().filter(|e| before.binary_search(e).is_err());
+        let diff: Vec<u32> = gone.chain(came).map(|e| e.0).collect();
         if diff.is_empty() {
             return false;
         }

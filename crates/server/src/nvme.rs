@@ -504,10 +504,7 @@ impl Driver {
             ctrl.access_state(),
             AccessState::Standby | AccessState::Unavailable
         ) {
-            if let Some(first) = second {
-                self.complete(first.sqe.cid(), Reply::status(Status::path(0x02)));
-            }
-            return self.complete(cid, Reply::status(Status::path(0x02)));
+            return self.refuse(cid, second, Status::path(0x02));
         }
         let ns = &ctrl.subsystem.namespaces;
         let nsid = cmd.sqe.nsid();
@@ -539,10 +536,7 @@ impl Driver {
             self.ns_generation = Some(g);
         }
         let Some(vol) = self.ns_vols.get(nsid as usize).cloned().flatten() else {
-            if let Some(first) = second {
-                self.complete(first.sqe.cid(), Reply::status(Status::INVALID_NAMESPACE));
-            }
-            return self.complete(cid, Reply::status(Status::INVALID_NAMESPACE));
+            return self.refuse(cid, second, Status::INVALID_NAMESPACE);
         };
         if let Some(first) = second {
             return self.compare_and_write(vol, first, cmd);
@@ -578,6 +572,15 @@ impl Driver {
         });
     }
 
+    /// Answers command `cid`, and the first command of its fused pair if
+    /// it has one, with `status`.
+    fn refuse(&mut self, cid: u16, first: Option<Command>, status: Status) {
+        if let Some(f) = first {
+            self.complete(f.sqe.cid(), Reply::status(status));
+        }
+        self.complete(cid, Reply::status(status));
+    }
+
     /// A fused Compare and Write (`first` the Compare, `second` the
     /// Write): both complete, on the loop or, on a backend that may block,
     /// from the I/O pool.
@@ -585,11 +588,12 @@ impl Driver {
         let (c1, c2) = (first.sqe.cid(), second.sqe.cid());
         let lun = u16::try_from(first.sqe.nsid() - 1).unwrap_or(u16::MAX);
         let bytes = second.data.len() as u32;
+        let start = self.received_at;
         let counted = |kind, bytes| Counted {
             lun,
             kind,
             bytes,
-            start: Instant::now(),
+            start,
         };
         let (k1, k2) = (counted(IoKind::Other, 0), counted(IoKind::Write, bytes));
         let may_block = vol.backend().caps().may_block;
