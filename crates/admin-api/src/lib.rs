@@ -58,7 +58,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use server::config::LunConfig;
+use server::config::{LunConfig, TargetConfig};
 use server::control::{Control, ControlError};
 use server::size::parse_size;
 use server::stats::LunCounters;
@@ -200,7 +200,11 @@ fn router(state: Arc<AdminState>, via: auth::Via) -> Router {
         .route("/api/session", post(open_session).delete(close_session))
         .route("/api/login-codes", post(new_login_code))
         .route("/metrics", get(metrics))
-        .route("/api/targets", get(targets))
+        .route("/api/targets", get(targets).post(add_target))
+        .route(
+            "/api/targets/{target}",
+            axum::routing::delete(remove_target),
+        )
         .route("/api/targets/{target}/luns", post(add_lun))
         .route(
             "/api/targets/{target}/luns/{lun}",
@@ -470,6 +474,78 @@ async fn targets(State(st): St) -> impl IntoResponse {
 
 async fn portals(State(st): St) -> impl IntoResponse {
     Json(st.ctl.portals())
+}
+
+/// Adds a target: its name, LUNs and access lists ([`TargetConfig`]).
+/// Credentials are not taken here: a target that must require CHAP is
+/// added with an `allow` list that keeps everyone out until `set-chap`.
+async fn add_target(State(st): St, Body(mut c): Body<TargetConfig>) -> Response {
+    let _g = st.change.lock().await;
+    if c.chap.is_some() || c.mutual_chap.is_some() {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "credentials are set with PUT /api/targets/{target}/chap once the target exists \
+             (give it an allow list meanwhile)",
+        );
+    }
+    if st.ctl.target_exists(&c.name).is_ok() {
+        return err(StatusCode::CONFLICT, format!("target {} exists", c.name));
+    }
+    // Paths under policy; files created here are removed again if the
+    // target does not go into service.
+    let mut created = Vec::new();
+    for l in &mut c.lun {
+        match st.paths.admit_lun(l) {
+            Ok(g) => created.push(g),
+            Err(m) => return err(StatusCode::FORBIDDEN, m),
+        }
+    }
+    if let Err(e) = c.validate() {
+        return err(StatusCode::BAD_REQUEST, e);
+    }
+    let persisted = match persist(&st, |d| persist::add_target(d, &c)) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.add_target(&c) {
+        Ok(v) => {
+            created.into_iter().for_each(|g| g.keep());
+            (
+                StatusCode::CREATED,
+                Json(json!({ "target": v, "persisted": persisted })),
+            )
+                .into_response()
+        }
+        Err(e) => {
+            if persisted {
+                // The file must not name a target that is not served.
+                let _ = persist(&st, |d| persist::remove_target(d, &c.name));
+            }
+            refused(e)
+        }
+    }
+}
+
+/// Removes a target: its sessions and NVMe/TCP controllers end.
+async fn remove_target(State(st): St, Path(target): Path<String>) -> Response {
+    let _g = st.change.lock().await;
+    if let Err(e) = st.ctl.target_exists(&target) {
+        return refused(e);
+    }
+    if st.ctl.targets().len() == 1 {
+        return err(
+            StatusCode::CONFLICT,
+            "the last target cannot be removed: add another first",
+        );
+    }
+    let persisted = match persist(&st, |d| persist::remove_target(d, &target)) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.remove_target(&target) {
+        Ok(()) => Json(json!({ "removed": target, "persisted": persisted })).into_response(),
+        Err(e) => refused(e),
+    }
 }
 
 async fn add_lun(

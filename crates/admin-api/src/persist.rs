@@ -10,7 +10,7 @@ use std::path::Path;
 
 use toml_edit::{value, Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table};
 
-use server::config::{BackendKind, CacheConfig, Config, CredConfig, LunConfig};
+use server::config::{BackendKind, CacheConfig, Config, CredConfig, LunConfig, TargetConfig};
 use server::control_acl::ChapScope;
 
 /// An edit that cannot be made to the file.
@@ -57,6 +57,71 @@ pub fn add_lun(doc: &mut DocumentMut, name: &str, n: u16, c: &LunConfig) -> Resu
         t.insert("lun", Item::ArrayOfTables(ArrayOfTables::new()));
     }
     let luns = pin_numbers(t).ok_or("target.lun is not an array of tables")?;
+    luns.push(lun_table(n, c));
+    Ok(())
+}
+
+/// Adds target `c` (its LUNs numbered, no credentials: the admin API sets
+/// those with their own calls).
+pub fn add_target(doc: &mut DocumentMut, c: &TargetConfig) -> Result<(), EditError> {
+    if doc.get("target").is_none() {
+        doc.insert("target", Item::ArrayOfTables(ArrayOfTables::new()));
+    }
+    let ts = targets(doc)?;
+    if ts
+        .iter()
+        .any(|t| t.get("name").and_then(Item::as_str) == Some(c.name.as_str()))
+    {
+        return Err(format!(
+            "target {} is in the configuration file already",
+            c.name
+        ));
+    }
+    let mut t = Table::new();
+    t.insert("name", value(c.name.as_str()));
+    if let Some(a) = &c.alias {
+        t.insert("alias", value(a.as_str()));
+    }
+    if let Some(n) = &c.nqn {
+        t.insert("nqn", value(n.as_str()));
+    }
+    for (k, list) in [
+        ("allow", &c.allow),
+        ("allow_net", &c.allow_net),
+        ("nvme_allow", &c.nvme_allow),
+    ] {
+        if !list.is_empty() {
+            t.insert(k, value(list.iter().map(String::as_str).collect::<Array>()));
+        }
+    }
+    if c.max_sessions != 0 {
+        t.insert("max_sessions", value(c.max_sessions as i64));
+    }
+    let mut luns = ArrayOfTables::new();
+    for (i, l) in c.lun.iter().enumerate() {
+        luns.push(lun_table(l.number.unwrap_or(i as u16), l));
+    }
+    t.insert("lun", Item::ArrayOfTables(luns));
+    ts.push(t);
+    Ok(())
+}
+
+/// Removes target `name`.
+pub fn remove_target(doc: &mut DocumentMut, name: &str) -> Result<(), EditError> {
+    let ts = targets(doc)?;
+    let i = ts
+        .iter()
+        .position(|t| t.get("name").and_then(Item::as_str) == Some(name))
+        .ok_or_else(|| format!("target {name} is not in the configuration file"))?;
+    ts.remove(i);
+    if ts.is_empty() {
+        doc.remove("target");
+    }
+    Ok(())
+}
+
+/// LUN `n` described by `c`, as a `[[target.lun]]` table.
+fn lun_table(n: u16, c: &LunConfig) -> Table {
     let mut l = Table::new();
     l.insert(
         "backend",
@@ -112,8 +177,7 @@ pub fn add_lun(doc: &mut DocumentMut, name: &str, n: u16, c: &LunConfig) -> Resu
         l.insert("serial", value(s.as_str()));
     }
     l.insert("number", value(i64::from(n)));
-    luns.push(l);
-    Ok(())
+    l
 }
 
 /// Sets `key` of `t` to `v`, keeping the comment and spacing around the

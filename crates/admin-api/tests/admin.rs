@@ -196,3 +196,105 @@ fn alua_states_change_through_the_api() {
         404
     );
 }
+
+#[test]
+fn targets_added_and_removed_through_the_api_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ironsan.toml");
+    std::fs::write(
+        &path,
+        format!("# kept\nlisten = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n"),
+    )
+    .unwrap();
+    const NEW: &str = "iqn.2026-12.io.ironsan:new";
+    let run = start(&path, None);
+    let file = dir.path().join("luns/new.img");
+    let body = format!(
+        "{{\"name\":\"{NEW}\",\"nqn\":\"blktests-subsystem-1\",\"allow\":[\"iqn.2026-11.x:test\"],\
+         \"lun\":[{{\"backend\":\"file\",\"path\":{:?},\"size\":\"2M\",\
+         \"uuid\":\"91fdba0d-f87b-4c25-b80f-db7be1418b9e\"}}]}}",
+        file.display().to_string()
+    );
+    // Refused: a LUN file outside the LUN roots, credentials in the body,
+    // a name that is not an iSCSI name, an unknown key.
+    for bad in [
+        body.replace(&dir.path().join("luns").display().to_string(), "/etc"),
+        body.replace(
+            "\"allow\"",
+            "\"chap\":{\"user\":\"u\",\"secret\":\"0123456789abcdef\"},\"allow\"",
+        ),
+        body.replace(NEW, "not-an-iqn"),
+        body.replace("\"allow\"", "\"bogus\":1,\"allow\""),
+    ] {
+        let (code, text) = http(run.admin, "POST", "/api/targets", &bad, None);
+        assert!((400..=422).contains(&code), "{code} {text} for {bad}");
+    }
+    let (code, text) = http(run.admin, "POST", "/api/targets", &body, None);
+    assert_eq!(code, 201, "{text}");
+    assert!(text.contains("\"persisted\":true"), "{text}");
+    let (code, _) = http(run.admin, "POST", "/api/targets", &body, None);
+    assert_eq!(code, 409);
+    let mut c = Connection::login(
+        &run.iscsi.to_string(),
+        LoginConfig::new("iqn.2026-11.x:test", Some(NEW), initiator::random_isid()),
+    )
+    .unwrap();
+    assert_eq!(luns(&mut c), vec![0]);
+    // Its ACL holds from the start.
+    assert!(Connection::login(
+        &run.iscsi.to_string(),
+        LoginConfig::new("iqn.2026-11.x:other", Some(NEW), initiator::random_isid()),
+    )
+    .is_err());
+    drop(c);
+    drop(run);
+
+    // A restart serves it from the file, with its NQN and UUID.
+    let cfg = Config::from_file(&path).unwrap();
+    assert_eq!(cfg.target.len(), 2);
+    assert_eq!(cfg.target[1].nqn.as_deref(), Some("blktests-subsystem-1"));
+    assert_eq!(
+        cfg.target[1].lun[0].uuid.as_deref(),
+        Some("91fdba0d-f87b-4c25-b80f-db7be1418b9e")
+    );
+    let run = start(&path, None);
+    let mut c = Connection::login(
+        &run.iscsi.to_string(),
+        LoginConfig::new("iqn.2026-11.x:test", Some(NEW), initiator::random_isid()),
+    )
+    .unwrap();
+    assert_eq!(luns(&mut c), vec![0]);
+
+    // Removed: the session ends, and the file no longer names it.
+    let (code, text) = http(
+        run.admin,
+        "DELETE",
+        &format!("/api/targets/{NEW}"),
+        "",
+        None,
+    );
+    assert_eq!(code, 200, "{text}");
+    assert!(c
+        .execute(0, &scsi::test_unit_ready(), DataDir::None)
+        .is_err());
+    let (code, _) = http(
+        run.admin,
+        "DELETE",
+        &format!("/api/targets/{NEW}"),
+        "",
+        None,
+    );
+    assert_eq!(code, 404);
+    let (code, _) = http(
+        run.admin,
+        "DELETE",
+        &format!("/api/targets/{IQN}"),
+        "",
+        None,
+    );
+    assert_eq!(code, 409, "the last target");
+    drop(run);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("# kept"), "{text}");
+    assert_eq!(Config::from_file(&path).unwrap().target.len(), 1);
+}

@@ -799,9 +799,23 @@ impl NvmeUrl {
             Some((n, id)) if id.parse::<u32>().is_ok() => (n, id.parse().expect("checked")),
             _ => (path.trim_end_matches('/'), 1),
         };
-        if !subnqn.starts_with("nqn.") || nsid == 0 {
+        // Any NQN a target may serve (NVMe Base 2.0 §4.5 asks for the
+        // nqn. form; targets such as Linux nvmet serve others too), but
+        // not an iSCSI name given by mistake.
+        if ["iqn.", "eui.", "naa."].iter().any(|p| subnqn.starts_with(p)) {
             return Err(format!(
-                "{s}: expected nvme-tcp://HOST:PORT/nqn.…/NSID (NSID from 1)"
+                "{s}: {subnqn} is an iSCSI name: give the subsystem's NQN (ironsan: the name \
+                 with iqn. made nqn.), or use an iscsi:// URL"
+            ));
+        }
+        if subnqn.is_empty()
+            || subnqn.len() > 223
+            || !subnqn.bytes().all(|b| b.is_ascii_graphic())
+            || nsid == 0
+        {
+            return Err(format!(
+                "{s}: expected nvme-tcp://HOST:PORT/NQN/NSID (an NQN of 1..=223 printable \
+                 bytes; NSID from 1)"
             ));
         }
         Ok(NvmeUrl {
@@ -841,6 +855,10 @@ mod tests {
         assert!(NvmeUrl::parse("iscsi://127.0.0.1/x/0").is_err());
         assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:1/iqn.x/1").is_err());
         assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:1/nqn.x/0").is_err());
+        // The free-form names Linux nvmet serves (blktests uses them).
+        let u = NvmeUrl::parse("nvme-tcp://127.0.0.1:1/blktests-subsystem-1/1").unwrap();
+        assert_eq!(u.subnqn, "blktests-subsystem-1");
+        assert!(NvmeUrl::parse("nvme-tcp://127.0.0.1:1/two words/1").is_err());
         let u = NvmeUrl::parse("nvme-tcp://127.0.0.1:9/nqn.x:y/3?digests").unwrap();
         assert_eq!(u.digests, (true, true));
         assert_eq!(u.to_string(), "nvme-tcp://127.0.0.1:9/nqn.x:y/3?digests");

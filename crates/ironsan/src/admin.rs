@@ -80,6 +80,15 @@ enum AdminCmd {
     Console,
     /// Sessions: initiator, ISID, portal, negotiated parameters, I/O.
     Sessions,
+    /// Add a target, served at once through every portal and, as an NVMe
+    /// subsystem, through every NVMe/TCP port.
+    ///
+    /// Protect it from the start with --allow / --allow-net / --nvme-allow
+    /// (CHAP is set with set-chap once it exists).
+    AddTarget(AddTargetArgs),
+    /// Remove a target: it leaves discovery, new logins and Connects are
+    /// refused, and its sessions and NVMe/TCP controllers end.
+    RemoveTarget(RemoveTargetArgs),
     /// Add a LUN: SPEC is mem:SIZE, null:SIZE, file:PATH or file:PATH:SIZE.
     AddLun(AddLunArgs),
     /// Remove a LUN (sessions get REPORTED LUNS DATA HAS CHANGED).
@@ -129,6 +138,38 @@ enum AdminCmd {
     Stats,
     /// The Prometheus metrics text.
     Metrics,
+}
+
+/// The arguments of `admin add-target`.
+#[derive(Args, Debug)]
+struct AddTargetArgs {
+    /// The target's iSCSI name (iqn./eui./naa.).
+    name: String,
+    /// A LUN, numbered from 0 in order: mem:SIZE, null:SIZE, file:PATH or
+    /// file:PATH:SIZE, optionally followed by ,uuid=UUID and
+    /// ,physical_block_size=BYTES. Repeat for more.
+    #[arg(long = "lun", required = true)]
+    luns: Vec<String>,
+    /// Its NVMe subsystem NQN (default: the name with iqn. made nqn.).
+    #[arg(long)]
+    nqn: Option<String>,
+    #[arg(long)]
+    alias: Option<String>,
+    /// An initiator name that may log in (repeat; none: any).
+    #[arg(long)]
+    allow: Vec<String>,
+    /// A source network (CIDR) that may connect (repeat; none: any).
+    #[arg(long)]
+    allow_net: Vec<String>,
+    /// A host NQN that may connect over NVMe/TCP (repeat; none: any).
+    #[arg(long)]
+    nvme_allow: Vec<String>,
+}
+
+/// The arguments of `admin remove-target`.
+#[derive(Args, Debug)]
+struct RemoveTargetArgs {
+    target: String,
 }
 
 /// The arguments of `admin add-lun`.
@@ -542,6 +583,9 @@ fn lun_body(
     if let Some(p) = l.physical_block_size {
         body["physical_block_size"] = json!(p);
     }
+    if let Some(u) = &l.uuid {
+        body["uuid"] = json!(u);
+    }
     if write_back {
         body["write_cache"] = json!("back");
     }
@@ -554,6 +598,8 @@ pub fn run(a: AdminArgs) -> Result<()> {
         AdminCmd::Console => console(&ep)?,
         AdminCmd::List => list(&ep, a.json)?,
         AdminCmd::Sessions => sessions(&ep, a.json)?,
+        AdminCmd::AddTarget(x) => add_target(&ep, a.json, x)?,
+        AdminCmd::RemoveTarget(x) => remove_target(&ep, a.json, x)?,
         AdminCmd::AddLun(x) => add_lun(&ep, a.json, x)?,
         AdminCmd::RemoveLun(x) => remove_lun(&ep, a.json, x)?,
         AdminCmd::ResizeLun(x) => resize_lun(&ep, a.json, x)?,
@@ -576,6 +622,55 @@ pub fn run(a: AdminArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `ironsan admin add-target`.
+fn add_target(ep: &Endpoint, json_out: bool, a: AddTargetArgs) -> Result<()> {
+    let lun = a
+        .luns
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| lun_body(spec, Some(i as u16), None, false, false))
+        .collect::<Result<Vec<_>>>()?;
+    let mut body = json!({ "name": a.name, "lun": lun });
+    for (k, v) in [("nqn", &a.nqn), ("alias", &a.alias)] {
+        if let Some(v) = v {
+            body[k] = json!(v);
+        }
+    }
+    for (k, v) in [
+        ("allow", &a.allow),
+        ("allow_net", &a.allow_net),
+        ("nvme_allow", &a.nvme_allow),
+    ] {
+        if !v.is_empty() {
+            body[k] = json!(v);
+        }
+    }
+    change(json_out, ep, "POST", "/api/targets", Some(body), |v| {
+        let t = &v["target"];
+        let n = t["luns"].as_array().map_or(0, Vec::len);
+        println!(
+            "added target {} ({n} LUN(s))",
+            t["name"].as_str().unwrap_or("")
+        );
+        persisted_note(v);
+    })
+}
+
+/// `ironsan admin remove-target`.
+fn remove_target(ep: &Endpoint, json_out: bool, a: RemoveTargetArgs) -> Result<()> {
+    change(
+        json_out,
+        ep,
+        "DELETE",
+        &format!("/api/targets/{}", seg(&a.target)),
+        None,
+        |v| {
+            println!("removed target {}", a.target);
+            persisted_note(v);
+        },
+    )
 }
 
 /// `ironsan admin add-lun`.

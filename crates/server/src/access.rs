@@ -196,6 +196,30 @@ pub(crate) struct TargetAccess {
 }
 
 impl TargetAccess {
+    /// Target `t`'s rules, checked.
+    pub fn from_config(t: &crate::config::TargetConfig) -> Result<TargetAccess, ConfigError> {
+        let at = format!("target {:?}", t.name);
+        let nets = t
+            .allow_net
+            .iter()
+            .map(|n| Cidr::parse(n))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| ConfigError::Invalid(format!("{at} allow_net: {m}")))?;
+        for a in &t.allow {
+            crate::config::check_iscsi_name(a)
+                .map_err(|m| ConfigError::Invalid(format!("{at} allow {a:?}: {m}")))?;
+        }
+        Ok(TargetAccess {
+            chap: t.auth().policy(&at)?,
+            allow: t.allow.clone(),
+            nets,
+            net_specs: t.allow_net.clone(),
+            max_sessions: t.max_sessions,
+        })
+    }
+}
+
+impl TargetAccess {
     pub fn permits(&self, initiator: &str, peer: IpAddr) -> bool {
         (self.allow.is_empty() || self.allow.iter().any(|a| a == initiator))
             && (self.nets.is_empty() || self.nets.iter().any(|n| n.contains(peer)))
@@ -258,27 +282,7 @@ impl AccessControl {
     pub fn from_config(cfg: &crate::Config) -> Result<AccessControl, ConfigError> {
         let mut targets = HashMap::new();
         for t in &cfg.target {
-            let at = format!("target {:?}", t.name);
-            let nets = t
-                .allow_net
-                .iter()
-                .map(|n| Cidr::parse(n))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|m| ConfigError::Invalid(format!("{at} allow_net: {m}")))?;
-            for a in &t.allow {
-                crate::config::check_iscsi_name(a)
-                    .map_err(|m| ConfigError::Invalid(format!("{at} allow {a:?}: {m}")))?;
-            }
-            targets.insert(
-                t.name.clone(),
-                TargetAccess {
-                    chap: t.auth().policy(&at)?,
-                    allow: t.allow.clone(),
-                    nets,
-                    net_specs: t.allow_net.clone(),
-                    max_sessions: t.max_sessions,
-                },
-            );
+            targets.insert(t.name.clone(), TargetAccess::from_config(t)?);
         }
         let counters = Arc::<crate::admission::AdmissionCounters>::default();
         Ok(AccessControl {
@@ -368,6 +372,16 @@ impl AccessControl {
     /// login. `None` when the target has no rules (does not exist).
     pub fn update<R>(&self, name: &str, f: impl FnOnce(&mut TargetAccess) -> R) -> Option<R> {
         self.targets.write().get_mut(name).map(f)
+    }
+
+    /// Adds the rules of a target added at run time.
+    pub fn add_target(&self, name: &str, rules: TargetAccess) {
+        self.targets.write().insert(name.to_string(), rules);
+    }
+
+    /// Forgets the rules of a removed target (nobody may log in to it).
+    pub fn remove_target(&self, name: &str) {
+        self.targets.write().remove(name);
     }
 
     /// The CHAP policy of discovery sessions.

@@ -541,8 +541,7 @@ impl Config {
         Ok(())
     }
 
-    /// NVMe/TCP ports and subsystem names: distinct, and NQNs of at most
-    /// 223 bytes starting `nqn.` (NVMe Base 2.0 "NVMe Qualified Names").
+    /// NVMe/TCP ports and subsystem names: distinct ([`check_nqn`]).
     fn validate_nvme(&self) -> Result<(), ConfigError> {
         let inv = |m: String| Err(ConfigError::Invalid(m));
         for (i, a) in self.nvme_listen.iter().enumerate() {
@@ -553,12 +552,6 @@ impl Config {
         let mut seen = Vec::new();
         for t in &self.target {
             let n = t.subsystem_nqn();
-            if !n.starts_with("nqn.") || n.len() > 223 || n == nvme::DISCOVERY_NQN {
-                return inv(format!(
-                    "target {}: NQN {n:?} must start with \"nqn.\" and be at most 223 bytes",
-                    t.name
-                ));
-            }
             if seen.contains(&n) {
                 return inv(format!(
                     "target {}: NQN {n} is another target's too",
@@ -669,6 +662,122 @@ impl TargetConfig {
             nqn: None,
             nvme_allow: Vec::new(),
         }
+    }
+
+    /// Checks this target on its own: its name, NQN, LUNs and access
+    /// rules (what [`Config::validate`] checks of each target, and what a
+    /// target added at run time must pass).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let inv = |m: String| Err(ConfigError::Invalid(m));
+        let t = self;
+        check_iscsi_name(&t.name)
+            .map_err(|m| ConfigError::Invalid(format!("target {:?}: {m}", t.name)))?;
+        check_nqn(&t.subsystem_nqn())
+            .map_err(|m| ConfigError::Invalid(format!("target {}: {m}", t.name)))?;
+        if t.lun.is_empty() {
+            return inv(format!("target {:?} has no LUN", t.name));
+        }
+        if t.lun.len() > 256 {
+            return inv(format!("target {:?}: at most 256 LUNs", t.name));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (li, lun) in t.lun.iter().enumerate() {
+            let n = lun.number.unwrap_or(li as u16);
+            let at = format!("target {:?} LUN {n}", t.name);
+            if n > 255 {
+                return inv(format!("{at}: LUN numbers are 0..=255"));
+            }
+            if !seen.insert(n) {
+                return inv(format!("{at}: LUN number used twice"));
+            }
+            if lun.block_size != 512 && lun.block_size != 4096 {
+                return inv(format!(
+                    "{at}: block_size {} (must be 512 or 4096)",
+                    lun.block_size
+                ));
+            }
+            check_physical_block_size(&at, lun)?;
+            if let Some(u) = &lun.uuid {
+                parse_uuid(u)
+                    .map_err(|m| ConfigError::Invalid(format!("{at}: uuid {u:?}: {m}")))?;
+            }
+            let size = lun
+                .size_bytes()
+                .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+            match lun.backend {
+                BackendKind::Mem | BackendKind::Null => {
+                    if lun.path.is_some() {
+                        return inv(format!("{at}: a {:?} LUN takes no path", lun.backend));
+                    }
+                    let Some(size) = size else {
+                        return inv(format!("{at}: size is required"));
+                    };
+                    check_lun_size(&at, size, lun.block_size)?;
+                    if lun.backend == BackendKind::Mem && size > storage::MemBackend::MAX_SIZE {
+                        return inv(format!(
+                            "{at}: a RAM LUN holds at most {} bytes (16T)",
+                            storage::MemBackend::MAX_SIZE
+                        ));
+                    }
+                }
+                BackendKind::File => {
+                    if lun.path.is_none() {
+                        return inv(format!("{at}: path is required for a file LUN"));
+                    }
+                    if let Some(size) = size {
+                        check_lun_size(&at, size, lun.block_size)?;
+                    }
+                }
+                BackendKind::Rbd => {
+                    if lun.path.is_some() {
+                        return inv(format!("{at}: an rbd LUN takes pool and image, not path"));
+                    }
+                    for (what, v) in [("pool", &lun.pool), ("image", &lun.image)] {
+                        let Some(v) = v else {
+                            return inv(format!("{at}: {what} is required for an rbd LUN"));
+                        };
+                        check_rbd_name(what, v)
+                            .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+                    }
+                    for (what, v) in [
+                        ("ceph_client", &lun.ceph_client),
+                        ("namespace", &lun.namespace),
+                        ("snapshot", &lun.snapshot),
+                    ] {
+                        if let Some(v) = v {
+                            check_rbd_name(what, v)
+                                .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
+                        }
+                    }
+                    if lun.snapshot.is_some() && !lun.read_only {
+                        return inv(format!(
+                            "{at}: a snapshot is served read-only (read_only = true)"
+                        ));
+                    }
+                    if let Some(size) = size {
+                        check_lun_size(&at, size, lun.block_size)?;
+                    }
+                }
+            }
+            if lun.backend != BackendKind::Rbd
+                && (lun.pool.is_some()
+                    || lun.image.is_some()
+                    || lun.namespace.is_some()
+                    || lun.snapshot.is_some()
+                    || lun.ceph_conf.is_some()
+                    || lun.ceph_client.is_some()
+                    || lun.ceph_keyring.is_some()
+                    || lun.ceph_op_timeout.is_some()
+                    || lun.ceph_start_wait.is_some()
+                    || lun.ceph_retry.is_some())
+            {
+                return inv(format!(
+                    "{at}: pool, image and ceph_* belong to rbd LUNs only"
+                ));
+            }
+        }
+        crate::access::TargetAccess::from_config(t)?;
+        Ok(())
     }
 
     /// The NVMe subsystem NQN ([`TargetConfig::nqn`]).
@@ -1114,117 +1223,33 @@ impl Config {
             return inv("no target configured".into());
         }
         for (ti, t) in self.target.iter().enumerate() {
-            check_iscsi_name(&t.name)
-                .map_err(|m| ConfigError::Invalid(format!("target {:?}: {m}", t.name)))?;
             if self.target[..ti].iter().any(|o| o.name == t.name) {
                 return inv(format!("target {:?} is configured twice", t.name));
             }
-            if t.lun.is_empty() {
-                return inv(format!("target {:?} has no LUN", t.name));
-            }
-            if t.lun.len() > 256 {
-                return inv(format!("target {:?}: at most 256 LUNs", t.name));
-            }
-            let mut seen = std::collections::HashSet::new();
-            for (li, lun) in t.lun.iter().enumerate() {
-                let n = lun.number.unwrap_or(li as u16);
-                let at = format!("target {:?} LUN {n}", t.name);
-                if n > 255 {
-                    return inv(format!("{at}: LUN numbers are 0..=255"));
-                }
-                if !seen.insert(n) {
-                    return inv(format!("{at}: LUN number used twice"));
-                }
-                if lun.block_size != 512 && lun.block_size != 4096 {
-                    return inv(format!(
-                        "{at}: block_size {} (must be 512 or 4096)",
-                        lun.block_size
-                    ));
-                }
-                check_physical_block_size(&at, lun)?;
-                if let Some(u) = &lun.uuid {
-                    parse_uuid(u)
-                        .map_err(|m| ConfigError::Invalid(format!("{at}: uuid {u:?}: {m}")))?;
-                }
-                let size = lun
-                    .size_bytes()
-                    .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
-                match lun.backend {
-                    BackendKind::Mem | BackendKind::Null => {
-                        if lun.path.is_some() {
-                            return inv(format!("{at}: a {:?} LUN takes no path", lun.backend));
-                        }
-                        let Some(size) = size else {
-                            return inv(format!("{at}: size is required"));
-                        };
-                        check_lun_size(&at, size, lun.block_size)?;
-                        if lun.backend == BackendKind::Mem && size > storage::MemBackend::MAX_SIZE {
-                            return inv(format!(
-                                "{at}: a RAM LUN holds at most {} bytes (16T)",
-                                storage::MemBackend::MAX_SIZE
-                            ));
-                        }
-                    }
-                    BackendKind::File => {
-                        if lun.path.is_none() {
-                            return inv(format!("{at}: path is required for a file LUN"));
-                        }
-                        if let Some(size) = size {
-                            check_lun_size(&at, size, lun.block_size)?;
-                        }
-                    }
-                    BackendKind::Rbd => {
-                        if lun.path.is_some() {
-                            return inv(format!("{at}: an rbd LUN takes pool and image, not path"));
-                        }
-                        for (what, v) in [("pool", &lun.pool), ("image", &lun.image)] {
-                            let Some(v) = v else {
-                                return inv(format!("{at}: {what} is required for an rbd LUN"));
-                            };
-                            check_rbd_name(what, v)
-                                .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
-                        }
-                        for (what, v) in [
-                            ("ceph_client", &lun.ceph_client),
-                            ("namespace", &lun.namespace),
-                            ("snapshot", &lun.snapshot),
-                        ] {
-                            if let Some(v) = v {
-                                check_rbd_name(what, v)
-                                    .map_err(|m| ConfigError::Invalid(format!("{at}: {m}")))?;
-                            }
-                        }
-                        if lun.snapshot.is_some() && !lun.read_only {
-                            return inv(format!(
-                                "{at}: a snapshot is served read-only (read_only = true)"
-                            ));
-                        }
-                        if let Some(size) = size {
-                            check_lun_size(&at, size, lun.block_size)?;
-                        }
-                    }
-                }
-                if lun.backend != BackendKind::Rbd
-                    && (lun.pool.is_some()
-                        || lun.image.is_some()
-                        || lun.namespace.is_some()
-                        || lun.snapshot.is_some()
-                        || lun.ceph_conf.is_some()
-                        || lun.ceph_client.is_some()
-                        || lun.ceph_keyring.is_some()
-                        || lun.ceph_op_timeout.is_some()
-                        || lun.ceph_start_wait.is_some()
-                        || lun.ceph_retry.is_some())
-                {
-                    return inv(format!(
-                        "{at}: pool, image and ceph_* belong to rbd LUNs only"
-                    ));
-                }
-            }
+            t.validate()?;
         }
         crate::access::AccessControl::from_config(self)?;
         Ok(())
     }
+}
+
+/// A subsystem NQN as this target accepts it (NVMe Base 2.0 §4.5, "NVMe
+/// Qualified Names"): 1..=223 bytes of printable ASCII without spaces, not
+/// the discovery NQN. Names in the `nqn.yyyy-mm.reverse-domain:…` form are
+/// what the specification asks for; others are accepted as the Linux
+/// kernel's target accepts them (hosts connect to whatever NQN they are
+/// given), with a warning at start.
+pub fn check_nqn(n: &str) -> Result<(), String> {
+    if n.is_empty() || n.len() > 223 {
+        return Err(format!("NQN {n:?} must be 1..=223 bytes"));
+    }
+    if !n.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("NQN {n:?}: printable ASCII without spaces only"));
+    }
+    if n == nvme::DISCOVERY_NQN {
+        return Err("the discovery NQN names the discovery controller".into());
+    }
+    Ok(())
 }
 
 /// `physical_block_size` must be `block_size` times a power of two, at

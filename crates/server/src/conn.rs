@@ -167,7 +167,7 @@ pub(crate) async fn serve(
         data_digest = session.params().data_digest,
         "login"
     );
-    let origin = origin_of(&session, nexus, portal, isid, target);
+    let origin = origin_of(&session, nexus, portal, isid, target.as_deref());
     let stats = key.as_ref().map(|_| {
         shared
             .stats
@@ -187,7 +187,7 @@ pub(crate) async fn serve(
         .full_feature(
             session,
             &shared,
-            target,
+            target.as_deref(),
             origin,
             (kill, aborts),
             shutdown,

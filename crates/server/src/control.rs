@@ -18,10 +18,11 @@ use scsi::{AccessState, Asc, LogicalUnit};
 use serde::Serialize;
 use thiserror::Error;
 use tokio::net::TcpListener;
+use volume::access::GroupSpec;
 
-use crate::config::LunConfig;
+use crate::config::{LunConfig, TargetConfig};
 use crate::lunmap::{build_lu, TargetRt};
-use crate::server::{install_abort_hook, Portal, Shared};
+use crate::server::{install_abort_hook, install_target_abort_hooks, Portal, Shared};
 use crate::stats::Snapshot;
 
 /// Why a change was refused.
@@ -66,6 +67,8 @@ pub struct LunView {
 #[derive(Clone, Debug, Serialize)]
 pub struct TargetView {
     pub name: String,
+    /// Its NVMe subsystem NQN.
+    pub nqn: String,
     pub alias: Option<String>,
     pub luns: Vec<LunView>,
     pub alua: Vec<AluaView>,
@@ -156,7 +159,7 @@ impl Control {
         self.target(name).map(|_| ())
     }
 
-    fn target(&self, name: &str) -> Result<&TargetRt, ControlError> {
+    fn target(&self, name: &str) -> Result<Arc<TargetRt>, ControlError> {
         self.shared
             .target(name)
             .ok_or_else(|| ControlError::NotFound(format!("no target {name}")))
@@ -165,10 +168,11 @@ impl Control {
     /// Every target with its LUNs and ALUA states.
     pub fn targets(&self) -> Vec<TargetView> {
         self.shared
-            .targets
+            .all_targets()
             .iter()
             .map(|t| TargetView {
                 name: t.name.clone(),
+                nqn: t.nqn.clone(),
                 alias: t.alias.clone(),
                 luns: {
                     let luns = t.luns();
@@ -190,6 +194,119 @@ impl Control {
                     .collect(),
             })
             .collect()
+    }
+
+    /// Adds target `cfg` while the server runs: its LUNs are opened (a
+    /// backend that cannot be opened refuses the whole target), it takes
+    /// the server's ALUA groups as they are now, and it is served at once
+    /// through every portal (SendTargets lists it) and, unless it requires
+    /// CHAP, as an NVMe subsystem through every NVMe/TCP port (the
+    /// discovery log lists it).
+    pub fn add_target(&self, cfg: &TargetConfig) -> Result<TargetView, ControlError> {
+        if self.shared.gateway_mode {
+            return Err(ControlError::Invalid(
+                "this process is a gateway: its targets are in every peer's configuration; \
+                 change them there and restart"
+                    .into(),
+            ));
+        }
+        cfg.validate()
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let nqn = cfg.subsystem_nqn();
+        {
+            let ts = self.shared.targets.read();
+            if ts.iter().any(|t| t.name == cfg.name) {
+                return Err(ControlError::Conflict(format!(
+                    "target {} exists",
+                    cfg.name
+                )));
+            }
+            if ts.iter().any(|t| t.nqn == nqn) {
+                return Err(ControlError::Conflict(format!(
+                    "NQN {nqn} is another target's"
+                )));
+            }
+        }
+        let rules = crate::access::TargetAccess::from_config(cfg)
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let groups: Vec<GroupSpec> = self
+            .shared
+            .groups
+            .groups()
+            .map(|g| GroupSpec {
+                id: g.id(),
+                ports: g.ports(),
+                state: g.state(),
+                preferred: g.preferred(),
+            })
+            .collect();
+        let t = TargetRt::build(
+            cfg,
+            groups,
+            self.shared.groups.is_explicit(),
+            self.shared.state_dir.as_deref(),
+            None,
+        )
+        .map_err(ControlError::Invalid)?;
+        let t = Arc::new(t);
+        install_target_abort_hooks(&self.shared, &t);
+        {
+            let mut ts = self.shared.targets.write();
+            // Checked again under the lock: two requests may race.
+            if ts.iter().any(|o| o.name == t.name || o.nqn == t.nqn) {
+                return Err(ControlError::Conflict(format!(
+                    "target {} exists",
+                    cfg.name
+                )));
+            }
+            self.shared.access.add_target(&cfg.name, rules);
+            ts.push(t.clone());
+        }
+        crate::nvme::register_target(&self.shared, cfg, &t);
+        tracing::info!(target = %cfg.name, nqn = %nqn, luns = cfg.lun.len(), "target added");
+        Ok(self
+            .targets()
+            .into_iter()
+            .find(|v| v.name == cfg.name)
+            .expect("the target was just added"))
+    }
+
+    /// Removes target `name` while the server runs: it leaves SendTargets
+    /// and the NVMe discovery log, new logins and Connects to it are
+    /// refused, and its iSCSI sessions and NVMe/TCP controllers end (their
+    /// connections close); commands already running on its LUs finish.
+    pub fn remove_target(&self, name: &str) -> Result<(), ControlError> {
+        if self.shared.gateway_mode {
+            return Err(ControlError::Invalid(
+                "this process is a gateway: its targets are in every peer's configuration; \
+                 change them there and restart"
+                    .into(),
+            ));
+        }
+        let t = {
+            let mut ts = self.shared.targets.write();
+            let i = ts
+                .iter()
+                .position(|t| t.name == name)
+                .ok_or_else(|| ControlError::NotFound(format!("no target {name}")))?;
+            if ts.len() == 1 {
+                return Err(ControlError::Conflict(
+                    "the last target cannot be removed: add another first".into(),
+                ));
+            }
+            self.shared.access.remove_target(name);
+            ts.remove(i)
+        };
+        self.shared.nvme.registry.remove(&t.nqn);
+        let mut ended = 0;
+        for (k, e) in self.shared.registry.lock().iter() {
+            if k.target == name {
+                e.kill.notify_one();
+                ended += 1;
+            }
+        }
+        tracing::info!(target = %name, sessions = ended, "target removed");
+        Ok(())
     }
 
     /// Every portal.
@@ -230,7 +347,7 @@ impl Control {
         if n > 255 {
             return Err(ControlError::Invalid("LUN numbers are 0..=255".into()));
         }
-        refuse_on_gateway(t)?;
+        refuse_on_gateway(&t)?;
         if t.luns().in_use(n) {
             return Err(ControlError::Conflict(format!("LUN {n} exists")));
         }
@@ -259,7 +376,7 @@ impl Control {
         install_abort_hook(&self.shared, &t.name, n, &lu);
         let view = lun_view(n, &lu);
         t.install(n, Some(lu));
-        inventory_changed(t);
+        inventory_changed(&t);
         tracing::info!(target = %t.name, lun = n, "LUN added");
         Ok(view)
     }
@@ -281,9 +398,9 @@ impl Control {
     pub fn remove_lun(&self, name: &str, n: u16) -> Result<(), ControlError> {
         self.lun(name, n)?;
         let t = self.target(name)?;
-        refuse_on_gateway(t)?;
+        refuse_on_gateway(&t)?;
         t.install(n, None);
-        inventory_changed(t);
+        inventory_changed(&t);
         tracing::info!(target = %t.name, lun = n, "LUN removed");
         Ok(())
     }
@@ -331,7 +448,11 @@ impl Control {
     /// Sets ALUA target port group `group` to `state` on every target.
     pub fn set_alua(&self, group: u16, state: AccessState) -> Result<(), ControlError> {
         let mut found = false;
-        for t in &self.shared.targets {
+        if !self.shared.gateway_mode {
+            // What targets added later start from.
+            found |= self.shared.groups.set_state(group, state).is_some();
+        }
+        for t in self.shared.all_targets() {
             if t.gateway.is_some() {
                 return Err(ControlError::Invalid(
                     "the ALUA states of a gateway follow the images' locks (SET TARGET PORT \
@@ -364,7 +485,7 @@ impl Control {
     /// configuration lists: changing them on one gateway only would make
     /// REPORT TARGET PORT GROUPS differ between paths.
     fn refuse_portal_change_on_gateway(&self) -> Result<(), ControlError> {
-        if self.shared.targets.iter().any(|t| t.gateway.is_some()) {
+        if self.shared.gateway_mode {
             return Err(ControlError::Invalid(
                 "this process is a gateway: its portals are listed in every peer's configuration; \
                  change them there and restart"
@@ -433,14 +554,15 @@ impl Control {
             ps.push(p);
             p
         };
-        for t in &self.shared.targets {
+        let template = [self.shared.groups.clone()];
+        let targets = self.shared.all_targets();
+        for g in template
+            .iter()
+            .chain(targets.iter().map(|t| &t.port_groups))
+        {
             // Into the group named, or a new one of its own.
-            if !t.port_groups.add_port(portal.alua_group, portal.tpgt) {
-                t.port_groups.add_group(
-                    portal.alua_group,
-                    portal.tpgt,
-                    AccessState::ActiveOptimized,
-                );
+            if !g.add_port(portal.alua_group, portal.tpgt) {
+                g.add_group(portal.alua_group, portal.tpgt, AccessState::ActiveOptimized);
             }
         }
         self.shared.add_portal_stop(portal.tpgt);
@@ -503,7 +625,8 @@ impl Control {
             }
             ps.remove(i)
         };
-        for t in &self.shared.targets {
+        self.shared.groups.remove_port(tpgt);
+        for t in self.shared.all_targets() {
             t.port_groups.remove_port(tpgt);
         }
         self.shared.removed_portals.lock().push(p);

@@ -35,7 +35,7 @@ use volume::access::AccessState;
 use volume::Volume;
 
 use crate::conn::{configure_socket, poll_socket, Out};
-use crate::lunmap::TableCell;
+use crate::lunmap::{TableCell, TargetRt};
 use crate::server::{Portal, Shared};
 use crate::stats::{ConnStats, IoKind, SessionInfo, SessionStats, PUBLISH_EVERY};
 
@@ -81,21 +81,29 @@ impl Namespaces for TargetNamespaces {
 /// Makes every target a subsystem.
 pub(crate) fn register_targets(shared: &Shared, cfg: &crate::Config) {
     for t in &cfg.target {
-        let Some(rt) = shared.target(&t.name) else {
-            continue;
-        };
-        if t.chap.is_some() {
-            tracing::warn!(target = %t.name, "not served over NVMe/TCP: the target requires CHAP, and NVMe/TCP in-band authentication (DH-HMAC-CHAP) is not served yet");
-            continue;
+        if let Some(rt) = shared.target(&t.name) {
+            register_target(shared, t, &rt);
         }
-        let s = Subsystem::new(
-            t.subsystem_nqn(),
-            Arc::new(TargetNamespaces(rt.cell().clone())),
-            t.nvme_allow.clone(),
-            Some(rt.port_groups.clone()),
-        );
-        shared.nvme.registry.add(Arc::new(s));
     }
+}
+
+/// Makes target `t` (configured as `cfg`) a subsystem.
+pub(crate) fn register_target(shared: &Shared, cfg: &crate::config::TargetConfig, t: &TargetRt) {
+    if cfg.chap.is_some() {
+        tracing::warn!(target = %cfg.name, "not served over NVMe/TCP: the target requires CHAP, and NVMe/TCP in-band authentication (DH-HMAC-CHAP) is not served yet");
+        return;
+    }
+    let nqn = cfg.subsystem_nqn();
+    if !nqn.starts_with("nqn.") {
+        tracing::warn!(target = %cfg.name, nqn = %nqn, "the subsystem NQN is not in the nqn.yyyy-mm.domain:… form NVMe Base 2.0 §4.5 asks for (served anyway, as Linux nvmet serves it)");
+    }
+    let s = Subsystem::new(
+        nqn,
+        Arc::new(TargetNamespaces(t.cell().clone())),
+        cfg.nvme_allow.clone(),
+        Some(t.port_groups.clone()),
+    );
+    shared.nvme.registry.add(Arc::new(s));
 }
 
 /// A command completed off the loop.
@@ -328,6 +336,11 @@ impl Driver {
     /// Frames and handles every complete PDU received.
     fn handle_received(&mut self) {
         self.received_at = Instant::now();
+        // A controller ended (its subsystem removed, keep-alive expired):
+        // nothing more is served, the connection closes.
+        if self.ctrl.as_ref().is_some_and(|c| c.is_dead()) {
+            self.closing = true;
+        }
         while !self.closing {
             if self.landing.is_none() {
                 if let Some((header, mut l)) = self.queue.try_land(&self.rbuf) {
@@ -712,9 +725,7 @@ impl Driver {
     fn register_stats(&mut self, ctrl: &Controller, data: &ConnectData, qid: u16, entries: u16) {
         let target = self
             .shared
-            .targets
-            .iter()
-            .find(|t| t.nqn == data.subnqn)
+            .target_by_nqn(&data.subnqn)
             .map_or_else(|| data.subnqn.clone(), |t| t.name.clone());
         let (hd, dd) = self.queue.digests();
         let info = SessionInfo {
@@ -746,7 +757,7 @@ impl Driver {
         if data.subnqn == nvme::DISCOVERY_NQN {
             return Ok(());
         }
-        let Some(t) = self.shared.targets.iter().find(|t| t.nqn == data.subnqn) else {
+        let Some(t) = self.shared.target_by_nqn(&data.subnqn) else {
             return Ok(()); // the registry refuses an unknown NQN
         };
         if self.shared.access.chap_of(&t.name).initiator.is_some() {

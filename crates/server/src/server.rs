@@ -111,7 +111,16 @@ pub(crate) struct Shared {
     pub security_timeout: Duration,
     pub nop_interval: Duration,
     pub nop_timeout: Duration,
-    pub targets: Vec<TargetRt>,
+    /// Every target (the admin API may add and remove some).
+    pub targets: parking_lot::RwLock<Vec<Arc<TargetRt>>>,
+    /// The server's ALUA target port groups as they are now (portals
+    /// added and removed, states set): what a target added at run time
+    /// starts from.
+    pub groups: Arc<volume::access::PortGroups>,
+    /// Where LUs keep persistent state (`state_dir`).
+    pub state_dir: Option<std::path::PathBuf>,
+    /// This process is one of several gateways (`[gateway]`).
+    pub gateway_mode: bool,
     /// Every portal, in order (the admin API may add some).
     pub portals: parking_lot::RwLock<Vec<Portal>>,
     pub registry: Mutex<HashMap<SessionKey, SessionEntry>>,
@@ -142,8 +151,18 @@ pub(crate) struct Shared {
 const NVME_PORT_TAGS: u16 = 0xf000;
 
 impl Shared {
-    pub fn target(&self, name: &str) -> Option<&TargetRt> {
-        self.targets.iter().find(|t| t.name == name)
+    pub fn target(&self, name: &str) -> Option<Arc<TargetRt>> {
+        self.targets.read().iter().find(|t| t.name == name).cloned()
+    }
+
+    /// The target whose NVMe subsystem is `nqn`.
+    pub fn target_by_nqn(&self, nqn: &str) -> Option<Arc<TargetRt>> {
+        self.targets.read().iter().find(|t| t.nqn == nqn).cloned()
+    }
+
+    /// Every target, as they are now.
+    pub fn all_targets(&self) -> Vec<Arc<TargetRt>> {
+        self.targets.read().clone()
     }
 
     /// A stop signal for the connections and accept loop of portal `tpgt`;
@@ -179,6 +198,7 @@ impl Shared {
             .map(|p| (p.addr, p.tpgt))
             .collect();
         self.targets
+            .read()
             .iter()
             .map(|t| Listing {
                 name: t.name.clone(),
@@ -206,19 +226,25 @@ impl Shared {
 /// hook finds their registry entries and asks them to abort their tasks
 /// for that LUN. Holds the shared state weakly (the LUs live inside it).
 fn install_abort_hooks(shared: &Arc<Shared>) {
-    for t in &shared.targets {
-        for (i, lu) in t.luns().iter() {
-            install_abort_hook(shared, &t.name, i, lu);
-        }
-        // LUs that open later ([`crate::opening`]) get it too.
-        let weak = Arc::downgrade(shared);
-        let name = t.name.clone();
-        t.cell().on_install(Box::new(move |n, lu| {
-            if let Some(shared) = weak.upgrade() {
-                install_abort_hook(&shared, &name, n, lu);
-            }
-        }));
+    for t in shared.all_targets() {
+        install_target_abort_hooks(shared, &t);
     }
+}
+
+/// [`install_abort_hooks`] for one target (also for targets added at run
+/// time).
+pub(crate) fn install_target_abort_hooks(shared: &Arc<Shared>, t: &TargetRt) {
+    for (i, lu) in t.luns().iter() {
+        install_abort_hook(shared, &t.name, i, lu);
+    }
+    // LUs that open later ([`crate::opening`]) get it too.
+    let weak = Arc::downgrade(shared);
+    let name = t.name.clone();
+    t.cell().on_install(Box::new(move |n, lu| {
+        if let Some(shared) = weak.upgrade() {
+            install_abort_hook(&shared, &name, n, lu);
+        }
+    }));
 }
 
 /// [`install_abort_hooks`] for one LU (also for LUs added at run time).
@@ -279,8 +305,13 @@ impl Server {
                     cfg.state_dir.as_deref(),
                     cfg.gateway.as_ref(),
                 )
+                .map(Arc::new)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let groups = Arc::new(
+            volume::access::PortGroups::new(cfg.port_groups(), cfg.alua_explicit())
+                .map_err(|e| format!("alua: {e}"))?,
+        );
         let mut listeners = Vec::new();
         for (i, addr) in cfg.listen.iter().enumerate() {
             let l = TcpListener::bind(addr)
@@ -358,7 +389,10 @@ impl Server {
             security_timeout: Duration::from_secs(cfg.timeouts.security.max(1)),
             nop_interval: Duration::from_secs(cfg.timeouts.nop_interval),
             nop_timeout: Duration::from_secs(cfg.timeouts.nop_timeout.max(1)),
-            targets,
+            targets: parking_lot::RwLock::new(targets),
+            groups,
+            state_dir: cfg.state_dir.clone(),
+            gateway_mode: cfg.gateway.is_some(),
             portals: parking_lot::RwLock::new(portals),
             registry: Mutex::new(HashMap::new()),
             stats: crate::stats::StatsRegistry::new(),

@@ -637,3 +637,109 @@ fn a_configured_uuid_is_a_namespace_descriptor() {
     let e = server::Config::from_toml(&bad).unwrap_err().to_string();
     assert!(e.contains("uuid"), "{e}");
 }
+
+/// The target `admin add-target` adds in these tests: a subsystem NQN in
+/// the free form Linux nvmet accepts (blktests names its subsystems so),
+/// a namespace UUID, one allowed host.
+fn added_target(name: &str, nqn: &str) -> server::config::TargetConfig {
+    let cfg = server::Config::from_toml(&format!(
+        "listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{name}\"\nnqn = \"{nqn}\"\n\
+         nvme_allow = [\"{}\"]\n[[target.lun]]\nbackend = \"mem\"\nsize = \"16M\"\n\
+         uuid = \"91fdba0d-f87b-4c25-b80f-db7be1418b9e\"\n",
+        host()
+    ))
+    .unwrap();
+    cfg.target.into_iter().next().unwrap()
+}
+
+#[test]
+fn targets_added_and_removed_while_serving() {
+    let cfg = config(TWO_LUNS, "nvme_listen = [\"127.0.0.1:0\"]");
+    let (iscsi, nvme, control, _stop) = start_controlled(cfg);
+    const ADDED: &str = "iqn.2026-12.io.ironsan:added";
+    let t = added_target(ADDED, "blktests-subsystem-1");
+    let v = control.add_target(&t).unwrap();
+    assert_eq!((v.nqn.as_str(), v.luns.len()), ("blktests-subsystem-1", 1));
+    // Twice, or its NQN under another name: refused.
+    assert!(matches!(
+        control.add_target(&t),
+        Err(server::control::ControlError::Conflict(_))
+    ));
+    let other = added_target("iqn.2026-12.io.ironsan:other", "blktests-subsystem-1");
+    assert!(matches!(
+        control.add_target(&other),
+        Err(server::control::ControlError::Conflict(_))
+    ));
+
+    // Served at once over NVMe/TCP (to the allowed host only) and iSCSI.
+    let e = Controller::connect(
+        nvme[0],
+        "blktests-subsystem-1",
+        "nqn.2026-11.io.ironsan:someone-else",
+        (false, false),
+        1,
+    );
+    assert!(e.is_err(), "a host not allowed connects");
+    let mut c =
+        Controller::connect(nvme[0], "blktests-subsystem-1", &host(), (false, false), 1).unwrap();
+    let ns = c.namespace(1).unwrap();
+    assert_eq!(ns.blocks, 16 << 20 >> 9);
+    let mut q = c.io_queue(1, 16).unwrap();
+    q.call(rw(0x01, 1, 0, 1), Bytes::from(vec![0x5a; 512]), 0)
+        .unwrap()
+        .ok()
+        .unwrap();
+    let mut s = initiator::Connection::login(
+        &iscsi[0].to_string(),
+        initiator::LoginConfig::new(
+            "iqn.2026-11.io.ironsan:i",
+            Some(ADDED),
+            initiator::random_isid(),
+        ),
+    )
+    .unwrap();
+    let r = s
+        .execute(
+            0,
+            &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+            initiator::DataDir::Read(512),
+        )
+        .unwrap();
+    assert_eq!(&r.data[..], &[0x5a; 512][..], "iSCSI sees the NVMe write");
+
+    // Removed: its controller and session end, and nobody gets in again.
+    control.remove_target(ADDED).unwrap();
+    q.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = q.call(rw(0x02, 1, 0, 1), Bytes::new(), 512);
+    assert!(r.is_err(), "the I/O queue outlived its subsystem: {r:?}");
+    let r = s.execute(
+        0,
+        &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+        initiator::DataDir::Read(512),
+    );
+    assert!(r.is_err(), "the session outlived its target");
+    assert!(
+        Controller::connect(nvme[0], "blktests-subsystem-1", &host(), (false, false), 1).is_err()
+    );
+    assert!(initiator::Connection::login(
+        &iscsi[0].to_string(),
+        initiator::LoginConfig::new(
+            "iqn.2026-11.io.ironsan:i",
+            Some(ADDED),
+            initiator::random_isid()
+        ),
+    )
+    .is_err());
+    assert!(matches!(
+        control.remove_target(ADDED),
+        Err(server::control::ControlError::NotFound(_))
+    ));
+    // The same name can come back; the last target cannot go.
+    control.add_target(&t).unwrap();
+    Controller::connect(nvme[0], "blktests-subsystem-1", &host(), (false, false), 1).unwrap();
+    control.remove_target(IQN).unwrap();
+    assert!(matches!(
+        control.remove_target(ADDED),
+        Err(server::control::ControlError::Conflict(_))
+    ));
+}
