@@ -14,6 +14,7 @@ pub mod gpfsperf;
 pub mod multipath;
 pub mod node;
 pub mod nvme;
+pub mod nvme_multipath;
 pub mod plot;
 pub mod report;
 pub mod run;

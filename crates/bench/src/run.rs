@@ -250,7 +250,26 @@ pub fn open_engine(spec: &JobSpec, keep_data: bool) -> Result<Opened, String> {
             "nvme-tcp",
         )),
         TargetSpec::Nvme(_) => {
-            Err("several nvme-tcp:// targets: multipath over NVMe/TCP is not in bench yet".into())
+            let urls = spec
+                .targets
+                .iter()
+                .filter_map(|t| match t {
+                    TargetSpec::Nvme(u) => Some(u.clone()),
+                    TargetSpec::File(_) | TargetSpec::Iscsi(_) => None,
+                })
+                .collect::<Vec<_>>();
+            let policy = spec.multipath.ok_or("several targets need --multipath")?;
+            Ok(plain(
+                Box::new(crate::nvme_multipath::NvmeMultipathEngine::open(
+                    &urls,
+                    &spec.initiator,
+                    keep_data,
+                    policy,
+                    spec.iodepth,
+                    spec.busy_poll,
+                )?),
+                "nvme-multipath",
+            ))
         }
         TargetSpec::Iscsi(_) => {
             let urls = spec

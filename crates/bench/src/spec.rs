@@ -337,12 +337,18 @@ impl JobSpec {
             );
         }
         if self.multipath.is_some()
-            && self
+            && !(self
                 .targets
                 .iter()
-                .any(|t| !matches!(t, TargetSpec::Iscsi(_)))
+                .all(|t| matches!(t, TargetSpec::Iscsi(_)))
+                || self
+                    .targets
+                    .iter()
+                    .all(|t| matches!(t, TargetSpec::Nvme(_))))
         {
-            return Err("--multipath needs iscsi:// targets".into());
+            return Err(
+                "--multipath needs iscsi:// targets, or nvme-tcp:// targets (not both)".into(),
+            );
         }
         let nvme = matches!(self.targets[0], TargetSpec::Nvme(_));
         if nvme && self.ioengine != IoEngineKind::Auto {

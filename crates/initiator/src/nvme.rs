@@ -334,6 +334,22 @@ impl NvmeQueue {
         }
     }
 
+    /// Sends what is queued and appends the completions the socket has
+    /// now, without blocking (for a caller that polls several queues).
+    pub fn poll_completions(&mut self, done: &mut Vec<Completion>) -> Result<(), Error> {
+        self.flush()?;
+        while self.fill(false)? > 0 {}
+        self.take_received(done)?;
+        // Data an R2T asked for goes out at once.
+        self.flush()
+    }
+
+    /// The socket, for poll(2).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.as_raw_fd()
+    }
+
     /// Handles every complete PDU received.
     fn take_received(&mut self, done: &mut Vec<Completion>) -> Result<(), Error> {
         loop {
@@ -537,6 +553,8 @@ pub struct NamespaceInfo {
     pub block_size: u32,
     /// NGUID.
     pub nguid: [u8; 16],
+    /// Its ANA group (ANAGRPID; 0 when the controller reports no ANA).
+    pub anagrpid: u32,
 }
 
 /// A controller: its admin queue and how to open I/O queues.
@@ -659,6 +677,7 @@ impl Controller {
             blocks,
             block_size: 1 << lbads,
             nguid: d[104..120].try_into().expect("16 bytes"),
+            anagrpid: u32::from_le_bytes(d[92..96].try_into().expect("4 bytes")),
         })
     }
 
@@ -802,7 +821,10 @@ impl NvmeUrl {
         // Any NQN a target may serve (NVMe Base 2.0 §4.5 asks for the
         // nqn. form; targets such as Linux nvmet serve others too), but
         // not an iSCSI name given by mistake.
-        if ["iqn.", "eui.", "naa."].iter().any(|p| subnqn.starts_with(p)) {
+        if ["iqn.", "eui.", "naa."]
+            .iter()
+            .any(|p| subnqn.starts_with(p))
+        {
             return Err(format!(
                 "{s}: {subnqn} is an iSCSI name: give the subsystem's NQN (ironsan: the name \
                  with iqn. made nqn.), or use an iscsi:// URL"

@@ -34,6 +34,8 @@ fn free_port() -> u16 {
 struct Server {
     child: Child,
     portals: Vec<String>,
+    /// NVMe/TCP ports: port n's ANA state is portal n's ALUA group's.
+    nvme: Vec<String>,
     admin: String,
     _dir: tempfile::TempDir,
 }
@@ -43,10 +45,12 @@ impl Server {
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("alua.toml");
         let (p1, p2) = (free_port(), free_port());
+        let (n1, n2) = (free_port(), free_port());
         std::fs::write(
             &cfg,
             format!(
                 "listen = [\"127.0.0.1:{p1}\", \"127.0.0.1:{p2}\"]\n\
+                 nvme_listen = [\"127.0.0.1:{n1}\", \"127.0.0.1:{n2}\"]\n\
                  [alua]\nexplicit = {explicit}\n\
                  [[alua.group]]\nid = 1\nportals = [1]\nstate = \"{}\"\n\
                  [[alua.group]]\nid = 2\nportals = [2]\nstate = \"{}\"\n\
@@ -67,25 +71,30 @@ impl Server {
             .unwrap();
         let out = child.stdout.take().unwrap();
         let mut lines = BufReader::new(out).lines();
-        let (mut portals, mut admin) = (Vec::new(), String::new());
+        let (mut portals, mut admin, mut nvme) = (Vec::new(), String::new(), Vec::new());
         for line in lines.by_ref() {
             let line = line.unwrap();
+            if let Some(a) = line.strip_prefix("ironsan: NVMe/TCP on ") {
+                nvme.push(a.trim().to_string());
+            }
             if let Some(a) = line.strip_prefix("ironsan: listening on ") {
                 portals.push(a.trim().to_string());
             }
             if let Some(a) = line.strip_prefix("ironsan: admin API and console on ") {
                 admin = a.trim().trim_end_matches('/').to_string();
             }
-            if line.contains("try ") {
+            if line.contains("try  iscsi-ls") {
                 break;
             }
         }
         std::thread::spawn(move || for _ in lines {});
         assert_eq!(portals.len(), 2, "listening lines");
         assert!(!admin.is_empty(), "admin line");
+        assert_eq!(nvme.len(), 2, "NVMe/TCP lines");
         Server {
             child,
             portals,
+            nvme,
             admin,
             _dir: dir,
         }
@@ -93,6 +102,15 @@ impl Server {
 
     fn url(&self, portal: usize) -> String {
         format!("iscsi://{}/{IQN}/0", self.portals[portal])
+    }
+
+    /// The namespace of LUN 0 through NVMe/TCP port `port`.
+    fn nvme_url(&self, port: usize) -> String {
+        format!(
+            "nvme-tcp://{}/nqn.{}/1",
+            self.nvme[port],
+            IQN.trim_start_matches("iqn.")
+        )
     }
 
     fn admin(&self, args: &[&str]) {
@@ -337,4 +355,142 @@ fn a_single_path_waits_out_not_ready() {
         notes.contains("NOT READYs retried") && notes.contains("2/04/0b"),
         "{notes}"
     );
+}
+
+/// A verified randrw bench over both NVMe/TCP ports (native-multipath
+/// style, ANA aware) for `secs`, calling `during` after `at`.
+fn nvme_bench_while(
+    s: &Server,
+    secs: u32,
+    at: Duration,
+    during: impl FnOnce(),
+) -> serde_json::Value {
+    let runtime = secs.to_string();
+    let (u0, u1) = (s.nvme_url(0), s.nvme_url(1));
+    // The area written with verify patterns first.
+    let fill = bench(&[
+        "--multipath",
+        "lqd",
+        "--rw",
+        "write",
+        "--verify",
+        "--size",
+        "8M",
+        &u0,
+        &u1,
+    ]);
+    let id = fill["ironsan"]["verify"]["run_id"]
+        .as_str()
+        .expect("run id")
+        .to_string();
+    let args = [
+        "bench",
+        "--multipath",
+        "rr",
+        "--rw",
+        "randrw",
+        "--verify",
+        "--verify-id",
+        &id,
+        "--size",
+        "8M",
+        "--runtime",
+        &runtime,
+        "--json",
+        &u0,
+        &u1,
+    ];
+    let child = ironsan()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(at);
+    during();
+    let out = child.wait_with_output().unwrap();
+    let v = json_of(&args, &out);
+    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    assert!(
+        v["ironsan"]["verify"]["verified_bytes"].as_u64().unwrap() > 0,
+        "{}",
+        v["ironsan"]["verify"]
+    );
+    v
+}
+
+#[test]
+fn nvme_io_follows_the_ana_states() {
+    let s = Server::start(true, ["active-optimized", "standby"]);
+    // Port 2 is ANA inaccessible: nothing goes there.
+    for policy in ["rr", "lqd"] {
+        let v = bench(&[
+            "--multipath",
+            policy,
+            "--rw",
+            "randrw",
+            "--runtime",
+            "1",
+            &s.nvme_url(0),
+            &s.nvme_url(1),
+        ]);
+        assert_eq!(v["ironsan"]["ioengine"], "nvme-multipath", "{v}");
+        let p = paths(&v);
+        assert!(p[0]["ios"].as_u64().unwrap() > 0, "{p:?}");
+        assert_eq!(p[1]["ios"], 0, "{policy}: {p:?}");
+        assert_eq!(
+            (&p[0]["state"], &p[1]["state"]),
+            (&"optimized".into(), &"inaccessible".into())
+        );
+    }
+    // Both optimized: both carry I/O. Then port 1's group goes standby
+    // mid-run: its I/Os come back with ANA Inaccessible, are sent again
+    // through port 2, and nothing fails.
+    s.admin(&["set-alua", "2", "active-optimized"]);
+    // Then it comes back, and carries I/O again.
+    let v = nvme_bench_while(&s, 4, Duration::from_millis(1200), || {
+        s.admin(&["set-alua", "1", "standby"]);
+        std::thread::sleep(Duration::from_millis(1500));
+        s.admin(&["set-alua", "1", "active-optimized"]);
+    });
+    let p = paths(&v);
+    assert!(p[0]["ios"].as_u64().unwrap() > 0, "{p:?}");
+    assert!(p[1]["ios"].as_u64().unwrap() > 0, "{p:?}");
+    assert!(
+        p[0]["retries"].as_u64().unwrap() > 0,
+        "ANA Inaccessible met: {p:?}"
+    );
+    assert_eq!(
+        (&p[0]["state"], &p[1]["state"]),
+        (&"optimized".into(), &"optimized".into()),
+        "{p:?}"
+    );
+    let series = v["ironsan"]["series"].as_array().unwrap();
+    assert!(series.len() >= 4, "{series:?}");
+    assert!(
+        series.iter().all(|s| s["read_iops"].as_u64().unwrap() > 0),
+        "I/O went on every second: {series:?}"
+    );
+}
+
+#[test]
+fn nvme_paths_of_different_namespaces_are_refused() {
+    let s = Server::start(true, ["active-optimized", "active-optimized"]);
+    s.admin(&["add-lun", IQN, "mem:32M"]);
+    let other = format!("{}2", s.nvme_url(1).trim_end_matches('1'));
+    let out = ironsan()
+        .args([
+            "bench",
+            "--multipath",
+            "rr",
+            "--runtime",
+            "1",
+            &s.nvme_url(0),
+            &other,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not the same namespace"), "{err}");
 }
