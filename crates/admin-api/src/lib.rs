@@ -237,6 +237,11 @@ fn router(state: Arc<AdminState>, via: auth::Via) -> Router {
             "/api/portals/{portal}",
             axum::routing::delete(remove_portal),
         )
+        .route("/api/nvme-ports", get(nvme_ports).post(add_nvme_port))
+        .route(
+            "/api/nvme-ports/{port}",
+            axum::routing::delete(remove_nvme_port),
+        )
         .route("/api/alua/{group}", put(set_alua))
         .route("/api/sessions", get(sessions))
         .route("/api/stats", get(stats))
@@ -680,6 +685,61 @@ async fn add_portal(State(st): St, Body(r): Body<PortalReq>) -> Response {
         Json(json!({ "portal": p, "persisted": persisted })),
     )
         .into_response()
+}
+
+async fn nvme_ports(State(st): St) -> impl IntoResponse {
+    Json(st.ctl.nvme_ports())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NvmePortReq {
+    addr: SocketAddr,
+}
+
+async fn add_nvme_port(State(st): St, Body(r): Body<NvmePortReq>) -> Response {
+    let _g = st.change.lock().await;
+    if r.addr.port() == 0 {
+        return err(StatusCode::BAD_REQUEST, "give the port a port number");
+    }
+    let p = match st.ctl.add_nvme_port(r.addr).await {
+        Ok(p) => p,
+        Err(e) => return refused(e),
+    };
+    let persisted = match persist(&st, |d| persist::add_nvme_port(d, &p.addr)) {
+        Ok(x) => x,
+        Err(resp) => {
+            if let Err(e) = st.ctl.remove_nvme_port(p.id) {
+                tracing::error!(error = %e, addr = %p.addr, "cannot take back an NVMe/TCP port the file does not have");
+            }
+            return *resp;
+        }
+    };
+    (
+        StatusCode::CREATED,
+        Json(json!({ "port": p, "persisted": persisted })),
+    )
+        .into_response()
+}
+
+async fn remove_nvme_port(State(st): St, Path(key): Path<String>) -> Response {
+    let _g = st.change.lock().await;
+    let (index, p) = match st.ctl.find_nvme_port(&key) {
+        Ok(x) => x,
+        Err(e) => return refused(e),
+    };
+    let addr: SocketAddr = match p.addr.parse() {
+        Ok(a) => a,
+        Err(_) => return err(StatusCode::INTERNAL_SERVER_ERROR, "bad port address"),
+    };
+    let persisted = match persist(&st, |d| persist::remove_nvme_port(d, index, addr)) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    match st.ctl.remove_nvme_port(p.id) {
+        Ok(v) => Json(json!({ "removed": v, "persisted": persisted })).into_response(),
+        Err(e) => refused(e),
+    }
 }
 
 async fn remove_portal(State(st): St, Path(key): Path<String>) -> Response {

@@ -294,6 +294,46 @@ fn listen_array(doc: &mut DocumentMut) -> Result<&mut Array, EditError> {
         .ok_or("listen is not an array")?)
 }
 
+/// Appends NVMe/TCP port `addr` to `nvme_listen`.
+pub fn add_nvme_port(doc: &mut DocumentMut, addr: &str) -> Result<(), EditError> {
+    if doc.get("nvme_listen").is_none() {
+        doc.insert("nvme_listen", value(Array::new()));
+    }
+    doc.get_mut("nvme_listen")
+        .and_then(Item::as_array_mut)
+        .ok_or("nvme_listen is not an array")?
+        .push(addr);
+    Ok(())
+}
+
+/// Removes the NVMe/TCP port at `index` (from 0) of `nvme_listen`, whose
+/// address is `addr` (an entry with port 0 matches any port).
+pub fn remove_nvme_port(
+    doc: &mut DocumentMut,
+    index: usize,
+    addr: std::net::SocketAddr,
+) -> Result<(), EditError> {
+    let list = doc
+        .get_mut("nvme_listen")
+        .and_then(Item::as_array_mut)
+        .ok_or("the configuration file has no nvme_listen")?;
+    let entry: Option<std::net::SocketAddr> = list
+        .get(index)
+        .and_then(|v| v.as_str())
+        .and_then(|v| v.parse().ok());
+    match entry {
+        Some(e) if e == addr || (e.port() == 0 && e.ip() == addr.ip()) => {}
+        _ => {
+            return Err(format!(
+                "the configuration file's nvme_listen[{index}] is not {addr}: the file is out \
+                 of step"
+            ))
+        }
+    }
+    list.remove(index);
+    Ok(())
+}
+
 /// Appends portal `addr` to `listen` (writing the default portal first when
 /// the file relied on it), in ALUA group `group` when groups are listed
 /// (a new group when there is none with that id).

@@ -218,3 +218,99 @@ fn removed_portal_stops_listening_and_leaves_send_targets() {
         ]
     );
 }
+
+/// The NVMe/TCP ports the API lists: (id, address).
+fn nvme_ports(admin: SocketAddr) -> Vec<(u64, String)> {
+    let (code, text) = http(admin, "GET", "/api/nvme-ports", "", None);
+    assert_eq!(code, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["id"].as_u64().unwrap(),
+                p["addr"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The ports (trsvcid) the discovery log at `addr` lists the subsystem at.
+fn nvme_listed(addr: SocketAddr) -> Vec<String> {
+    let host = initiator::nvme::host_nqn(&[3; 16]);
+    let mut v: Vec<String> = initiator::nvme::discover(addr, &host)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.subtype == 2)
+        .map(|e| e.trsvcid)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn nvme_ports_added_and_removed_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ironsan.toml");
+    std::fs::write(
+        &path,
+        format!("listen = [\"127.0.0.1:0\"]\nnvme_listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n"),
+    )
+    .unwrap();
+    let run = start(&path, None);
+    let first: SocketAddr = nvme_ports(run.admin)[0].1.parse().unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let body = format!("{{\"addr\":\"{free}\"}}");
+    let (code, text) = http(run.admin, "POST", "/api/nvme-ports", &body, None);
+    assert_eq!(code, 201, "{text}");
+    assert!(text.contains("\"persisted\":true"), "{text}");
+    let (code, _) = http(run.admin, "POST", "/api/nvme-ports", &body, None);
+    assert_eq!(code, 409, "twice");
+    assert_eq!(nvme_ports(run.admin)[1], (2, free.to_string()));
+    let mut both = vec![first.port().to_string(), free.port().to_string()];
+    both.sort();
+    assert_eq!(nvme_listed(free), both);
+    // I/O through the new port.
+    let host = initiator::nvme::host_nqn(&[4; 16]);
+    let nqn = format!("nqn.{}", IQN.trim_start_matches("iqn."));
+    let c = initiator::nvme::Controller::connect(free, &nqn, &host, (false, false), 1).unwrap();
+    let mut q = c.io_queue(1, 8).unwrap();
+    let read = initiator::nvme::sqe(0x02, 1, &[(10, 0), (11, 0), (12, 0)]);
+    q.call(read, bytes::Bytes::new(), 512)
+        .unwrap()
+        .ok()
+        .unwrap();
+
+    // Removed by address: out of the log, its connection closes, and
+    // nobody connects through it.
+    let (code, text) = http(
+        run.admin,
+        "DELETE",
+        &format!("/api/nvme-ports/{free}"),
+        "",
+        None,
+    );
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(nvme_listed(first), vec![first.port().to_string()]);
+    q.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while q.call(read, bytes::Bytes::new(), 512).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "a connection of the removed port lives on"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(initiator::nvme::Controller::connect(free, &nqn, &host, (false, false), 1).is_err());
+    let (code, _) = http(run.admin, "DELETE", "/api/nvme-ports/2", "", None);
+    assert_eq!(code, 404);
+    drop(q);
+    drop(c);
+    drop(run);
+    // The file follows: one port again.
+    assert_eq!(Config::from_file(&path).unwrap().nvme_listen.len(), 1);
+}

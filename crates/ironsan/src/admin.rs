@@ -105,6 +105,14 @@ enum AdminCmd {
     /// connections close once their commands are done (initiators fail
     /// over to other portals). The last portal cannot be removed.
     RemovePortal(RemovePortalArgs),
+    /// Add an NVMe/TCP port (listen address): the discovery log lists it
+    /// at once; its ANA state is that of the ALUA group of the iSCSI portal
+    /// at its position (the last portal beyond them), as at start.
+    AddNvmePort(AddNvmePortArgs),
+    /// Remove an NVMe/TCP port, named by its port ID or its address: it
+    /// leaves the discovery log and stops listening; its connections
+    /// close once their commands are done.
+    RemoveNvmePort(RemoveNvmePortArgs),
     /// Show a target's ACL and whether CHAP is set (never a secret).
     ///
     /// TARGET `discovery` shows the CHAP state of discovery sessions.
@@ -170,6 +178,19 @@ struct AddTargetArgs {
 #[derive(Args, Debug)]
 struct RemoveTargetArgs {
     target: String,
+}
+
+/// The arguments of `admin add-nvme-port`.
+#[derive(Args, Debug)]
+struct AddNvmePortArgs {
+    addr: String,
+}
+
+/// The arguments of `admin remove-nvme-port`.
+#[derive(Args, Debug)]
+struct RemoveNvmePortArgs {
+    /// Port ID or address.
+    port: String,
 }
 
 /// The arguments of `admin add-lun`.
@@ -460,14 +481,19 @@ fn list(ep: &Endpoint, json_out: bool) -> Result<()> {
         t["acl"] = ep.get_json(&format!("/api/targets/{}/acl", seg(&name)))?;
     }
     let p = ep.get_json("/api/portals")?;
-    let v = json!({ "targets": t, "portals": p });
+    let n = ep.get_json("/api/nvme-ports")?;
+    let v = json!({ "targets": t, "portals": p, "nvme_ports": n });
     show(json_out, &v, print_list);
     Ok(())
 }
 
 fn print_list(v: &Value) {
     for t in v["targets"].as_array().into_iter().flatten() {
-        println!("target {}", t["name"].as_str().unwrap_or(""));
+        println!(
+            "target {}  (NVMe subsystem {})",
+            t["name"].as_str().unwrap_or(""),
+            t["nqn"].as_str().unwrap_or("")
+        );
         let acl = &t["acl"];
         let n = |k: &str| acl[k].as_array().map_or(0, Vec::len);
         println!(
@@ -515,6 +541,14 @@ fn print_list(v: &Value) {
             "portal {} (TPGT {}, ALUA group {})",
             p["addr"].as_str().unwrap_or(""),
             p["tpgt"],
+            p["alua_group"]
+        );
+    }
+    for p in v["nvme_ports"].as_array().into_iter().flatten() {
+        println!(
+            "NVMe/TCP port {} (port ID {}, ANA state of ALUA group {})",
+            p["addr"].as_str().unwrap_or(""),
+            p["id"],
             p["alua_group"]
         );
     }
@@ -601,6 +635,37 @@ pub fn run(a: AdminArgs) -> Result<()> {
         AdminCmd::AddTarget(x) => add_target(&ep, a.json, x)?,
         AdminCmd::RemoveTarget(x) => remove_target(&ep, a.json, x)?,
         AdminCmd::AddLun(x) => add_lun(&ep, a.json, x)?,
+        AdminCmd::AddNvmePort(x) => change(
+            a.json,
+            &ep,
+            "POST",
+            "/api/nvme-ports",
+            Some(json!({ "addr": x.addr })),
+            |v| {
+                println!(
+                    "NVMe/TCP on {} (port {}, ALUA group {})",
+                    v["port"]["addr"].as_str().unwrap_or(""),
+                    v["port"]["id"],
+                    v["port"]["alua_group"]
+                );
+                persisted_note(v);
+            },
+        )?,
+        AdminCmd::RemoveNvmePort(x) => change(
+            a.json,
+            &ep,
+            "DELETE",
+            &format!("/api/nvme-ports/{}", seg(&x.port)),
+            None,
+            |v| {
+                println!(
+                    "removed NVMe/TCP port {} ({})",
+                    v["removed"]["id"],
+                    v["removed"]["addr"].as_str().unwrap_or("")
+                );
+                persisted_note(v);
+            },
+        )?,
         AdminCmd::RemoveLun(x) => remove_lun(&ep, a.json, x)?,
         AdminCmd::ResizeLun(x) => resize_lun(&ep, a.json, x)?,
         AdminCmd::AddPortal(x) => add_portal(&ep, a.json, x)?,

@@ -479,6 +479,12 @@ impl Registry {
         self.generation.load(Ordering::Relaxed)
     }
 
+    /// The ports changed (one added or removed): the discovery log's
+    /// generation counter moves.
+    pub fn ports_changed(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Removes a subsystem; its controllers end.
     pub fn remove(&self, nqn: &str) {
         self.subsystems.lock().retain(|o| o.nqn != nqn);

@@ -89,6 +89,16 @@ pub struct PortalView {
     pub alua_group: u16,
 }
 
+/// An NVMe/TCP port.
+#[derive(Clone, Debug, Serialize)]
+pub struct NvmePortView {
+    /// Its port ID (PORTID of the discovery log), from 1.
+    pub id: u16,
+    pub addr: String,
+    /// The ALUA group whose state is the ANA state through it.
+    pub alua_group: u16,
+}
+
 /// The admin handle of a running server ([`crate::Server::control`]).
 #[derive(Clone)]
 pub struct Control {
@@ -636,6 +646,119 @@ impl Control {
             addr: p.addr.to_string(),
             tpgt: p.tpgt,
             alua_group: p.alua_group,
+        })
+    }
+
+    /// Every NVMe/TCP port, in order (as `nvme_listen`).
+    pub fn nvme_ports(&self) -> Vec<NvmePortView> {
+        let groups = self.shared.nvme_groups.lock().clone();
+        self.shared
+            .nvme
+            .ports
+            .read()
+            .iter()
+            .map(|p| NvmePortView {
+                id: p.id,
+                addr: p.addr.to_string(),
+                alua_group: groups.get(&p.id).copied().unwrap_or(1),
+            })
+            .collect()
+    }
+
+    /// Binds a new NVMe/TCP port on `addr` and starts accepting on it; the
+    /// discovery log lists it at once. Its port ID is the lowest free one,
+    /// and its ANA state is that of the ALUA group of the iSCSI portal at
+    /// its position in `nvme_listen` (the last portal beyond them), as
+    /// at start.
+    pub async fn add_nvme_port(&self, addr: SocketAddr) -> Result<NvmePortView, ControlError> {
+        self.refuse_portal_change_on_gateway()?;
+        if self.shared.nvme.ports.read().iter().any(|p| p.addr == addr)
+            || self.shared.portals.read().iter().any(|p| p.addr == addr)
+        {
+            return Err(ControlError::Conflict(format!("{addr} is a port already")));
+        }
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|e| ControlError::Invalid(format!("cannot listen on {addr}: {e}")))?;
+        let bound = l
+            .local_addr()
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let (id, group) = {
+            let mut ports = self.shared.nvme.ports.write();
+            let id = (1..crate::server::NVME_PORT_TAGS)
+                .find(|i| !ports.iter().any(|p| p.id == *i))
+                .ok_or_else(|| ControlError::Conflict("no NVMe port IDs left".into()))?;
+            let position = ports.len() + 1;
+            let group = {
+                let ps = self.shared.portals.read();
+                ps.get(position.min(ps.len()).max(1) - 1)
+                    .map_or(1, |p| p.alua_group)
+            };
+            ports.push(nvme::admin::Port { id, addr: bound });
+            (id, group)
+        };
+        self.shared.nvme_groups.lock().insert(id, group);
+        self.shared.nvme.registry.ports_changed();
+        let portal = Portal {
+            addr: bound,
+            tpgt: crate::server::NVME_PORT_TAGS + id - 1,
+            alua_group: group,
+            nvme: true,
+        };
+        self.shared.add_portal_stop(portal.tpgt);
+        self.shared
+            .new_portals
+            .send((l, portal))
+            .map_err(|_| ControlError::Invalid("the server is stopping".into()))?;
+        tracing::info!(addr = %bound, id, alua_group = group, "NVMe/TCP port added");
+        Ok(NvmePortView {
+            id,
+            addr: bound.to_string(),
+            alua_group: group,
+        })
+    }
+
+    /// The position (from 0, as in `nvme_listen`) and description of the
+    /// NVMe/TCP port `key` names: its port ID or its address.
+    pub fn find_nvme_port(&self, key: &str) -> Result<(usize, NvmePortView), ControlError> {
+        let ports = self.nvme_ports();
+        let i = match key.parse::<u16>() {
+            Ok(id) => ports.iter().position(|p| p.id == id),
+            Err(_) => {
+                let addr: SocketAddr = key.parse().map_err(|_| {
+                    ControlError::Invalid(format!(
+                        "{key:?}: name an NVMe/TCP port by its ID or its address (ip:port)"
+                    ))
+                })?;
+                ports.iter().position(|p| p.addr == addr.to_string())
+            }
+        }
+        .ok_or_else(|| ControlError::NotFound(format!("no NVMe/TCP port {key}")))?;
+        Ok((i, ports[i].clone()))
+    }
+
+    /// Removes NVMe/TCP port `id`: the discovery log stops listing it at
+    /// once, it stops listening, and its connections finish the commands
+    /// in flight and close (hosts with other paths go on through them).
+    pub fn remove_nvme_port(&self, id: u16) -> Result<NvmePortView, ControlError> {
+        self.refuse_portal_change_on_gateway()?;
+        let p = {
+            let mut ports = self.shared.nvme.ports.write();
+            let i = ports
+                .iter()
+                .position(|p| p.id == id)
+                .ok_or_else(|| ControlError::NotFound(format!("no NVMe/TCP port {id}")))?;
+            ports.remove(i)
+        };
+        let group = self.shared.nvme_groups.lock().remove(&id).unwrap_or(1);
+        self.shared.nvme.registry.ports_changed();
+        self.shared
+            .stop_portal(crate::server::NVME_PORT_TAGS + id - 1);
+        tracing::info!(addr = %p.addr, id, "NVMe/TCP port removed");
+        Ok(NvmePortView {
+            id,
+            addr: p.addr.to_string(),
+            alua_group: group,
         })
     }
 

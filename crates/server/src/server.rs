@@ -144,11 +144,13 @@ pub(crate) struct Shared {
     next_nexus: AtomicU64,
     /// NVMe/TCP: subsystems, controllers, ports.
     pub nvme: crate::nvme::NvmeState,
+    /// The ALUA group of each NVMe/TCP port (by port ID).
+    pub nvme_groups: Mutex<HashMap<u16, u16>>,
 }
 
 /// The first stop-signal key of the NVMe/TCP ports (iSCSI portal tags are
 /// below it).
-const NVME_PORT_TAGS: u16 = 0xf000;
+pub(crate) const NVME_PORT_TAGS: u16 = 0xf000;
 
 impl Shared {
     pub fn target(&self, name: &str) -> Option<Arc<TargetRt>> {
@@ -403,6 +405,13 @@ impl Server {
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
             nvme: crate::nvme::NvmeState::new(),
+            nvme_groups: Mutex::new(
+                listeners
+                    .iter()
+                    .filter(|(_, p)| p.nvme)
+                    .map(|(_, p)| (p.tpgt - NVME_PORT_TAGS + 1, p.alua_group))
+                    .collect(),
+            ),
         };
         *shared.nvme.ports.write() = nvme_ports;
         crate::nvme::register_targets(&shared, &cfg);
