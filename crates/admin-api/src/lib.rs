@@ -496,6 +496,10 @@ async fn add_target(State(st): St, Body(mut c): Body<TargetConfig>) -> Response 
     if st.ctl.target_exists(&c.name).is_ok() {
         return err(StatusCode::CONFLICT, format!("target {} exists", c.name));
     }
+    // Checked whole (at most 256 LUNs, …) before any file is touched.
+    if let Err(e) = c.validate() {
+        return err(StatusCode::BAD_REQUEST, e);
+    }
     // Paths under policy; files created here are removed again if the
     // target does not go into service.
     let mut created = Vec::new();
@@ -504,9 +508,6 @@ async fn add_target(State(st): St, Body(mut c): Body<TargetConfig>) -> Response 
             Ok(g) => created.push(g),
             Err(m) => return err(StatusCode::FORBIDDEN, m),
         }
-    }
-    if let Err(e) = c.validate() {
-        return err(StatusCode::BAD_REQUEST, e);
     }
     let persisted = match persist(&st, |d| persist::add_target(d, &c)) {
         Ok(p) => p,
