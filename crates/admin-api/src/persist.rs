@@ -294,6 +294,26 @@ fn listen_array(doc: &mut DocumentMut) -> Result<&mut Array, EditError> {
         .ok_or("listen is not an array")?)
 }
 
+/// Checks that `key[index]` of the file is `addr` (an entry with port 0
+/// matches any port: it was bound to one the system chose).
+fn check_entry(
+    list: &Array,
+    key: &str,
+    index: usize,
+    addr: std::net::SocketAddr,
+) -> Result<(), EditError> {
+    let entry: Option<std::net::SocketAddr> = list
+        .get(index)
+        .and_then(|v| v.as_str())
+        .and_then(|v| v.parse().ok());
+    match entry {
+        Some(e) if e == addr || (e.port() == 0 && e.ip() == addr.ip()) => Ok(()),
+        _ => Err(format!(
+            "the configuration file's {key}[{index}] is not {addr}: the file is out of step"
+        )),
+    }
+}
+
 /// Appends NVMe/TCP port `addr` to `nvme_listen`.
 pub fn add_nvme_port(doc: &mut DocumentMut, addr: &str) -> Result<(), EditError> {
     if doc.get("nvme_listen").is_none() {
@@ -317,19 +337,7 @@ pub fn remove_nvme_port(
         .get_mut("nvme_listen")
         .and_then(Item::as_array_mut)
         .ok_or("the configuration file has no nvme_listen")?;
-    let entry: Option<std::net::SocketAddr> = list
-        .get(index)
-        .and_then(|v| v.as_str())
-        .and_then(|v| v.parse().ok());
-    match entry {
-        Some(e) if e == addr || (e.port() == 0 && e.ip() == addr.ip()) => {}
-        _ => {
-            return Err(format!(
-                "the configuration file's nvme_listen[{index}] is not {addr}: the file is out \
-                 of step"
-            ))
-        }
-    }
+    check_entry(list, "nvme_listen", index, addr)?;
     list.remove(index);
     Ok(())
 }
@@ -386,18 +394,7 @@ pub fn remove_portal(
     addr: std::net::SocketAddr,
 ) -> Result<(), EditError> {
     let listen = listen_array(doc)?;
-    let entry: Option<std::net::SocketAddr> = listen
-        .get(index)
-        .and_then(|v| v.as_str())
-        .and_then(|v| v.parse().ok());
-    match entry {
-        Some(e) if e == addr || (e.port() == 0 && e.ip() == addr.ip()) => {}
-        _ => {
-            return Err(format!(
-                "the configuration file's listen[{index}] is not {addr}: the file is out of step"
-            ))
-        }
-    }
+    check_entry(listen, "listen", index, addr)?;
     listen.remove(index);
     let position = i64::try_from(index + 1).map_err(|e| e.to_string())?;
     if let Some(groups) = doc

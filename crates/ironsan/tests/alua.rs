@@ -199,6 +199,12 @@ fn bench_while(
         &s.url(0),
         &s.url(1),
     ];
+    verified_while(&args, at, during)
+}
+
+/// Runs `ironsan ARGS` (a verified bench), calling `during` after `at`;
+/// its report, which must show no error and verified data.
+fn verified_while(args: &[&str], at: Duration, during: impl FnOnce()) -> serde_json::Value {
     let child = ironsan()
         .args(args)
         .stdout(Stdio::piped())
@@ -208,7 +214,7 @@ fn bench_while(
     std::thread::sleep(at);
     during();
     let out = child.wait_with_output().unwrap();
-    let v = json_of(&args, &out);
+    let v = json_of(args, &out);
     assert_eq!(v["jobs"][0]["error"], 0, "{v}");
     assert!(
         v["ironsan"]["verify"]["verified_bytes"].as_u64().unwrap() > 0,
@@ -400,23 +406,7 @@ fn nvme_bench_while(
         &u0,
         &u1,
     ];
-    let child = ironsan()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(at);
-    during();
-    let out = child.wait_with_output().unwrap();
-    let v = json_of(&args, &out);
-    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
-    assert!(
-        v["ironsan"]["verify"]["verified_bytes"].as_u64().unwrap() > 0,
-        "{}",
-        v["ironsan"]["verify"]
-    );
-    v
+    verified_while(&args, at, during)
 }
 
 #[test]

@@ -213,13 +213,7 @@ impl Control {
     /// CHAP, as an NVMe subsystem through every NVMe/TCP port (the
     /// discovery log lists it).
     pub fn add_target(&self, cfg: &TargetConfig) -> Result<TargetView, ControlError> {
-        if self.shared.gateway_mode {
-            return Err(ControlError::Invalid(
-                "this process is a gateway: its targets are in every peer's configuration; \
-                 change them there and restart"
-                    .into(),
-            ));
-        }
+        self.refuse_target_change_on_gateway()?;
         cfg.validate()
             .map_err(|e| ControlError::Invalid(e.to_string()))?;
         let nqn = cfg.subsystem_nqn();
@@ -286,13 +280,7 @@ impl Control {
     /// refused, and its iSCSI sessions and NVMe/TCP controllers end (their
     /// connections close); commands already running on its LUs finish.
     pub fn remove_target(&self, name: &str) -> Result<(), ControlError> {
-        if self.shared.gateway_mode {
-            return Err(ControlError::Invalid(
-                "this process is a gateway: its targets are in every peer's configuration; \
-                 change them there and restart"
-                    .into(),
-            ));
-        }
+        self.refuse_target_change_on_gateway()?;
         let t = {
             let mut ts = self.shared.targets.write();
             let i = ts
@@ -488,6 +476,19 @@ impl Control {
             )));
         }
         tracing::info!(group, state = state.name(), "ALUA state set");
+        Ok(())
+    }
+
+    /// A gateway's targets are in every peer's configuration: adding or
+    /// removing one on one gateway only would make them differ.
+    fn refuse_target_change_on_gateway(&self) -> Result<(), ControlError> {
+        if self.shared.gateway_mode {
+            return Err(ControlError::Invalid(
+                "this process is a gateway: its targets are in every peer's configuration; \
+                 change them there and restart"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
