@@ -19,7 +19,7 @@ export DEBIAN_FRONTEND=noninteractive
 # Host tools: the programs copied into the guest, qemu to boot it, socat for
 # the per-connection port forwards, kmod/cpio to build the image.
 pkgs=(qemu-system-x86 busybox-static open-iscsi multipath-tools sg3-utils e2fsprogs
-      xfsprogs util-linux fio socat kmod cpio udev dmsetup nvme-cli)
+      xfsprogs util-linux fio socat kmod cpio udev dmsetup nvme-cli gawk procps bsdextrautils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -144,7 +144,7 @@ done > "$root/etc/modules.order"
 # its namespaces (null_blk, brd). They keep their place in the usual tree
 # under /lib/modules/$kver, indexed by depmod, so that modprobe resolves
 # their dependencies and aliases (nvmet-transport-3 …) as on any host.
-ondemand=(nvme_tcp nvmet_tcp null_blk brd crc64_rocksoft_generic)
+ondemand=(nvme_tcp nvmet_tcp null_blk brd crc64_rocksoft_generic loop)
 mdir="$root/lib/modules/$kver"
 mkdir -p "$mdir"
 depends "${ondemand[@]}" | while read -r ko; do
@@ -160,6 +160,40 @@ depmod -b "$root" "$kver"
 cp "$here/init" "$root/init"
 chmod +x "$root/init"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$out.tmp/base.cpio.gz"
+
+# tools.cpio.gz, appended by the scenarios that run a peer's shell test
+# suite (blktests): GNU bash, coreutils, diffutils, grep, sed, gawk, gzip,
+# findutils, util-linux, procps and getconf in /opt/gnu/bin (busybox's applets stay where the
+# other scenarios expect them), the kernel's configuration in /boot, and a
+# udevadm that waits instead of asking a udev the guest does not run.
+troot="$out.tmp/tools"
+mkdir -p "$troot/opt/gnu/bin" "$troot/boot"
+tlibs=()
+for pkg in bash coreutils diffutils grep sed gawk gzip findutils util-linux mount procps \
+           bsdextrautils libc-bin; do
+  for f in $(dpkg -L "$pkg" | grep -E '^/(usr/)?s?bin/[^/]+$'); do
+    [ -f "$f" ] && [ ! -L "$f" ] || continue
+    # Programs, and gzip's shell scripts (zgrep, zcat).
+    head -c4 "$f" | grep -q ELF || [ "$pkg" = gzip ] || continue
+    cp "$f" "$troot/opt/gnu/bin/"
+    while read -r lib; do tlibs+=("$lib"); done < <(ldd "$f" 2>/dev/null | grep -o '/[^ ]*' || true)
+  done
+done
+ln -sf gawk "$troot/opt/gnu/bin/awk"
+# Scripts start with #!/bin/bash.
+mkdir -p "$troot/bin"
+ln -s /opt/gnu/bin/bash "$troot/bin/bash"
+for l in $(printf '%s\n' "${tlibs[@]}" | sort -u); do
+  [ -e "$root$l" ] && continue
+  mkdir -p "$troot$(dirname "$l")"
+  cp -L "$l" "$troot$l"
+done
+printf '#!/bin/sh\n# No udev in the guest: what a settle waits for is done when it returns.\nsleep 0.2\n' \
+  > "$troot/opt/gnu/bin/udevadm"
+chmod +x "$troot/opt/gnu/bin/udevadm"
+cp "$kdir/root/boot/config-$kver" "$troot/boot/"
+(cd "$troot" && find . | cpio -o -H newc --quiet | gzip -1) > "$out.tmp/tools.cpio.gz"
+rm -rf "$troot"
 cp "$kdir/vmlinuz" "$out.tmp/vmlinuz"
 echo "$kver" > "$out.tmp/kernel-version"
 rm -rf "$root" "$out" && mv "$out.tmp" "$out"

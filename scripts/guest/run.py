@@ -380,7 +380,7 @@ class Scenario:
     def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
                  facts=None, limits="", extra="", rules=None, target_extra="", files=None,
                  tgt=True, tgt_params=(), tgt_reason="", gateways=False, nvme=False,
-                 script=None, default=True):
+                 script=None, default=True, blktests=False):
         self.name = name
         self.doc = doc
         self._luns = luns
@@ -408,6 +408,8 @@ class Scenario:
         self.script = script or name
         # Run when no scenario is named (False: only when named).
         self.default = default
+        # Runs blktests from $IRONSAN_BLKTESTS (skipped without it).
+        self.blktests = blktests
 
     def luns(self, work):
         out = []
@@ -654,7 +656,38 @@ def scenario_list():
             timeout=240,
             tgt=False,
             tgt_reason="tgt has no NVMe/TCP"),
+        Scenario(
+            "blktests",
+            "blktests' nvme group (its source in $IRONSAN_BLKTESTS) pointed at ironsan through "
+            "its NVME_TARGET_CONTROL hook: each test's subsystem is a target ironsan adds "
+            "(`admin add-target`: a file LUN of blktests' NVME_IMG_SIZE with the test's UUID, the guest's host NQN "
+            "allowed) and removes at the test's cleanup; every test that applies passes, those "
+            "that do not say why (blktests' own 'not run' reasons)",
+            [{"backend": "mem", "size": "16M"}],
+            nvme=True,
+            portals=1,
+            env={"BLKTESTS_TESTS": os.environ.get("BLKTESTS_TESTS", "nvme")},
+            timeout=3600,
+            tgt=False,
+            tgt_reason="tgt has no NVMe/TCP",
+            # Half an hour and more under TCG, and its source is fetched by
+            # hand: run when named (scripts/test.sh says how).
+            default=False,
+            blktests=True),
     ]
+
+
+def blktests_source():
+    """The blktests source tree to run ($IRONSAN_BLKTESTS: a checkout, or
+    a directory with its `check`), or why there is none. blktests is
+    packaged in no registry this project's CI reaches."""
+    d = os.environ.get("IRONSAN_BLKTESTS", "")
+    if not d:
+        return None, ("blktests is not packaged; fetch its source "
+                      "(https://github.com/linux-blktests/blktests) and set IRONSAN_BLKTESTS=DIR")
+    if not os.path.isfile(os.path.join(d, "check")):
+        return None, f"IRONSAN_BLKTESTS={d} has no blktests `check` script"
+    return d, None
 
 
 class Control(threading.Thread):
@@ -743,10 +776,39 @@ class Control(threading.Thread):
             except FileNotFoundError:
                 pass
             return "OK"
+        if op == "blktests-setup":
+            # blktests-setup NQN UUID HOSTNQN SIZE: a target whose subsystem
+            # is NQN, one file LUN of SIZE (blktests' NVME_IMG_SIZE: 350m,
+            # 1G …) with namespace UUID UUID, HOSTNQN allowed
+            # (scripts/guest/blktests-target-control).
+            nqn, uuid, hostnqn, size = args[:4]
+            m = re.fullmatch(r"(\d+)([kmgt]?)", size.lower())
+            if not m:
+                return f"ERR size {size!r}"
+            size = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2)]
+            name = blktests_target(nqn)
+            img = os.path.join(t.state, "luns", f"{name.rsplit(':', 1)[1]}.img")
+            os.makedirs(os.path.dirname(img), exist_ok=True)
+            ok, out = t.admin(["add-target", name, "--nqn", nqn,
+                               "--lun", f"file:{img}:{size},uuid={uuid}", "--nvme-allow", hostnqn])
+            return ("OK " if ok else "ERR ") + out.replace("\n", " | ")
+        if op == "blktests-cleanup":
+            name = blktests_target(args[0])
+            ok, out = t.admin(["remove-target", name])
+            img = os.path.join(t.state, "luns", f"{name.rsplit(':', 1)[1]}.img")
+            if os.path.exists(img):
+                os.unlink(img)
+            return ("OK " if ok else "ERR ") + out.replace("\n", " | ")
         if op == "allocated":
             st = os.stat(t.luns[int(args[0])]["path"])
             return f"OK {st.st_blocks * 512}"
         return f"ERR unknown request {op}"
+
+
+def blktests_target(nqn):
+    """The iSCSI name of the target serving blktests' subsystem NQN."""
+    tail = re.sub(r"[^a-z0-9.-]", "-", nqn.lower())[:200]
+    return f"iqn.2026-12.io.ironsan:bt-{tail}"
 
 
 def nvme_forward(work, i, port):
@@ -828,6 +890,17 @@ def run_scenario(sc, args, image, binary, keep):
     tree = os.path.join(work, "cpio")
     os.makedirs(tree)
     shutil.copy(scen, os.path.join(tree, "scenario.sh"))
+    if sc.blktests:
+        src, _ = blktests_source()
+        shutil.copytree(src, os.path.join(tree, "blktests"), symlinks=True,
+                        ignore=shutil.ignore_patterns(".git", "results"))
+        dst = os.path.join(tree, "blktests-target-control")
+        shutil.copy(os.path.join(HERE, "blktests-target-control"), dst)
+        os.chmod(dst, 0o755)
+        rev = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+        with open(os.path.join(tree, "blktests", "REVISION"), "w") as f:
+            f.write(rev or "unknown")
     if sc.nvme or sc.script.startswith("nvme"):
         # Helpers the NVMe/TCP scenarios share (scenarios/nvme-lib.sh).
         shutil.copy(os.path.join(HERE, "scenarios", "nvme-lib.sh"),
@@ -844,6 +917,9 @@ def run_scenario(sc, args, image, binary, keep):
     with open(initrd, "wb") as out:
         with open(os.path.join(image, "base.cpio.gz"), "rb") as base:
             shutil.copyfileobj(base, out)
+        if sc.blktests:
+            with open(os.path.join(image, "tools.cpio.gz"), "rb") as tools:
+                shutil.copyfileobj(tools, out)
         cp = subprocess.run("find . | cpio -o -H newc --quiet | gzip -1", shell=True,
                             cwd=tree, capture_output=True, check=True)
         out.write(cp.stdout)
@@ -998,6 +1074,10 @@ def main():
             continue
         if args.target == "tgt" and not sc.tgt:
             print(f"guest: {sc.name}: not run against tgt: {sc.tgt_reason}", flush=True)
+            continue
+        if sc.blktests and blktests_source()[1]:
+            print(f"guest: {sc.name}: SKIPPED: {blktests_source()[1]}", flush=True)
+            skipped += 1
             continue
         print(f"guest: {sc.name}: {sc.doc}", flush=True)
         r = run_scenario(sc, args, image, binary, args.keep)
