@@ -176,6 +176,11 @@ for pkg in bash coreutils diffutils grep sed gawk gzip findutils util-linux moun
     # Programs, and gzip's shell scripts (zgrep, zcat).
     head -c4 "$f" | grep -q ELF || [ "$pkg" = gzip ] || continue
     cp "$f" "$troot/opt/gnu/bin/"
+    # gzip's scripts (zgrep …) under busybox sh would run busybox's gzip
+    # applet whatever PATH says: they run under bash.
+    if [ "$pkg" = gzip ] && head -c4 "$f" | grep -qv ELF; then
+      sed -i '1s|^#!/bin/sh|#!/opt/gnu/bin/bash|' "$troot/opt/gnu/bin/$(basename "$f")"
+    fi
     while read -r lib; do tlibs+=("$lib"); done < <(ldd "$f" 2>/dev/null | grep -o '/[^ ]*' || true)
   done
 done

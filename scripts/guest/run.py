@@ -662,8 +662,9 @@ def scenario_list():
             "its NVME_TARGET_CONTROL hook: each test's subsystem is a target ironsan adds "
             "(`admin add-target`: a file LUN of blktests' NVME_IMG_SIZE with the test's UUID, the guest's host NQN "
             "allowed) and removes at the test's cleanup; every test that applies passes, those "
-            "that do not say why (blktests' own 'not run' reasons)",
-            [{"backend": "mem", "size": "16M"}],
+            "that do not say why (blktests' own 'not run' reasons); then its device tests "
+            "(TEST_DEVS) on a 1 GiB RAM LUN's namespace",
+            [{"backend": "mem", "size": "1G"}],
             nvme=True,
             portals=1,
             env={"BLKTESTS_TESTS": os.environ.get("BLKTESTS_TESTS", "nvme")},
