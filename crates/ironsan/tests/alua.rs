@@ -155,6 +155,11 @@ fn bench(args: &[&str]) -> serde_json::Value {
 
 /// Fills the test area with verify patterns; returns the run id.
 fn fill(s: &Server) -> String {
+    fill_paths(&s.url(0), &s.url(1))
+}
+
+/// Fills the test area through paths `a` and `b`; returns the run id.
+fn fill_paths(a: &str, b: &str) -> String {
     let v = bench(&[
         "--multipath",
         "lqd",
@@ -163,8 +168,8 @@ fn fill(s: &Server) -> String {
         "--verify",
         "--size",
         "8M",
-        &s.url(0),
-        &s.url(1),
+        a,
+        b,
     ]);
     v["ironsan"]["verify"]["run_id"]
         .as_str()
@@ -374,21 +379,7 @@ fn nvme_bench_while(
     let runtime = secs.to_string();
     let (u0, u1) = (s.nvme_url(0), s.nvme_url(1));
     // The area written with verify patterns first.
-    let fill = bench(&[
-        "--multipath",
-        "lqd",
-        "--rw",
-        "write",
-        "--verify",
-        "--size",
-        "8M",
-        &u0,
-        &u1,
-    ]);
-    let id = fill["ironsan"]["verify"]["run_id"]
-        .as_str()
-        .expect("run id")
-        .to_string();
+    let id = fill_paths(&u0, &u1);
     let args = [
         "bench",
         "--multipath",
