@@ -60,6 +60,40 @@ impl NvmeEngine {
     }
 }
 
+/// Queues on `q` the NVM command for `io` on namespace `nsid` of
+/// `bs`-byte blocks (read, write, or deallocate); its CID.
+pub(crate) fn submit_io(
+    q: &mut NvmeQueue,
+    nsid: u32,
+    bs: u32,
+    io: Io,
+    payload: &Bytes,
+) -> Result<u16, initiator::Error> {
+    let lba = io.offset / u64::from(bs);
+    let nlb = io.len / bs;
+    let (lo, hi) = (lba as u32, (lba >> 32) as u32);
+    let (cmd, write, read_len) = match io.op {
+        Op::Read => (
+            sqe(0x02, nsid, &[(10, lo), (11, hi), (12, nlb - 1)]),
+            Bytes::new(),
+            io.len,
+        ),
+        Op::Write => (
+            sqe(0x01, nsid, &[(10, lo), (11, hi), (12, nlb - 1)]),
+            payload.slice(..io.len as usize),
+            0,
+        ),
+        Op::Trim => {
+            let mut r = vec![0u8; 16];
+            r[4..8].copy_from_slice(&nlb.to_le_bytes());
+            r[8..16].copy_from_slice(&lba.to_le_bytes());
+            // Dataset Management, one range, deallocate.
+            (sqe(0x09, nsid, &[(10, 0), (11, 1 << 2)]), Bytes::from(r), 0)
+        }
+    };
+    q.submit(cmd, write, read_len)
+}
+
 impl Engine for NvmeEngine {
     fn capacity(&self) -> u64 {
         self.capacity
@@ -71,37 +105,8 @@ impl Engine for NvmeEngine {
         self.q.can_submit()
     }
     fn submit(&mut self, io: Io, payload: &Bytes) -> Result<(), String> {
-        let lba = io.offset / u64::from(self.bs);
-        let nlb = io.len / self.bs;
-        let lo = lba as u32;
-        let hi = (lba >> 32) as u32;
-        let (cmd, write, read_len) = match io.op {
-            Op::Read => (
-                sqe(0x02, self.nsid, &[(10, lo), (11, hi), (12, nlb - 1)]),
-                Bytes::new(),
-                io.len,
-            ),
-            Op::Write => (
-                sqe(0x01, self.nsid, &[(10, lo), (11, hi), (12, nlb - 1)]),
-                payload.slice(..io.len as usize),
-                0,
-            ),
-            Op::Trim => {
-                let mut r = vec![0u8; 16];
-                r[4..8].copy_from_slice(&nlb.to_le_bytes());
-                r[8..16].copy_from_slice(&lba.to_le_bytes());
-                // Dataset Management, one range, deallocate.
-                (
-                    sqe(0x09, self.nsid, &[(10, 0), (11, 1 << 2)]),
-                    Bytes::from(r),
-                    0,
-                )
-            }
-        };
-        let cid = self
-            .q
-            .submit(cmd, write, read_len)
-            .map_err(|e| e.to_string())?;
+        let cid =
+            submit_io(&mut self.q, self.nsid, self.bs, io, payload).map_err(|e| e.to_string())?;
         self.inflight[usize::from(cid)] = io.slot;
         Ok(())
     }

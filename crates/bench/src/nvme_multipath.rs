@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use initiator::nvme::{host_nqn, sqe, Completion, Controller, NvmeQueue, NvmeUrl};
 
-use crate::engine::{Done, Engine, Io, Op, PathStat};
+use crate::engine::{Done, Engine, Io, PathStat};
 use crate::multipath::RETRY_DEADLINE;
 use crate::spec::Multipath;
 
@@ -147,8 +147,8 @@ impl NvmeMultipathEngine {
                         return Err(format!(
                             "--multipath: {f} and {url} are not the same namespace (NGUID \
                              {} vs {}); refusing to spread I/O over them",
-                            hex(nguid),
-                            hex(&ns.nguid)
+                            crate::verify::hex(nguid),
+                            crate::verify::hex(&ns.nguid)
                         ));
                     }
                     if (*blocks, *bs) != (ns.blocks, ns.block_size) {
@@ -274,31 +274,10 @@ impl NvmeMultipathEngine {
     }
 
     fn send(&mut self, i: usize, io: Io, payload: Bytes) -> Result<(), String> {
-        let lba = io.offset / u64::from(self.bs);
-        let nlb = io.len / self.bs;
-        let (lo, hi) = (lba as u32, (lba >> 32) as u32);
-        let nsid = self.nsid;
-        let (cmd, write, read_len) = match io.op {
-            Op::Read => (
-                sqe(0x02, nsid, &[(10, lo), (11, hi), (12, nlb - 1)]),
-                Bytes::new(),
-                io.len,
-            ),
-            Op::Write => (
-                sqe(0x01, nsid, &[(10, lo), (11, hi), (12, nlb - 1)]),
-                payload.slice(..io.len as usize),
-                0,
-            ),
-            Op::Trim => {
-                let mut r = vec![0u8; 16];
-                r[4..8].copy_from_slice(&nlb.to_le_bytes());
-                r[8..16].copy_from_slice(&lba.to_le_bytes());
-                (sqe(0x09, nsid, &[(10, 0), (11, 1 << 2)]), Bytes::from(r), 0)
-            }
-        };
+        let (nsid, bs) = (self.nsid, self.bs);
         let p = &mut self.paths[i];
         let q = p.q.as_mut().ok_or("path is down")?;
-        let cid = q.submit(cmd, write, read_len).map_err(|e| e.to_string())?;
+        let cid = crate::nvme::submit_io(q, nsid, bs, io, &payload).map_err(|e| e.to_string())?;
         p.inflight.insert(cid, (io, payload));
         Ok(())
     }
@@ -364,10 +343,6 @@ fn ana_state(page: &[u8], grp: u32) -> Option<u8> {
         off += 32 + 4 * nnsid;
     }
     None
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl Engine for NvmeMultipathEngine {

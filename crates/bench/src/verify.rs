@@ -95,7 +95,7 @@ impl Mismatch {
     }
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     let mut s = String::new();
     for x in b {
         let _ = write!(s, "{x:02x}");
