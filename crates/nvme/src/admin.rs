@@ -89,7 +89,7 @@ impl Reply {
     }
 
     /// Success with `data`, cut to what the host's buffer holds.
-    fn data(mut data: Vec<u8>, host_len: u32) -> Reply {
+    pub(crate) fn data(mut data: Vec<u8>, host_len: u32) -> Reply {
         data.resize(host_len as usize, 0);
         Reply {
             data: Chain::from(data),
@@ -214,7 +214,10 @@ fn identify(c: &Controller, sqe: &Sqe) -> Reply {
         0x00 if nsid == 0xffff_ffff => Reply::data(Vec::new(), len),
         0x00 if !valid_nsid => Reply::status(Status::INVALID_NAMESPACE),
         0x00 => match ns.volume(nsid) {
-            Some(v) => Reply::data(identify_namespace(&v), len),
+            Some(v) => {
+                let resv = ns.reservations(nsid).map(|r| r.can_persist());
+                Reply::data(identify_namespace(&v, resv), len)
+            }
             // An inactive NSID: a zero-filled structure.
             None => Reply::data(Vec::new(), len),
         },
@@ -284,8 +287,14 @@ fn identify_controller(c: &Controller) -> Vec<u8> {
     put16(&mut b, 514, MAX_QUEUE_ENTRIES);
     if !c.discovery {
         put32(&mut b, 516, MAX_NSID);
-        // ONCS: Compare, Dataset Management, Write Zeroes.
-        put16(&mut b, 520, 0x0001 | 0x0004 | 0x0008);
+        // ONCS: Compare, Dataset Management, Write Zeroes; Reservations
+        // where the namespaces keep them.
+        let resv = c.subsystem.namespaces.reservations_supported();
+        put16(
+            &mut b,
+            520,
+            0x0001 | 0x0004 | 0x0008 | (u16::from(resv) << 5),
+        );
         // FUSES: Compare and Write (ACWU 0: one block is atomic, as any
         // length is here: the range is locked).
         put16(&mut b, 522, 0x0001);
@@ -312,8 +321,9 @@ fn identify_controller(c: &Controller) -> Vec<u8> {
 }
 
 /// Identify Namespace (NVM Command Set 1.0 "Identify Namespace Data
-/// Structure").
-fn identify_namespace(v: &Volume) -> Vec<u8> {
+/// Structure"); `resv`: reservations are served, and whether they can
+/// persist through power loss.
+fn identify_namespace(v: &Volume, resv: Option<bool>) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
     let n = v.num_blocks();
     put64(&mut b, 0, n); // NSZE
@@ -325,8 +335,9 @@ fn identify_namespace(v: &Volume) -> Vec<u8> {
     b[25] = 0; // NLBAF: one format
     b[26] = 0; // FLBAS: format 0
     b[30] = 1; // NMIC: may be shared (several controllers, ports)
-               // DLFEAT: deallocated blocks read as zeros, the Deallocate bit of
-               // Write Zeroes is honoured.
+    b[31] = resv.map_or(0, crate::resv::rescap); // RESCAP
+                                                 // DLFEAT: deallocated blocks read as zeros, the Deallocate bit of
+                                                 // Write Zeroes is honoured.
     if v.thin() {
         b[33] = 0x01 | 0x08;
     }
@@ -382,7 +393,7 @@ fn get_log_page(c: &Controller, cx: &Context<'_>, sqe: &Sqe) -> Reply {
         }
         // Changed Namespace List; read, it is cleared unless RAE (bit 15).
         0x04 => c.take_changed_namespaces(d10 & (1 << 15) != 0),
-        0x05 => effects(),
+        0x05 => effects(c.subsystem.namespaces.reservations_supported()),
         0x0c => ana_log(c, (d10 >> 8) & 1 != 0),
         // Invalid Log Page.
         _ => return Reply::status(Status::specific(0x09)),
@@ -426,8 +437,9 @@ fn smart() -> Vec<u8> {
     b
 }
 
-/// Commands Supported and Effects: admin and NVM commands served.
-fn effects() -> Vec<u8> {
+/// Commands Supported and Effects: admin and NVM commands served (the
+/// reservation commands when `resv`).
+fn effects(resv: bool) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
     for op in [
         opc::GET_LOG_PAGE,
@@ -449,7 +461,19 @@ fn effects() -> Vec<u8> {
         (io::COMPARE, false),
         (io::WRITE_ZEROES, true),
         (io::DSM, true),
-    ] {
+    ]
+    .into_iter()
+    .chain(
+        [
+            crate::resv::opc::REGISTER,
+            crate::resv::opc::REPORT,
+            crate::resv::opc::ACQUIRE,
+            crate::resv::opc::RELEASE,
+        ]
+        .into_iter()
+        .filter(|_| resv)
+        .map(|op| (op, false)),
+    ) {
         // CSUPP, and LBCC for commands that change blocks.
         put32(
             &mut b,

@@ -48,6 +48,16 @@ pub trait Namespaces: Send + Sync {
     /// A number that changes whenever the set of namespaces or their
     /// volumes change (lookups may be cached until it does).
     fn generation(&self) -> u64;
+    /// The reservation state of namespace `nsid` ([`crate::resv`]); none:
+    /// the reservation commands are not served (Invalid Command Opcode).
+    fn reservations(&self, _nsid: u32) -> Option<Arc<dyn crate::resv::Reservations>> {
+        None
+    }
+    /// Whether the namespaces serve reservations (Identify Controller
+    /// ONCS).
+    fn reservations_supported(&self) -> bool {
+        false
+    }
 }
 
 /// What a subsystem is.

@@ -6,6 +6,8 @@
 //!   controller properties, keep alive.
 //! - [`admin`]: the admin command set and the Discovery log page.
 //! - [`nvm`]: the NVM command set on a [`volume::Volume`].
+//! - [`resv`]: the reservation commands, on the state the server keeps
+//!   with the logical unit's SCSI persistent reservations.
 //!
 //! The connection driver (sockets, threads) is the server's
 //! (`crates/server/src/nvme.rs`); nothing here performs I/O but the
@@ -15,6 +17,7 @@ pub mod admin;
 pub mod ctrl;
 pub mod nvm;
 pub mod queue;
+pub mod resv;
 
 pub use admin::{Outcome, Port, Reply};
 pub use ctrl::{Controller, Namespaces, Registry, Subsystem, DISCOVERY_NQN};

@@ -27,11 +27,13 @@ use bytes::BytesMut;
 use nvme::admin::{self, Context, Outcome, Port, Reply};
 use nvme::ctrl::{ConnectCmd, Controller, Namespaces, Registry, Subsystem};
 use nvme::queue::direction;
+use nvme::resv::{self, Reservations};
 use nvme::{Command, Queue, Stop};
 use nvme_tcp_wire::capsule::{fctype, ConnectData, Status, OPC_FABRICS};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use volume::access::AccessState;
+use volume::reservations::{HostAction, HostRefusal, HostReport};
 use volume::Volume;
 
 use crate::conn::{configure_socket, poll_socket, Out};
@@ -75,6 +77,52 @@ impl Namespaces for TargetNamespaces {
 
     fn generation(&self) -> u64 {
         self.0.generation()
+    }
+
+    fn reservations(&self, nsid: u32) -> Option<Arc<dyn Reservations>> {
+        let n = usize::try_from(nsid.checked_sub(1)?).ok()?;
+        let t = self.0.get();
+        let lu = t.luns.get(n)?.as_ref()?.clone();
+        // A gateway's LU has none (docs/GATEWAYS.md): its state would be
+        // one gateway's alone. The commands are then Invalid Opcode.
+        lu.has_reservations()
+            .then(|| Arc::new(LuReservations(lu)) as Arc<dyn Reservations>)
+    }
+
+    fn reservations_supported(&self) -> bool {
+        self.0
+            .get()
+            .luns
+            .iter()
+            .flatten()
+            .all(|lu| lu.has_reservations())
+    }
+}
+
+/// A namespace's reservations are its logical unit's: one state for the
+/// SCSI initiators and the NVMe hosts (`scsi::pr`, "NVMe hosts").
+struct LuReservations(Arc<scsi::LogicalUnit>);
+
+impl Reservations for LuReservations {
+    #[inline]
+    fn active(&self) -> bool {
+        self.0.reservations_active()
+    }
+
+    fn conflicts(&self, host_id: &[u8; 16], write: bool) -> bool {
+        self.0.host_conflicts(host_id, write)
+    }
+
+    fn apply(&self, host_id: &[u8; 16], act: HostAction) -> Result<(), HostRefusal> {
+        self.0.host_reservation(host_id, act)
+    }
+
+    fn report(&self) -> HostReport {
+        self.0.host_reservation_report()
+    }
+
+    fn can_persist(&self) -> bool {
+        self.0.reservations_persist()
     }
 }
 
@@ -179,6 +227,13 @@ pub(crate) async fn serve(
     }
 }
 
+/// A namespace as an I/O queue uses it.
+#[derive(Clone)]
+struct NsEntry {
+    vol: Arc<Volume>,
+    resv: Option<Arc<dyn Reservations>>,
+}
+
 struct Driver {
     stream: TcpStream,
     peer: SocketAddr,
@@ -206,9 +261,10 @@ struct Driver {
     /// A large H2CData PDU's data being received into its command's
     /// buffer (docs/ARCHITECTURE.md "Data lands where it is going").
     landing: Option<nvme::queue::Landing>,
-    /// The namespaces' volumes by NSID, as of `ns_generation` (looked up
-    /// once per change of the LUN table, not per command).
-    ns_vols: Vec<Option<Arc<Volume>>>,
+    /// The namespaces' volumes and reservations by NSID, as of
+    /// `ns_generation` (looked up once per change of the LUN table, not
+    /// per command).
+    ns_vols: Vec<Option<NsEntry>>,
     ns_generation: Option<u64>,
     /// The I/O queue's counters, published as a session's (admin API,
     /// /metrics, `ironsan top`).
@@ -508,7 +564,7 @@ impl Driver {
             // Only Compare and Write is fused here; FUSE 11b is reserved.
             _ => return self.complete(cid, Reply::status(Status::INVALID_FIELD)),
         }
-        if !nvme::nvm::is_known(op) {
+        if !nvme::nvm::is_known(op) && !resv::is_reservation(op) {
             return self.complete(cid, Reply::status(Status::INVALID_OPCODE));
         }
         // Through a standby or unavailable port group: ANA inaccessible,
@@ -544,13 +600,34 @@ impl Driver {
                 if self.ns_vols.len() <= i {
                     self.ns_vols.resize(i + 1, None);
                 }
-                self.ns_vols[i] = ns.volume(n);
+                self.ns_vols[i] = ns.volume(n).map(|vol| NsEntry {
+                    vol,
+                    resv: ns.reservations(n),
+                });
             }
             self.ns_generation = Some(g);
         }
-        let Some(vol) = self.ns_vols.get(nsid as usize).cloned().flatten() else {
+        let Some(entry) = self.ns_vols.get(nsid as usize).and_then(Option::as_ref) else {
             return self.refuse(cid, second, Status::INVALID_NAMESPACE);
         };
+        if resv::is_reservation(op) {
+            let Some(r) = entry.resv.clone() else {
+                return self.complete(cid, Reply::status(Status::INVALID_OPCODE));
+            };
+            // Off the loop: a change may write the reservation state file.
+            let host = ctrl.host_id;
+            let Command { sqe, data, .. } = cmd;
+            return self.off_loop(cid, move || resv::execute(&*r, &host, &sqe, data));
+        }
+        // Reservations (Base 2.0 "Command Behavior in the Presence of a
+        // Reservation"): one atomic load while nothing is reserved. A fused
+        // Compare and Write is of the write group.
+        if let (Some(r), Some(write)) = (&entry.resv, resv::write_group(op)) {
+            if r.active() && r.conflicts(&ctrl.host_id, write || second.is_some()) {
+                return self.refuse(cid, second, resv::RESERVATION_CONFLICT);
+            }
+        }
+        let vol = entry.vol.clone();
         if let Some(first) = second {
             return self.compare_and_write(vol, first, cmd);
         }

@@ -589,6 +589,112 @@ fn fused_compare_and_write() {
     assert_eq!(read40(&mut q), 0x22);
 }
 
+/// Reservations (NVMe Base 2.0 §8.19): Register, Acquire, Report and
+/// Release from two NVMe hosts, with the conflict table applied to I/O,
+/// and the same reservation seen and honoured by an iSCSI initiator.
+#[test]
+fn reservations_are_one_state_for_nvme_hosts_and_iscsi_initiators() {
+    let (iscsi, nvme, _stop) = serve(TWO_LUNS, "");
+    let mut c1 = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+    let c2 = Controller::connect(nvme[1], NQN, &host_nqn(&[8; 16]), (false, false), 1).unwrap();
+    let id = c1
+        .admin
+        .call(sqe(0x06, 0, &[(10, 1)]), Bytes::new(), 4096)
+        .unwrap();
+    let oncs = u16::from_le_bytes([id.data[520], id.data[521]]);
+    assert_ne!(oncs & 0x20, 0, "ONCS: reservations");
+    let idns = c1
+        .admin
+        .call(sqe(0x06, 1, &[(10, 0)]), Bytes::new(), 4096)
+        .unwrap();
+    assert_eq!(idns.data[31] & 0x7e, 0x7e, "RESCAP: the six types");
+    let (mut q1, mut q2) = (c1.io_queue(1, 32).unwrap(), c2.io_queue(1, 32).unwrap());
+    let keys = |a: u64, b: u64| {
+        let mut v = a.to_le_bytes().to_vec();
+        v.extend_from_slice(&b.to_le_bytes());
+        Bytes::from(v)
+    };
+    let resv = |q: &mut NvmeQueue, op: u8, dw10: u32, data: Bytes| {
+        let len = data.len() as u32;
+        let mut s = sqe(op, 1, &[(10, dw10)]);
+        s.0[32..36].copy_from_slice(&len.to_le_bytes());
+        q.call(s, data, 0).unwrap().status
+    };
+    let block = Bytes::from(vec![0x42u8; 512]);
+    let write = |q: &mut NvmeQueue| q.call(rw(0x01, 1, 8, 1), block.clone(), 0).unwrap().status;
+    let read = |q: &mut NvmeQueue| q.call(rw(0x02, 1, 8, 1), Bytes::new(), 512).unwrap().status;
+    let conflict = Status::generic(0x83, true);
+    // Register (CPTPL 00b: the test LU has no state file), then Acquire
+    // Write Exclusive.
+    assert!(resv(&mut q1, 0x0d, 0, keys(0, 0xa1)).is_success());
+    assert_eq!(
+        resv(&mut q2, 0x11, 1 << 8, keys(0xa1, 0)),
+        conflict,
+        "not registered"
+    );
+    assert!(resv(&mut q1, 0x11, 1 << 8, keys(0xa1, 0)).is_success());
+    assert!(write(&mut q1).is_success() && read(&mut q1).is_success());
+    assert_eq!(
+        write(&mut q2),
+        conflict,
+        "Write Exclusive: host 2 may not write"
+    );
+    assert!(read(&mut q2).is_success(), "but may read");
+    // The report, from the other host, extended data structure only.
+    let mut rep = sqe(0x0e, 1, &[(10, 1023), (11, 1)]);
+    rep.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
+    let r = q2.call(rep, Bytes::new(), 4096).unwrap();
+    r.ok().unwrap();
+    let d = &r.data;
+    assert_eq!((d[4], d[5], d[6]), (1, 1, 0), "RTYPE 1, one registrant");
+    assert_eq!(d[64..66], [0xff, 0xff]);
+    assert_eq!(d[66], 1, "holds the reservation");
+    assert_eq!(d[72..80], 0xa1u64.to_le_bytes());
+    assert_eq!(d[80..96], c1.connect.host_id);
+    let mut no_eds = sqe(0x0e, 1, &[(10, 1023)]);
+    no_eds.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
+    let r = q2.call(no_eds, Bytes::new(), 4096).unwrap();
+    assert_eq!(r.status, Status::generic(0x22, true));
+    // iSCSI: the NVMe host's reservation is the LU's.
+    let mut conn = iscsi_login(iscsi[0]);
+    let mut prin = [0u8; 10];
+    prin[0] = 0x5e;
+    prin[1] = 0x01; // READ RESERVATION
+    prin[8] = 64;
+    let t = conn
+        .execute(0, &prin, initiator::DataDir::Read(64))
+        .unwrap();
+    assert_eq!(t.status, Some(0));
+    assert_eq!(t.data[8..16], 0xa1u64.to_be_bytes());
+    assert_eq!(t.data[21], 1, "Write Exclusive");
+    let t = conn
+        .execute(
+            0,
+            &initiator::scsi::rw16(true, 8, 1, false),
+            initiator::DataDir::Write(block.clone()),
+        )
+        .unwrap();
+    assert_eq!(t.status, Some(0x18), "RESERVATION CONFLICT over iSCSI");
+    // Release with the wrong type, then the right one: all may write.
+    assert_eq!(
+        resv(&mut q1, 0x15, 2 << 8, keys(0xa1, 0)),
+        Status::INVALID_FIELD
+    );
+    assert!(resv(&mut q1, 0x15, 1 << 8, keys(0xa1, 0)).is_success());
+    assert!(write(&mut q2).is_success());
+    // Unregister (RREGA 001b) with the wrong key conflicts.
+    assert_eq!(resv(&mut q1, 0x0d, 1, keys(0xbad, 0)), conflict);
+    assert!(resv(&mut q1, 0x0d, 1, keys(0xa1, 0)).is_success());
+    let t = conn
+        .execute(
+            0,
+            &initiator::scsi::rw16(true, 8, 1, false),
+            initiator::DataDir::Write(block.clone()),
+        )
+        .unwrap();
+    assert_eq!(t.status, Some(0));
+}
+
 /// A LUN's `uuid` is listed among its namespace's identification
 /// descriptors (NIDT 03h) beside the NGUID; a LUN without one lists none;
 /// a malformed one is refused in the file and in a `--lun` spec.

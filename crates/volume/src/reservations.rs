@@ -192,6 +192,181 @@ impl PrState {
     }
 }
 
+/// The initiator port name under which an NVMe host's registrations are
+/// kept: NVMe Base 2.0 §8.19.1 makes a host, named by its 128-bit Host
+/// Identifier, the registrant (one registration for every controller of
+/// that host, the counterpart of an ALL_TG_PT registration).
+pub fn nvme_host_port(host_id: &[u8; 16]) -> String {
+    let mut s = String::with_capacity(NVME_HOST_PREFIX.len() + 32);
+    s.push_str(NVME_HOST_PREFIX);
+    for b in host_id {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// The target port name of an NVMe host's I_T nexus as reservations see
+/// it: one for every controller, so that a holder is the host whichever
+/// controller it uses.
+pub const NVME_TARGET_PORT: &str = "nvme";
+
+const NVME_HOST_PREFIX: &str = "nvme-host:";
+
+/// The Host Identifier an NVMe Reservation Report gives a registrant: the
+/// NVMe host's own, and for a SCSI initiator port a stable 128-bit digest
+/// of its name (two FNV-1a hashes), so each registrant has one.
+pub fn host_id_of(initiator: &str) -> [u8; 16] {
+    if let Some(hex) = initiator.strip_prefix(NVME_HOST_PREFIX) {
+        let mut id = [0u8; 16];
+        if hex.len() == 32
+            && hex
+                .as_bytes()
+                .chunks_exact(2)
+                .zip(id.iter_mut())
+                .all(|(c, o)| {
+                    std::str::from_utf8(c)
+                        .ok()
+                        .and_then(|c| u8::from_str_radix(c, 16).ok())
+                        .map(|v| *o = v)
+                        .is_some()
+                })
+        {
+            return id;
+        }
+    }
+    let fnv = |seed: u64| {
+        let mut h = seed;
+        for b in initiator.bytes() {
+            h = (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    };
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_be_bytes());
+    id[8..].copy_from_slice(&fnv(0x8422_2325_cbf2_9ce4).to_be_bytes());
+    id
+}
+
+/// The NVMe reservation type code (NVMe Base 2.0 §8.19, "Reservation
+/// Type Encoding": 1h to 6h) of a type.
+pub fn nvme_type_code(t: PrType) -> u8 {
+    match t {
+        PrType::WriteExclusive => 1,
+        PrType::ExclusiveAccess => 2,
+        PrType::WriteExclusiveRegistrantsOnly => 3,
+        PrType::ExclusiveAccessRegistrantsOnly => 4,
+        PrType::WriteExclusiveAllRegistrants => 5,
+        PrType::ExclusiveAccessAllRegistrants => 6,
+    }
+}
+
+/// The type of an NVMe RTYPE value, `None` for reserved values.
+pub fn nvme_type(code: u8) -> Option<PrType> {
+    Some(match code {
+        1 => PrType::WriteExclusive,
+        2 => PrType::ExclusiveAccess,
+        3 => PrType::WriteExclusiveRegistrantsOnly,
+        4 => PrType::ExclusiveAccessRegistrantsOnly,
+        5 => PrType::WriteExclusiveAllRegistrants,
+        6 => PrType::ExclusiveAccessAllRegistrants,
+        _ => return None,
+    })
+}
+
+/// A reservation command of an NVMe host (NVMe Base 2.0, I/O commands
+/// "Reservation Register", "Reservation Acquire", "Reservation Release"),
+/// decoded. A
+/// `ptpl` of `Some` changes the persist-through-power-loss state (CPTPL
+/// 10b: off, 11b: on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostAction {
+    /// Register with `nrkey`; already registered with that key: nothing.
+    Register {
+        nrkey: u64,
+        ptpl: Option<bool>,
+    },
+    Unregister {
+        crkey: u64,
+        iekey: bool,
+        ptpl: Option<bool>,
+    },
+    /// A new key 0 unregisters, as Linux's block layer means it.
+    Replace {
+        crkey: u64,
+        nrkey: u64,
+        iekey: bool,
+        ptpl: Option<bool>,
+    },
+    Acquire {
+        crkey: u64,
+        kind: PrType,
+    },
+    Preempt {
+        crkey: u64,
+        prkey: u64,
+        kind: PrType,
+        abort: bool,
+    },
+    Release {
+        crkey: u64,
+        kind: PrType,
+    },
+    Clear {
+        crkey: u64,
+    },
+}
+
+/// Why a host's reservation command was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostRefusal {
+    /// Reservation Conflict (83h).
+    Conflict,
+    /// Invalid Field in Command.
+    InvalidField,
+    /// The state could not be stored (Internal Error).
+    Internal,
+}
+
+/// One registrant as a Reservation Report lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostRegistrant {
+    pub host_id: [u8; 16],
+    pub key: u64,
+    /// Holds the reservation (every registrant, for all-registrants types).
+    pub holds: bool,
+}
+
+/// What a Reservation Report tells.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostReport {
+    pub generation: u32,
+    pub kind: Option<PrType>,
+    /// Persist through power loss is in force.
+    pub ptpl: bool,
+    pub registrants: Vec<HostRegistrant>,
+}
+
+impl HostReport {
+    /// The report of `st`.
+    pub fn of(st: &PrState) -> HostReport {
+        HostReport {
+            generation: st.generation,
+            kind: st.res.as_ref().map(|r| r.kind),
+            ptpl: st.aptpl,
+            registrants: st
+                .regs
+                .iter()
+                .enumerate()
+                .map(|(i, r)| HostRegistrant {
+                    host_id: host_id_of(&r.initiator),
+                    key: r.key,
+                    holds: st.reg_holds(i),
+                })
+                .collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +394,20 @@ mod tests {
         };
         assert!(r.covers("IQN.A,i,0x01", "t1") && r.covers("iqn.a,i,0x01", "t2"));
         assert!(!r.covers("iqn.a,i,0x02", "t1"));
+    }
+
+    #[test]
+    fn nvme_hosts_keep_their_identifier() {
+        let id: [u8; 16] = core::array::from_fn(|i| i as u8 * 17);
+        assert_eq!(host_id_of(&nvme_host_port(&id)), id);
+        let a = host_id_of("iqn.a,i,0x01");
+        assert_eq!(a, host_id_of("IQN.A,i,0x01"));
+        assert_ne!(a, host_id_of("iqn.a,i,0x02"));
+        for c in 0..8u8 {
+            match nvme_type(c) {
+                Some(t) => assert_eq!(nvme_type_code(t), c),
+                None => assert!(c == 0 || c == 7),
+            }
+        }
     }
 }

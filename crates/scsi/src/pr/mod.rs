@@ -69,8 +69,19 @@
 //! refused with INVALID FIELD IN PARAMETER LIST), ATP_C = 1, PTPL_C = 1
 //! only when the logical unit has a state file (`LuConfig::pr_state`),
 //! TMV = 1 with all six types, ALLOW COMMANDS = 011b.
+//!
+//! # NVMe hosts
+//! The same logical unit served as an NVMe namespace keeps one reservation
+//! state for both protocols ([`host`]): an NVMe host registers as the
+//! initiator port `nvme-host:<Host Identifier>` through every target port
+//! (as ALL_TG_PT = 1), and its Reservation Register / Acquire / Release
+//! commands run the service actions above. A SCSI initiator sees NVMe
+//! registrants in READ KEYS and READ FULL STATUS (TransportID format 00b
+//! with that name); an NVMe host sees SCSI registrants in its Reservation
+//! Report under a Host Identifier digested from their port names.
 
 pub mod access;
+mod host;
 mod persist;
 mod prin;
 mod prout;
@@ -238,19 +249,8 @@ impl Reservations {
         if let Some(h) = inner.spc2 {
             return (h != cmd.nexus && !access::spc2_allowed(cdb)).then(conflict);
         }
-        let res = inner.st.res.as_ref()?;
-        let it = it_of(cmd);
-        if inner.st.is_holder(&it) {
-            return None;
-        }
-        if res.kind.registrants_only() && inner.st.reg_of(&it).is_some() {
-            return None;
-        }
-        match access::classify(cdb) {
-            access::Access::Allowed => None,
-            access::Access::Read if res.kind.write_exclusive() => None,
-            _ => Some(conflict()),
-        }
+        inner.st.res.as_ref()?;
+        denied(&inner.st, &it_of(cmd), access::classify(cdb)).then(conflict)
     }
 
     /// RESERVE(6) / RESERVE(10) (SPC-2 §7.21, §7.22) with the SPC-4 §5.9.3
@@ -284,6 +284,22 @@ impl Reservations {
             self.update_active(&inner);
         }
         Outcome::good()
+    }
+}
+
+/// Whether the persistent reservation of `st` denies `it` a command of
+/// class `class` (the table of the module docs).
+fn denied(st: &PrState, it: &It<'_>, class: access::Access) -> bool {
+    let Some(res) = st.res.as_ref() else {
+        return false;
+    };
+    if st.is_holder(it) || (res.kind.registrants_only() && st.reg_of(it).is_some()) {
+        return false;
+    }
+    match class {
+        access::Access::Allowed => false,
+        access::Access::Read => !res.kind.write_exclusive(),
+        access::Access::Write => true,
     }
 }
 

@@ -30,11 +30,11 @@ const REGISTER_AND_MOVE: u8 = 0x07;
 
 /// The basic parameter list (SPC-4 §6.16.4), 24 bytes.
 #[derive(Debug)]
-struct Basic {
-    key: u64,
-    sa_key: u64,
-    all_tg_pt: bool,
-    aptpl: bool,
+pub(super) struct Basic {
+    pub key: u64,
+    pub sa_key: u64,
+    pub all_tg_pt: bool,
+    pub aptpl: bool,
 }
 
 /// The REGISTER AND MOVE parameter list (SPC-4 §6.16.5).
@@ -147,19 +147,48 @@ fn register_and_move_params(data: &[u8], can_persist: bool) -> Result<Move, Sens
 pub(crate) fn persistent_reserve_out(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Outcome {
     match run(lu, cmd, cdb) {
         Ok(fx) => {
-            for (n, code) in fx.uas {
-                lu.ua.establish(n, code);
-            }
-            if !fx.aborted.is_empty() {
-                if let Some(hook) = lu.pr.abort_hook.get() {
-                    let hook: &PreemptAbortHook = hook;
-                    hook(&fx.aborted);
-                }
-            }
+            take_effect(lu, fx);
             Outcome::good()
         }
         Err(o) => o,
     }
+}
+
+/// Establishes the unit attentions of a change and aborts the tasks of
+/// the sessions it preempted (after the state lock is released).
+pub(super) fn take_effect(lu: &LogicalUnit, fx: Effects) {
+    for (n, code) in fx.uas {
+        lu.ua.establish(n, code);
+    }
+    if !fx.aborted.is_empty() {
+        if let Some(hook) = lu.pr.abort_hook.get() {
+            let hook: &PreemptAbortHook = hook;
+            hook(&fx.aborted);
+        }
+    }
+}
+
+/// Makes `next` the live state: written to the state file first when
+/// APTPL is or was in force, so a failed write changes nothing.
+pub(super) fn commit(
+    pr: &super::Reservations,
+    inner: &mut Inner,
+    next: PrState,
+) -> Result<(), Outcome> {
+    if let Some(path) = &pr.path {
+        if (next.aptpl || inner.st.aptpl) && next != inner.st {
+            if let Err(e) = persist::store(path, &next) {
+                let _ = e; // reported as a failure of the command; state unchanged
+                return Err(Outcome::check(Sense::new(
+                    SenseKey::HardwareError,
+                    Asc::INTERNAL_TARGET_FAILURE,
+                )));
+            }
+        }
+    }
+    inner.st = next;
+    pr.update_active(inner);
+    Ok(())
 }
 
 fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<Effects, Outcome> {
@@ -207,19 +236,7 @@ fn run(lu: &LogicalUnit, cmd: &Command<'_>, cdb: &[u8]) -> Result<Effects, Outco
             _ => preempt(&mut next, &inner, &it, n, &p, t, sa == PREEMPT_AND_ABORT)?,
         }
     };
-    if let Some(path) = &pr.path {
-        if (next.aptpl || inner.st.aptpl) && next != inner.st {
-            if let Err(e) = persist::store(path, &next) {
-                let _ = e; // reported as a failure of the command; state unchanged
-                return Err(check(Sense::new(
-                    SenseKey::HardwareError,
-                    Asc::INTERNAL_TARGET_FAILURE,
-                )));
-            }
-        }
-    }
-    inner.st = next;
-    pr.update_active(&inner);
+    commit(pr, &mut inner, next)?;
     Ok(fx)
 }
 
@@ -247,7 +264,7 @@ fn bump(st: &mut PrState) {
 
 /// REGISTER and REGISTER AND IGNORE EXISTING KEY (SPC-4 §5.9.7, tables
 /// 53 and 54).
-fn register(
+pub(super) fn register(
     st: &mut PrState,
     inner: &Inner,
     it: &It<'_>,
@@ -328,7 +345,12 @@ fn unregister(st: &mut PrState, inner: &Inner, i: usize, n: NexusId, fx: &mut Ef
 }
 
 /// RESERVE (SPC-4 §5.9.9).
-fn reserve(st: &mut PrState, it: &It<'_>, key: u64, kind: PrType) -> Result<Effects, Outcome> {
+pub(super) fn reserve(
+    st: &mut PrState,
+    it: &It<'_>,
+    key: u64,
+    kind: PrType,
+) -> Result<Effects, Outcome> {
     registered(st, it, key)?;
     match &st.res {
         None => {
@@ -348,7 +370,7 @@ fn reserve(st: &mut PrState, it: &It<'_>, key: u64, kind: PrType) -> Result<Effe
 }
 
 /// RELEASE (SPC-4 §5.9.11.2).
-fn release(
+pub(super) fn release(
     st: &mut PrState,
     inner: &Inner,
     it: &It<'_>,
@@ -380,7 +402,7 @@ fn release(
 }
 
 /// CLEAR (SPC-4 §5.9.11.6).
-fn clear(
+pub(super) fn clear(
     st: &mut PrState,
     inner: &Inner,
     it: &It<'_>,
@@ -399,7 +421,7 @@ fn clear(
 }
 
 /// PREEMPT and PREEMPT AND ABORT (SPC-4 §5.9.11.4, §5.9.11.5).
-fn preempt(
+pub(super) fn preempt(
     st: &mut PrState,
     inner: &Inner,
     it: &It<'_>,

@@ -815,3 +815,173 @@ fn registration_resources_are_bounded() {
         }
     }
 }
+
+/// NVMe hosts (pr::host): one reservation state with the SCSI initiators.
+#[test]
+fn nvme_hosts_share_the_reservation() {
+    use volume::reservations::{host_id_of, HostAction as H, HostRefusal as R, PrType};
+    let lu = lu3();
+    let (h1, h2) = ([1u8; 16], [2u8; 16]);
+    let reg = |h: &[u8; 16], nrkey| lu.host_reservation(h, H::Register { nrkey, ptpl: None });
+    assert!(!lu.reservations_active() && !lu.host_conflicts(&h1, true));
+    assert_eq!(reg(&h1, 0), Err(R::InvalidField), "NRKEY 0");
+    assert_eq!(reg(&h1, 0x1), Ok(()));
+    assert_eq!(reg(&h1, 0x1), Ok(()), "again with its key: nothing");
+    assert_eq!(
+        reg(&h1, 0x9),
+        Err(R::Conflict),
+        "registered with another key"
+    );
+    assert_eq!(keys(&lu), (1, vec![0x1]));
+    let ea = PrType::ExclusiveAccess;
+    assert_eq!(
+        lu.host_reservation(
+            &h1,
+            H::Acquire {
+                crkey: 0x2,
+                kind: ea
+            }
+        ),
+        Err(R::Conflict),
+        "wrong key"
+    );
+    assert_eq!(
+        lu.host_reservation(
+            &h1,
+            H::Acquire {
+                crkey: 0x1,
+                kind: ea
+            }
+        ),
+        Ok(())
+    );
+    assert_eq!(reservation(&lu), Some((0x1, EA)));
+    // The NVMe holder keeps SCSI initiators and other hosts out.
+    conflict(&exec(&lu, A, &read10(0, 1), &[]));
+    assert!(lu.host_conflicts(&h2, false) && !lu.host_conflicts(&h1, true));
+    // A SCSI initiator preempts the host; the host's access follows.
+    register(&lu, A, 0xA);
+    good(&prout(&lu, A, PREEMPT, WE, 0xA, 0x1));
+    assert!(lu.host_conflicts(&h1, true) && !lu.host_conflicts(&h1, false));
+    let rep = lu.host_reservation_report();
+    assert_eq!(rep.kind, Some(PrType::WriteExclusive));
+    assert_eq!(rep.registrants.len(), 1);
+    assert_eq!(rep.registrants[0].host_id, host_id_of(INIT_1));
+    assert!(rep.registrants[0].holds && rep.registrants[0].key == 0xA);
+    // Register, unregister and replace.
+    assert_eq!(reg(&h1, 0x2), Ok(()));
+    let unreg = |h: &[u8; 16], crkey, iekey| {
+        lu.host_reservation(
+            h,
+            H::Unregister {
+                crkey,
+                iekey,
+                ptpl: None,
+            },
+        )
+    };
+    let replace = |h: &[u8; 16], crkey, nrkey, iekey| {
+        lu.host_reservation(
+            h,
+            H::Replace {
+                crkey,
+                nrkey,
+                iekey,
+                ptpl: None,
+            },
+        )
+    };
+    assert_eq!(unreg(&h2, 0, true), Err(R::Conflict), "not registered");
+    assert_eq!(replace(&h1, 0x7, 0x3, false), Err(R::Conflict), "wrong key");
+    assert_eq!(replace(&h1, 0x7, 0x3, true), Ok(()), "IEKEY");
+    assert_eq!(keys(&lu).1, vec![0xA, 0x3]);
+    assert_eq!(replace(&h1, 0x3, 0, false), Ok(()), "new key 0 unregisters");
+    assert_eq!(keys(&lu).1, vec![0xA]);
+    assert_eq!(reg(&h1, 0x4), Ok(()));
+    assert_eq!(unreg(&h1, 0x5, false), Err(R::Conflict));
+    assert_eq!(unreg(&h1, 0x4, false), Ok(()));
+    // Release by the SCSI holder's type only; a host's release with
+    // another type than the reservation's is an invalid field.
+    assert_eq!(reg(&h1, 0x5), Ok(()));
+    good(&prout(&lu, A, RELEASE, WE, 0xA, 0));
+    assert_eq!(
+        lu.host_reservation(
+            &h1,
+            H::Acquire {
+                crkey: 0x5,
+                kind: PrType::WriteExclusiveAllRegistrants
+            }
+        ),
+        Ok(())
+    );
+    assert_eq!(reservation(&lu), Some((0, WE_AR)));
+    assert!(!lu.host_conflicts(&h1, true));
+    assert_eq!(
+        lu.host_reservation(
+            &h1,
+            H::Release {
+                crkey: 0x5,
+                kind: ea
+            }
+        ),
+        Err(R::InvalidField)
+    );
+    // Clear: everything goes, and the SCSI registrant is told.
+    assert_eq!(lu.host_reservation(&h1, H::Clear { crkey: 0x5 }), Ok(()));
+    assert_eq!(reservation(&lu), None);
+    assert_eq!(keys(&lu).1, Vec::<u64>::new());
+    ua(&lu, A, Asc::RESERVATIONS_PREEMPTED);
+    // Persist through power loss needs a state file.
+    assert_eq!(
+        lu.host_reservation(
+            &h1,
+            H::Register {
+                nrkey: 1,
+                ptpl: Some(true)
+            }
+        ),
+        Err(R::InvalidField)
+    );
+}
+
+#[test]
+fn nvme_host_registrations_persist_with_ptpl() {
+    use volume::reservations::{HostAction as H, PrType};
+    let dir = std::env::temp_dir().join(format!("ironsan-pr-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lu.pr");
+    let _ = std::fs::remove_file(&path);
+    let mut c = cfg();
+    c.pr_state = Some(path.clone());
+    let new_lu = |c: &LuConfig| {
+        LogicalUnit::new(Arc::new(MemBackend::new(BLOCKS * u64::from(BS))), c.clone()).unwrap()
+    };
+    let lu = new_lu(&c);
+    let h = [7u8; 16];
+    lu.host_reservation(
+        &h,
+        H::Register {
+            nrkey: 0x77,
+            ptpl: Some(true),
+        },
+    )
+    .unwrap();
+    lu.host_reservation(
+        &h,
+        H::Acquire {
+            crkey: 0x77,
+            kind: PrType::WriteExclusive,
+        },
+    )
+    .unwrap();
+    assert!(path.exists());
+    drop(lu);
+    let lu = new_lu(&c);
+    let rep = lu.host_reservation_report();
+    assert!(rep.ptpl && rep.kind == Some(PrType::WriteExclusive));
+    assert_eq!(rep.registrants[0].host_id, h);
+    assert!(!lu.host_conflicts(&h, true) && lu.host_conflicts(&[8; 16], true));
+    conflict(&exec(&lu, A, &write10(0, 1), &vec![0; BS as usize]));
+    drop(lu);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
