@@ -800,6 +800,24 @@ class Control(threading.Thread):
             if os.path.exists(img):
                 os.unlink(img)
             return ("OK " if ok else "ERR ") + out.replace("\n", " | ")
+        if op == "other-host":
+            # other-host read|write NQN: 64 KiB of 4 KiB I/Os to namespace 1
+            # of subsystem NQN through NVMe/TCP port 0 by another host
+            # (ironsan bench's userspace initiator, a Host Identifier of
+            # its own): "OK <exit status> <last line of its errors>".
+            rw, nqn = args[0], args[1]
+            if rw not in ("read", "write"):
+                return f"ERR {rw!r}"
+            url = f"nvme-tcp://127.0.0.1:{t.nvme_ports[0]}/{nqn}/1"
+            r = subprocess.run(
+                [t.bin, "bench", url, "--rw", rw, "--bs", "4k", "--size", "64k",
+                 "--iodepth", "1"],
+                capture_output=True, text=True, timeout=60,
+                env=dict(os.environ, RUST_BACKTRACE="0"))
+            lines = r.stderr.strip().splitlines() or [""]
+            # The first NVMe status met, else the last line.
+            last = next((l for l in lines if "NVMe status" in l), lines[-1])
+            return f"OK {r.returncode} {last}"
         if op == "allocated":
             st = os.stat(t.luns[int(args[0])]["path"])
             return f"OK {st.st_blocks * 512}"

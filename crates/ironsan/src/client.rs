@@ -488,7 +488,10 @@ fn run_local(a: &BenchArgs, spec: &JobSpec) -> Result<()> {
     }
     let r = &done.0;
     if r.errors() > 0 {
-        bail!("{} I/O errors", r.errors());
+        match r.error_samples.first() {
+            Some(first) => bail!("{} I/O errors, first: {first}", r.errors()),
+            None => bail!("{} I/O errors", r.errors()),
+        }
     }
     Ok(())
 }

@@ -162,6 +162,57 @@ ns_hotplug() {
 }
 not_present2() { ! ns_present 2; }
 
+# `resv_report DEV`: nvme-cli's Reservation Report (extended data
+# structure) on one line, lower case.
+resv_report() { nvme resv-report "$1" --eds 2>&1 | tr -s ' \t' ' ' | tr '\n' '|' | tr 'A-F' 'a-f'; }
+# Reservations (NVMe Base 2.0 §8.19) through nvme-cli: this host registers
+# and takes Write Exclusive; another host (the harness's userspace
+# initiator, `other-host`) may then read but not write (Reservation
+# Conflict); the Reservation Report names this host's identifier as the
+# holder; after a release the other host writes; unregistering leaves no
+# registrant. Linux 6.1's own target serves no reservations (nvmet has
+# them from Linux 6.13), so against it this part is not run.
+reservations() {
+  d=$1
+  if [ "$NVME_TARGET" = nvmet ]; then
+    info "reservations: not run against nvmet (Linux $(uname -r) serves none)"
+    return
+  fi
+  step resv-register
+  check nvme resv-register "$d" --nrkey=0xa1 --rrega=0
+  step resv-acquire
+  check nvme resv-acquire "$d" --crkey=0xa1 --rtype=1 --racqa=0
+  step resv-report
+  rep=$(resv_report "$d")
+  info "resv-report: $rep"
+  hostid=$(tr -d '\n-' < /etc/nvme/hostid | tr 'A-F' 'a-f')
+  if echo "$rep" | grep -q "rtype *: *1|" && echo "$rep" | grep -q "regctl *: *1|" &&
+     echo "$rep" | tr -d ' -' | grep -q "$hostid" && echo "$rep" | grep -q "rcsts *: *1|"; then pass
+  else fail "expected rtype 1, one registrant, hostid $hostid holding: $rep"; fi
+  step resv-conflict
+  own=$(dd if=/tmp/sample of="$d" bs=4k count=1 seek=100 oflag=direct 2>&1) || own="FAILED $own"
+  rd=$(host other-host read "$NVME_NQN")
+  wr=$(host other-host write "$NVME_NQN")
+  info "Write Exclusive held here: own write: $(echo "$own" | tail -1); other host read: $rd; other host write: $wr"
+  if [ "${own#FAILED}" != "$own" ]; then fail "the holder's write failed: $own"
+  elif [ "${rd#OK 0}" = "$rd" ]; then fail "the other host could not read: $rd"
+  elif [ "${wr#OK 0}" != "$wr" ] || ! echo "$wr" | grep -q "SC 0x83"; then fail "the other host's write was not a Reservation Conflict: $wr"
+  else pass; fi
+  step resv-release
+  if ! out=$(nvme resv-release "$d" --crkey=0xa1 --rtype=1 --rrela=0 2>&1); then fail "$out"
+  else
+    wr=$(host other-host write "$NVME_NQN")
+    if [ "${wr#OK 0}" = "$wr" ]; then fail "released, yet the other host could not write: $wr"; else pass; fi
+  fi
+  step resv-unregister
+  if ! out=$(nvme resv-register "$d" --crkey=0xa1 --rrega=1 2>&1); then fail "$out"
+  else
+    rep=$(resv_report "$d")
+    info "resv-report after unregistering: $rep"
+    if echo "$rep" | grep -q "regctl *: *0|"; then pass; else fail "registrants left: $rep"; fi
+  fi
+}
+
 nvme_run() {
   step modprobe
   check modprobe nvme-tcp
@@ -225,6 +276,8 @@ nvme_run() {
   if [ -n "$nsze" ] && [ -n "$lbads" ] && [ $(( nsze << lbads )) = "$size" ] &&
      [ "$subnqn" = "$NVME_NQN" ] && nvme ns-descs "$d" >/dev/null 2>&1; then pass
   else fail "id-ns nsze $nsze lbads $lbads (device $size bytes), id-ctrl subnqn $subnqn"; fi
+
+  reservations "$d"
 
   ns_hotplug
 
