@@ -10,6 +10,12 @@
 # everything is made here, from packages, and cached by content.
 #
 #   scripts/guest/build.sh [CACHE_DIR]    prints the directory with vmlinuz and base.cpio.gz
+#
+# IRONSAN_GUEST_KERNEL=backports takes the kernel from this release's
+# backports suite instead (bookworm-backports: Linux 6.12, which has NVMe
+# in-band authentication, DH-HMAC-CHAP, where 6.1 has not), through apt
+# lists of its own under the cache: the host's apt configuration is left
+# as it is.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${1:-${IRONSAN_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ironsan-guest}}"
@@ -37,15 +43,35 @@ fi
 
 # The kernel: the version linux-image-amd64 points at, downloaded and
 # extracted into the cache (never installed on the host).
-kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+apt_opts=()
+if [ "${IRONSAN_GUEST_KERNEL:-}" = backports ]; then
+  suite="$(. /etc/os-release && echo "$VERSION_CODENAME")-backports"
+  # The host's Debian mirror (deb822 or one-line sources), else the default.
+  mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list.d/*.sources \
+             /etc/apt/sources.list 2>/dev/null | grep -v security | awk '{print $2; exit}' || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  alist="$cache/apt-$suite"
+  mkdir -p "$alist/lists/partial"
+  echo "deb $mirror $suite main" > "$alist/sources.list"
+  apt_opts=(-o "Dir::Etc::SourceList=$alist/sources.list" -o "Dir::Etc::SourceParts=/nonexistent"
+            -o "Dir::State::Lists=$alist/lists" -o "Dir::Cache=$alist/cache"
+            -o "APT::Sandbox::User=root")
+  mkdir -p "$alist/cache/archives/partial"
+  if [ -z "$(find "$alist/lists" -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+    echo "guest build: reading $suite ($mirror)" >&2
+    apt-get "${apt_opts[@]}" update -qq >&2
+  fi
+fi
+kpkg=$(apt-cache "${apt_opts[@]}" depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
 [ -n "$kpkg" ] || { echo "guest build: no linux-image-amd64 in the package lists" >&2; exit 1; }
 kver=${kpkg#linux-image-}
 kdir="$cache/kernel-$kver"
 if [ ! -f "$kdir/vmlinuz" ]; then
   echo "guest build: fetching $kpkg" >&2
   rm -rf "$kdir.tmp" && mkdir -p "$kdir.tmp/deb"
-  (cd "$kdir.tmp/deb" && apt-get download "$kpkg" >/dev/null 2>&1) || {
-    apt-get update -qq >&2; (cd "$kdir.tmp/deb" && apt-get download "$kpkg" >/dev/null)
+  (cd "$kdir.tmp/deb" && apt-get "${apt_opts[@]}" download "$kpkg" >/dev/null 2>&1) || {
+    apt-get "${apt_opts[@]}" update -qq >&2
+    (cd "$kdir.tmp/deb" && apt-get "${apt_opts[@]}" download "$kpkg" >/dev/null)
   }
   dpkg-deb -x "$kdir.tmp"/deb/*.deb "$kdir.tmp/root"
   depmod -b "$kdir.tmp/root" "$kver"
@@ -144,7 +170,7 @@ done > "$root/etc/modules.order"
 # its namespaces (null_blk, brd). They keep their place in the usual tree
 # under /lib/modules/$kver, indexed by depmod, so that modprobe resolves
 # their dependencies and aliases (nvmet-transport-3 …) as on any host.
-ondemand=(nvme_tcp nvmet_tcp null_blk brd crc64_rocksoft_generic loop)
+ondemand=(nvme_tcp nvmet_tcp null_blk brd crc64_rocksoft_generic loop hmac sha256_generic sha512_generic)
 mdir="$root/lib/modules/$kver"
 mkdir -p "$mdir"
 depends "${ondemand[@]}" | while read -r ko; do

@@ -27,6 +27,7 @@ under TCG: its figures are functional, never performance.
 """
 
 import argparse
+import base64
 import os
 import re
 import shutil
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import zlib
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -374,13 +376,28 @@ class Tgt:
         return r.returncode == 0, (r.stdout + r.stderr).strip() or "done"
 
 
+def dhchap_secret(key, transform):
+    """A DH-HMAC-CHAP secret as `nvme gen-dhchap-key` prints it: DHHC-1,
+    the transformation hash (0 none, 1 SHA-256 …), base64 of the key and
+    its CRC-32 (little-endian)."""
+    raw = key + zlib.crc32(key).to_bytes(4, "little")
+    return f"DHHC-1:{transform:02d}:{base64.b64encode(raw).decode()}:"
+
+
+# The nvme-auth scenario's secrets: the host's (SHA-256 transformed), the
+# controller's (48 bytes, SHA-384) and one nobody was given.
+DHCHAP_HOST = dhchap_secret(bytes(range(32)), 1)
+DHCHAP_CTRL = dhchap_secret(bytes(range(100, 148)), 2)
+DHCHAP_WRONG = dhchap_secret(bytes(range(1, 33)), 1)
+
+
 class Scenario:
     """What the target serves and what the guest runs."""
 
     def __init__(self, name, doc, luns, portals=2, timeout=240, env=None,
                  facts=None, limits="", extra="", rules=None, target_extra="", files=None,
                  tgt=True, tgt_params=(), tgt_reason="", gateways=False, nvme=False,
-                 script=None, default=True, blktests=False):
+                 script=None, default=True, blktests=False, kernel=None):
         self.name = name
         self.doc = doc
         self._luns = luns
@@ -410,6 +427,9 @@ class Scenario:
         self.default = default
         # Runs blktests from $IRONSAN_BLKTESTS (skipped without it).
         self.blktests = blktests
+        # The guest kernel: None, this release's; "backports", its backports
+        # suite's (scripts/guest/build.sh, IRONSAN_GUEST_KERNEL).
+        self.kernel = kernel
 
     def luns(self, work):
         out = []
@@ -657,6 +677,25 @@ def scenario_list():
             tgt=False,
             tgt_reason="tgt has no NVMe/TCP"),
         Scenario(
+            "nvme-auth",
+            "NVMe in-band authentication (DH-HMAC-CHAP) from the kernel's host on Linux 6.12 "
+            "(bookworm-backports; 6.1 has none): a target with `dhchap` refuses a connect "
+            "without a secret and with a wrong one, admits the right one on every queue (I/O "
+            "verified), admits bidirectional authentication when the controller proves its "
+            "secret, and the host refuses a controller that proves another; the target also "
+            "requires iSCSI CHAP",
+            [{"backend": "mem", "size": "64M"}],
+            nvme=True,
+            portals=1,
+            env={"DHCHAP_SECRET": DHCHAP_HOST, "DHCHAP_CTRL_SECRET": DHCHAP_CTRL,
+                 "DHCHAP_WRONG": DHCHAP_WRONG},
+            target_extra=f'chap = {{ user = "guest-host", secret = "guest-secret-0123" }}\n'
+                         f'dhchap = {{ secret = "{DHCHAP_HOST}", ctrl_secret = "{DHCHAP_CTRL}" }}\n',
+            timeout=180,
+            tgt=False,
+            tgt_reason="tgt has no NVMe/TCP",
+            kernel="backports"),
+        Scenario(
             "blktests",
             "blktests' nvme group (its source in $IRONSAN_BLKTESTS) pointed at ironsan through "
             "its NVME_TARGET_CONTROL hook: each test's subsystem is a target ironsan adds "
@@ -756,9 +795,10 @@ class Control(threading.Thread):
             time.sleep(0.3)  # the backend re-reads the file every 100 ms
             return "OK"
         if op == "log":
-            # log PATTERN: how many lines of the target's log match.
+            # log PATTERN…: how many lines of the target's log hold it.
             with open(os.path.join(t.work, "target.log"), errors="replace") as f:
-                n = sum(1 for line in f if args[0] in line)
+                pattern = " ".join(args)
+                n = sum(1 for line in f if pattern in line)
             return f"OK {n}"
         if op == "nvme-port":
             # nvme-port N: the address NVMe/TCP port N listens on.
@@ -1064,6 +1104,7 @@ def main():
         print("guest: SKIPPED: the guest image could not be built (see above)")
         return 0 if os.environ.get("IRONSAN_GUEST_REQUIRED") != "1" else 1
     image = b.stdout.strip().splitlines()[-1]
+    images = {}
     if not shutil.which(args.qemu):
         print(f"guest: SKIPPED: {args.qemu} not found")
         return 0 if os.environ.get("IRONSAN_GUEST_REQUIRED") != "1" else 1
@@ -1098,8 +1139,24 @@ def main():
             print(f"guest: {sc.name}: SKIPPED: {blktests_source()[1]}", flush=True)
             skipped += 1
             continue
+        sc_image = image
+        if sc.kernel:
+            if sc.kernel not in images:
+                env = dict(os.environ, IRONSAN_GUEST_KERNEL=sc.kernel)
+                b = subprocess.run(build, stdout=subprocess.PIPE, text=True, env=env)
+                images[sc.kernel] = b.stdout.strip().splitlines()[-1] if b.returncode == 0 else None
+            sc_image = images[sc.kernel]
+            if sc_image is None:
+                print(f"guest: {sc.name}: SKIPPED: the {sc.kernel} kernel's image could not be "
+                      "built (see above)", flush=True)
+                if os.environ.get("IRONSAN_GUEST_REQUIRED") == "1":
+                    results.append({"name": sc.name, "ok": False, "steps": [], "boot": None})
+                skipped += 1
+                continue
+            kv = open(os.path.join(sc_image, "kernel-version")).read().strip()
+            print(f"guest: {sc.name}: on Linux {kv} ({sc.kernel})", flush=True)
         print(f"guest: {sc.name}: {sc.doc}", flush=True)
-        r = run_scenario(sc, args, image, binary, args.keep)
+        r = run_scenario(sc, args, sc_image, binary, args.keep)
         if "skipped" in r:
             print(f"guest: {sc.name}: SKIPPED: {r['skipped']}", flush=True)
             skipped += 1

@@ -486,11 +486,11 @@ async fn portals(State(st): St) -> impl IntoResponse {
 /// added with an `allow` list that keeps everyone out until `set-chap`.
 async fn add_target(State(st): St, Body(mut c): Body<TargetConfig>) -> Response {
     let _g = st.change.lock().await;
-    if c.chap.is_some() || c.mutual_chap.is_some() {
+    if c.chap.is_some() || c.mutual_chap.is_some() || c.dhchap.is_some() {
         return err(
             StatusCode::BAD_REQUEST,
             "credentials are set with PUT /api/targets/{target}/chap once the target exists \
-             (give it an allow list meanwhile)",
+             (give it an allow list meanwhile); DH-HMAC-CHAP secrets only in the configuration file",
         );
     }
     if st.ctl.target_exists(&c.name).is_ok() {

@@ -493,13 +493,27 @@ impl NvmeQueue {
     }
 
     /// Fabrics Connect of this queue as queue `qid` with `sqsize` entries;
-    /// the controller ID (`Ok`), or the refusal.
+    /// the controller ID (`Ok`), or the refusal. A controller that asks
+    /// for authentication is refused here: see [`Self::connect_auth`].
     pub fn connect(
         &mut self,
         qid: u16,
         sqsize: u16,
         data: &ConnectData,
         kato_ms: u32,
+    ) -> Result<u16, Error> {
+        self.connect_auth(qid, sqsize, data, kato_ms, None)
+    }
+
+    /// [`Self::connect`], then, when the controller asks for it (AUTHREQ
+    /// ATR), this queue's DH-HMAC-CHAP transaction with `auth`'s secrets.
+    pub fn connect_auth(
+        &mut self,
+        qid: u16,
+        sqsize: u16,
+        data: &ConnectData,
+        kato_ms: u32,
+        auth: Option<&Dhchap>,
     ) -> Result<u16, Error> {
         let mut s = [0u8; 64];
         s[0] = OPC_FABRICS;
@@ -514,8 +528,80 @@ impl NvmeQueue {
         })?;
         self.qid = qid;
         self.set_depth(sqsize - 1);
+        if c.result & u64::from(nvme_auth::AUTHREQ_ATR) != 0 {
+            let a = auth.ok_or_else(|| {
+                Error::Protocol(
+                    "the controller requires DH-HMAC-CHAP authentication and no secret was given"
+                        .into(),
+                )
+            })?;
+            self.authenticate(a, data, qid)?;
+        }
         Ok(c.result as u16)
     }
+
+    /// One DH-HMAC-CHAP transaction (NVMe Base 2.0 §8.13) on this queue.
+    fn authenticate(&mut self, a: &Dhchap, data: &ConnectData, qid: u16) -> Result<(), Error> {
+        let mut t = nvme_auth::HostTransaction::new(
+            &a.secret,
+            a.ctrl_secret.as_ref(),
+            &data.hostnqn,
+            &data.subnqn,
+            qid,
+        );
+        let send = |q: &mut NvmeQueue, m: Vec<u8>| -> Result<(), Error> {
+            let c = q.call(auth_sqe(true, m.len()), Bytes::from(m), 0)?;
+            c.ok()
+        };
+        let receive = |q: &mut NvmeQueue| -> Result<Bytes, Error> {
+            let c = q.call(auth_sqe(false, 4096), Bytes::new(), 4096)?;
+            c.ok()?;
+            Ok(c.data)
+        };
+        let refused = |e: nvme_auth::HostError| Error::Protocol(format!("DH-HMAC-CHAP: {e}"));
+        send(self, t.negotiate())?;
+        let challenge = receive(self)?;
+        let reply = t
+            .reply(&challenge, &mut |b: &mut [u8]| {
+                getrandom::fill(b).expect("the OS random source")
+            })
+            .map_err(refused)?;
+        send(self, reply)?;
+        let success1 = receive(self)?;
+        match t.success1(&success1) {
+            Ok(Some(s2)) => send(self, s2),
+            Ok(None) => Ok(()),
+            Err(e) => {
+                let _ = send(self, t.failure2(nvme_auth::Reason::Failed));
+                Err(refused(e))
+            }
+        }
+    }
+}
+
+/// This host's DH-HMAC-CHAP secrets: its own, and the controller's for
+/// bidirectional authentication (`DHHC-1:…` as `nvme gen-dhchap-key`
+/// prints them).
+#[derive(Debug)]
+pub struct Dhchap {
+    pub secret: nvme_auth::Secret,
+    pub ctrl_secret: Option<nvme_auth::Secret>,
+}
+
+/// Authentication Send (`send`) or Receive of `len` bytes.
+fn auth_sqe(send: bool, len: usize) -> Sqe {
+    let mut s = [0u8; 64];
+    s[0] = OPC_FABRICS;
+    s[4] = if send {
+        nvme_auth::FCTYPE_SEND
+    } else {
+        nvme_auth::FCTYPE_RECEIVE
+    };
+    s[41] = nvme_auth::SPSP0;
+    s[42] = nvme_auth::SPSP1;
+    s[43] = nvme_auth::SECP;
+    s[44..48].copy_from_slice(&(len as u32).to_le_bytes());
+    Sqe(s)
 }
 
 /// An admin or fabrics command with `cdw10..` filled by the caller.
@@ -570,6 +656,8 @@ pub struct Controller {
     pub in_capsule: u32,
     /// Largest transfer (MDTS), bytes.
     pub max_transfer: u32,
+    /// DH-HMAC-CHAP secrets, for each queue's transaction.
+    pub auth: Option<std::sync::Arc<Dhchap>>,
 }
 
 impl Controller {
@@ -582,6 +670,19 @@ impl Controller {
         digests: (bool, bool),
         queues: u16,
     ) -> Result<Controller, Error> {
+        Self::connect_auth(addr, subnqn, hostnqn, digests, queues, None)
+    }
+
+    /// [`Self::connect`] with DH-HMAC-CHAP secrets for a subsystem that
+    /// authenticates its hosts (every queue authenticates).
+    pub fn connect_auth(
+        addr: SocketAddr,
+        subnqn: &str,
+        hostnqn: &str,
+        digests: (bool, bool),
+        queues: u16,
+        auth: Option<std::sync::Arc<Dhchap>>,
+    ) -> Result<Controller, Error> {
         let mut admin = NvmeQueue::open(addr, digests.0, digests.1)?;
         let host_id = crate::random_bytes::<16>();
         let mut connect = ConnectData {
@@ -590,7 +691,7 @@ impl Controller {
             subnqn: subnqn.to_owned(),
             hostnqn: hostnqn.to_owned(),
         };
-        let cntlid = admin.connect(0, 32, &connect, 0)?;
+        let cntlid = admin.connect_auth(0, 32, &connect, 0, auth.as_deref())?;
         connect.cntlid = cntlid;
         // CC: EN, IOSQES 6, IOCQES 4.
         let cc = 1u64 | (6 << 16) | (4 << 20);
@@ -642,6 +743,7 @@ impl Controller {
             io_queues: granted,
             in_capsule: (ioccsz * 16).saturating_sub(64),
             max_transfer,
+            auth,
         })
     }
 
@@ -684,7 +786,7 @@ impl Controller {
     /// Opens I/O queue `qid` (1..=granted) of `entries` entries.
     pub fn io_queue(&self, qid: u16, entries: u16) -> Result<NvmeQueue, Error> {
         let mut q = NvmeQueue::open(self.addr, self.digests.0, self.digests.1)?;
-        q.connect(qid, entries, &self.connect, 0)?;
+        q.connect_auth(qid, entries, &self.connect, 0, self.auth.as_deref())?;
         q.set_in_capsule(self.in_capsule);
         Ok(q)
     }

@@ -71,6 +71,9 @@ pub struct Subsystem {
     /// The access states of the ports' groups (ALUA's, which are the ANA
     /// states here); none: every port optimized.
     pub groups: Option<Arc<PortGroups>>,
+    /// DH-HMAC-CHAP secrets: every queue of every host authenticates
+    /// after its Connect (`nvme_auth`); none: no authentication.
+    pub dhchap: Option<Arc<nvme_auth::Keys>>,
 }
 
 impl Subsystem {
@@ -93,7 +96,14 @@ impl Subsystem {
             namespaces,
             allowed_hosts,
             groups,
+            dhchap: None,
         }
+    }
+
+    /// The same subsystem, its hosts authenticated with `keys`.
+    pub fn with_dhchap(mut self, keys: Arc<nvme_auth::Keys>) -> Self {
+        self.dhchap = Some(keys);
+        self
     }
 
     fn admits(&self, hostnqn: &str) -> bool {
@@ -504,6 +514,15 @@ impl Registry {
                 c.kill();
             }
         }
+    }
+
+    /// The subsystem named `nqn`.
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.subsystems
+            .lock()
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .cloned()
     }
 
     /// The subsystems a host may see (the discovery log page's entries).

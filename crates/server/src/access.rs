@@ -86,6 +86,57 @@ impl CredConfig {
     }
 }
 
+/// DH-HMAC-CHAP secrets of a target's NVMe/TCP subsystem (NVMe in-band
+/// authentication, the counterpart of `chap` / `mutual_chap`): each in
+/// the `DHHC-1:xx:<base64>:` form `nvme gen-dhchap-key` prints, inline or
+/// as the first line of a file (keep it readable by the target's user
+/// only).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DhchapConfig {
+    /// The hosts' secret: every host proves it knows it.
+    #[serde(default)]
+    pub secret: Option<SecretString>,
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// The controller's secret, for hosts that ask the controller to
+    /// prove itself (bidirectional authentication).
+    #[serde(default)]
+    pub ctrl_secret: Option<SecretString>,
+    #[serde(default)]
+    pub ctrl_secret_file: Option<PathBuf>,
+}
+
+impl DhchapConfig {
+    /// The secrets, files read and parsed.
+    pub fn resolve(&self, at: &str) -> Result<nvme_auth::Keys, ConfigError> {
+        let inv = |m: String| ConfigError::Invalid(format!("{at}: {m}"));
+        let one = |inline: &Option<SecretString>, file: &Option<PathBuf>, what: &str| {
+            let text = match (inline, file) {
+                (Some(s), None) => s.0.clone(),
+                (None, Some(p)) => std::fs::read_to_string(p)
+                    .map_err(|e| inv(format!("cannot read {what}_file {}: {e}", p.display())))?
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string(),
+                (None, None) => return Ok(None),
+                _ => return Err(inv(format!("give at most one of {what} and {what}_file"))),
+            };
+            nvme_auth::Secret::parse(&text)
+                .map(Some)
+                .map_err(|e| inv(format!("{what}: {e}")))
+        };
+        let host = one(&self.secret, &self.secret_file, "secret")?
+            .ok_or_else(|| inv("give secret or secret_file".into()))?;
+        let ctrl = one(&self.ctrl_secret, &self.ctrl_secret_file, "ctrl_secret")?;
+        if ctrl.is_some() && self.ctrl_secret == self.secret && self.ctrl_secret.is_some() {
+            return Err(inv("secret and ctrl_secret must differ".into()));
+        }
+        Ok(nvme_auth::Keys { host, ctrl })
+    }
+}
+
 /// Authentication and access of a target, or of discovery sessions.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]

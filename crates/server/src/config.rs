@@ -31,6 +31,8 @@
 //! allow_net = ["10.0.0.0/8"]                  # source networks; empty: any
 //! chap = { user = "host1", secret_file = "/etc/ironsan/host1.secret" }
 //! mutual_chap = { user = "disk0", secret = "another-secret" }
+//! # NVMe/TCP hosts authenticate with DH-HMAC-CHAP (`nvme gen-dhchap-key`)
+//! dhchap = { secret_file = "/etc/ironsan/disk0.dhchap", ctrl_secret_file = "/etc/ironsan/disk0.ctrl" }
 //!
 //! [[target.lun]]
 //! backend = "file"             # mem | null | file
@@ -60,7 +62,7 @@ use iscsi_proto::params::{DigestPolicy, Limits, MAX_QUEUE_DEPTH};
 use serde::Deserialize;
 use thiserror::Error;
 
-pub use crate::access::{AuthConfig, Cidr, CredConfig, SecretString};
+pub use crate::access::{AuthConfig, Cidr, CredConfig, DhchapConfig, SecretString};
 use crate::size::parse_size;
 
 /// The default target name when none is given.
@@ -645,6 +647,10 @@ pub struct TargetConfig {
     /// `allow_net`).
     #[serde(default)]
     pub nvme_allow: Vec<String>,
+    /// NVMe/TCP hosts authenticate with DH-HMAC-CHAP. A target with
+    /// `chap` is served over NVMe/TCP only with this.
+    #[serde(default)]
+    pub dhchap: Option<DhchapConfig>,
 }
 
 impl TargetConfig {
@@ -661,6 +667,7 @@ impl TargetConfig {
             max_sessions: 0,
             nqn: None,
             nvme_allow: Vec::new(),
+            dhchap: None,
         }
     }
 
@@ -674,6 +681,9 @@ impl TargetConfig {
             .map_err(|m| ConfigError::Invalid(format!("target {:?}: {m}", t.name)))?;
         check_nqn(&t.subsystem_nqn())
             .map_err(|m| ConfigError::Invalid(format!("target {}: {m}", t.name)))?;
+        if let Some(d) = &t.dhchap {
+            d.resolve(&format!("target {} dhchap", t.name))?;
+        }
         if t.lun.is_empty() {
             return inv(format!("target {:?} has no LUN", t.name));
         }

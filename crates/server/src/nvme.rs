@@ -13,9 +13,12 @@
 //!
 //! Access: a Connect is refused (Connect Invalid Host) to a host NQN not in
 //! the target's `nvme_allow`, from a source address outside its
-//! `allow_net`, and to any host while the target requires CHAP: NVMe/TCP's
-//! in-band authentication (DH-HMAC-CHAP) is not served yet, and a target
-//! with credentials must not be reachable without them.
+//! `allow_net`, and to any host while the target requires CHAP but has no
+//! DH-HMAC-CHAP secret (`dhchap`): a target with credentials must not be
+//! reachable without them. With `dhchap`, every queue's Connect answers
+//! "authentication required" and the queue serves nothing but NVMe
+//! in-band authentication (NVMe Base 2.0 §8.13, `nvme_auth`) until the
+//! host has proved it knows the secret.
 
 use std::io;
 use std::net::SocketAddr;
@@ -137,20 +140,33 @@ pub(crate) fn register_targets(shared: &Shared, cfg: &crate::Config) {
 
 /// Makes target `t` (configured as `cfg`) a subsystem.
 pub(crate) fn register_target(shared: &Shared, cfg: &crate::config::TargetConfig, t: &TargetRt) {
-    if cfg.chap.is_some() {
-        tracing::warn!(target = %cfg.name, "not served over NVMe/TCP: the target requires CHAP, and NVMe/TCP in-band authentication (DH-HMAC-CHAP) is not served yet");
+    let dhchap = match &cfg.dhchap {
+        Some(d) => match d.resolve(&format!("target {} dhchap", cfg.name)) {
+            Ok(k) => Some(Arc::new(k)),
+            Err(e) => {
+                tracing::error!(target = %cfg.name, "not served over NVMe/TCP: {e}");
+                return;
+            }
+        },
+        None => None,
+    };
+    if cfg.chap.is_some() && dhchap.is_none() {
+        tracing::warn!(target = %cfg.name, "not served over NVMe/TCP: the target requires CHAP and has no DH-HMAC-CHAP secret (`dhchap`) for NVMe/TCP hosts");
         return;
     }
     let nqn = cfg.subsystem_nqn();
     if !nqn.starts_with("nqn.") {
         tracing::warn!(target = %cfg.name, nqn = %nqn, "the subsystem NQN is not in the nqn.yyyy-mm.domain:… form NVMe Base 2.0 §4.5 asks for (served anyway, as Linux nvmet serves it)");
     }
-    let s = Subsystem::new(
+    let mut s = Subsystem::new(
         nqn,
         Arc::new(TargetNamespaces(t.cell().clone())),
         cfg.nvme_allow.clone(),
         Some(t.port_groups.clone()),
     );
+    if let Some(k) = dhchap {
+        s = s.with_dhchap(k);
+    }
     shared.nvme.registry.add(Arc::new(s));
 }
 
@@ -208,6 +224,7 @@ pub(crate) async fn serve(
         stats: ConnStats::new(None),
         stats_shared: None,
         received_at: Instant::now(),
+        auth: None,
     };
     match d.run(stop).await {
         Ok(()) => {}
@@ -274,6 +291,10 @@ struct Driver {
     /// latency of every command among them (one clock read per batch,
     /// not per command).
     received_at: Instant,
+    /// This queue's DH-HMAC-CHAP transaction, when its subsystem
+    /// authenticates hosts: nothing but authentication (and Disconnect)
+    /// runs until it succeeds.
+    auth: Option<nvme_auth::Controller>,
 }
 
 impl Driver {
@@ -475,6 +496,20 @@ impl Driver {
         let Some(ctrl) = self.ctrl.clone() else {
             return self.connect(cmd);
         };
+        if cmd.sqe.opcode() == OPC_FABRICS
+            && matches!(
+                cmd.sqe.fctype(),
+                fctype::AUTHENTICATION_SEND | fctype::AUTHENTICATION_RECEIVE
+            )
+        {
+            return self.authenticate(&ctrl, cmd);
+        }
+        if self.auth.as_ref().is_some_and(|a| !a.authenticated())
+            && !(cmd.sqe.opcode() == OPC_FABRICS && cmd.sqe.fctype() == fctype::DISCONNECT)
+        {
+            let (sct, sc) = nvme_auth::AUTH_REQUIRED;
+            return self.complete(cid, Reply::status(Status { sct, sc, dnr: true }));
+        }
         if cmd.sqe.opcode() == OPC_FABRICS {
             match cmd.sqe.fctype() {
                 // A second Connect on a queue.
@@ -509,6 +544,55 @@ impl Driver {
             return;
         }
         self.io(&ctrl, cmd);
+    }
+
+    /// Authentication Send / Receive (NVMe Base 2.0 §8.13; `nvme_auth`):
+    /// the DH-HMAC-CHAP transaction of this queue. A failed one ends the
+    /// association once AUTH_Failure1 is sent.
+    fn authenticate(&mut self, ctrl: &Arc<Controller>, cmd: Command) {
+        let cid = cmd.sqe.cid();
+        let Some(auth) = self.auth.as_mut() else {
+            // The subsystem does not authenticate: no such command here.
+            return self.complete(cid, Reply::status(Status::INVALID_OPCODE));
+        };
+        let Some(len) = nvme_auth::check_command(cmd.sqe.dw(10), cmd.sqe.dw(11)) else {
+            return self.complete(cid, Reply::status(Status::INVALID_FIELD));
+        };
+        if cmd.sqe.fctype() == fctype::AUTHENTICATION_SEND {
+            if cmd.data.len() != len {
+                return self.complete(cid, Reply::status(Status::generic(0x0f, true)));
+            }
+            auth.send(&cmd.data.to_vec());
+            return self.complete(cid, Reply::default());
+        }
+        let mut random = |b: &mut [u8]| {
+            getrandom::fill(b).expect("the OS random source");
+        };
+        match auth.receive(len, &mut random) {
+            Ok(m) => {
+                let fatal = auth.fatal();
+                let ok = auth.authenticated();
+                self.complete(
+                    cid,
+                    Reply {
+                        data: Chain::from(m),
+                        ..Reply::default()
+                    },
+                );
+                if fatal {
+                    tracing::warn!(peer = %self.peer, host = %ctrl.hostnqn, subsystem = %ctrl.subsystem.nqn, qid = self.queue.qid, "NVMe/TCP DH-HMAC-CHAP authentication failed: controller ended");
+                    self.shared
+                        .stats
+                        .portal_event(self.portal.tpgt, |e| e.login_failures += 1);
+                    ctrl.kill();
+                    self.closing = true;
+                } else if ok {
+                    tracing::debug!(peer = %self.peer, host = %ctrl.hostnqn, qid = self.queue.qid, "NVMe/TCP queue authenticated (DH-HMAC-CHAP)");
+                }
+            }
+            // Command Sequence Error.
+            Err(_) => self.complete(cid, Reply::status(Status::generic(0x0c, true))),
+        }
     }
 
     /// Completes held Asynchronous Event Requests with the pending notices
@@ -780,9 +864,20 @@ impl Driver {
                 } else {
                     tracing::debug!(peer = %self.peer, cntlid = ctrl.cntlid, qid = c.qid, sqsize = c.sqsize + 1, "NVMe/TCP I/O queue connected");
                 }
-                // Connect response: CNTLID in bits 15:0, no
-                // authentication required (AUTHREQ 0).
-                let result = u64::from(ctrl.cntlid);
+                // Connect response: CNTLID in bits 15:0; AUTHREQ ATR
+                // when the subsystem authenticates its hosts (every queue
+                // then runs its own transaction).
+                let mut result = u64::from(ctrl.cntlid);
+                if let Some(keys) = &ctrl.subsystem.dhchap {
+                    if !ctrl.discovery {
+                        result |= u64::from(nvme_auth::AUTHREQ_ATR);
+                        self.auth = Some(nvme_auth::Controller::new(
+                            keys.clone(),
+                            &data.hostnqn,
+                            &ctrl.subsystem.nqn,
+                        ));
+                    }
+                }
                 self.ctrl = Some(ctrl);
                 self.queue
                     .complete(cid, Status::SUCCESS, result, Chain::new());
@@ -837,8 +932,14 @@ impl Driver {
         let Some(t) = self.shared.target_by_nqn(&data.subnqn) else {
             return Ok(()); // the registry refuses an unknown NQN
         };
-        if self.shared.access.chap_of(&t.name).initiator.is_some() {
-            return Err("the target requires CHAP, and NVMe/TCP in-band authentication is not served: the subsystem is not reachable over NVMe/TCP");
+        let dhchap = self
+            .shared
+            .nvme
+            .registry
+            .subsystem(&data.subnqn)
+            .is_some_and(|s| s.dhchap.is_some());
+        if self.shared.access.chap_of(&t.name).initiator.is_some() && !dhchap {
+            return Err("the target requires CHAP and has no DH-HMAC-CHAP secret for NVMe/TCP hosts: the subsystem is not reachable over NVMe/TCP");
         }
         let ok =
             self.shared.access.rules(&t.name).is_none_or(|r| {

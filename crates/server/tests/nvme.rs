@@ -695,6 +695,80 @@ fn reservations_are_one_state_for_nvme_hosts_and_iscsi_initiators() {
     assert_eq!(t.status, Some(0));
 }
 
+/// DH-HMAC-CHAP (NVMe Base 2.0 §8.13): a target with `dhchap` answers
+/// every Connect with "authentication required"; the host proves it
+/// knows the secret on each queue (and, bidirectionally, the controller
+/// proves it knows its own); a queue that has not serves nothing; a wrong
+/// secret ends the association. The target also requires iSCSI CHAP,
+/// which keeps it off NVMe/TCP only while it has no `dhchap`.
+#[test]
+fn dh_hmac_chap_authenticates_every_queue() {
+    use initiator::nvme::Dhchap;
+    use nvme_auth::{Hash, Secret};
+    use std::sync::Arc;
+    let host_secret = Secret::represent(&[0x11; 32], Some(Hash::Sha256));
+    let ctrl_secret = Secret::represent(&[0x22; 48], Some(Hash::Sha384));
+    let luns = format!(
+        "chap = {{ user = \"u\", secret = \"0123456789abcdef\" }}\n\
+         dhchap = {{ secret = \"{host_secret}\", ctrl_secret = \"{ctrl_secret}\" }}\n{TWO_LUNS}"
+    );
+    let (_iscsi, nvme, _stop) = serve(&luns, "");
+    let listed = initiator::nvme::discover(nvme[0], &host()).unwrap();
+    assert!(listed.iter().any(|e| e.subnqn == NQN), "{listed:?}");
+    let keys = |s: &str, c: Option<&str>| {
+        Some(Arc::new(Dhchap {
+            secret: Secret::parse(s).unwrap(),
+            ctrl_secret: c.map(|c| Secret::parse(c).unwrap()),
+        }))
+    };
+    let connect = |auth| Controller::connect_auth(nvme[0], NQN, &host(), (false, false), 2, auth);
+    let e = connect(None).err().unwrap().to_string();
+    assert!(e.contains("requires DH-HMAC-CHAP"), "{e}");
+    let wrong = Secret::represent(&[0x12; 32], Some(Hash::Sha256));
+    let e = connect(keys(&wrong, None)).err().unwrap().to_string();
+    assert!(e.contains("AUTH_Failure1"), "{e}");
+    let e = connect(keys(&host_secret, Some(&wrong)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("R2"),
+        "the controller does not know that secret: {e}"
+    );
+    for auth in [
+        keys(&host_secret, None),
+        keys(&host_secret, Some(&ctrl_secret)),
+    ] {
+        let c = connect(auth).unwrap();
+        let mut q = c.io_queue(1, 32).unwrap();
+        let data = Bytes::from(vec![0x6bu8; 4096]);
+        q.call(rw(0x01, 1, 0, 8), data.clone(), 0)
+            .unwrap()
+            .ok()
+            .unwrap();
+        let r = q.call(rw(0x02, 1, 0, 8), Bytes::new(), 4096).unwrap();
+        r.ok().unwrap();
+        assert_eq!(r.data, data);
+    }
+    // A queue that did not authenticate serves nothing.
+    let mut q = NvmeQueue::open(nvme[0], false, false).unwrap();
+    let d = nvme_tcp_wire::capsule::ConnectData {
+        host_id: [3; 16],
+        cntlid: 0xffff,
+        subnqn: NQN.into(),
+        hostnqn: host(),
+    };
+    assert!(q.connect(0, 32, &d, 0).is_err());
+    let r = q
+        .call(sqe(0x06, 0, &[(10, 1)]), Bytes::new(), 4096)
+        .unwrap();
+    assert_eq!(
+        (r.status.sct, r.status.sc),
+        nvme_auth::AUTH_REQUIRED,
+        "Identify before authenticating"
+    );
+}
+
 /// A LUN's `uuid` is listed among its namespace's identification
 /// descriptors (NIDT 03h) beside the NGUID; a LUN without one lists none;
 /// a malformed one is refused in the file and in a `--lun` spec.
