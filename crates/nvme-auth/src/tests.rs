@@ -231,3 +231,35 @@ fn commands_are_checked() {
     assert_eq!(check_command(cdw10 ^ (1 << 24), 72), None);
     assert_eq!(check_command(cdw10 & !(1 << 8), 72), None);
 }
+
+proptest::proptest! {
+    /// Whatever a host sends, in whatever order, the controller answers
+    /// without panicking and authenticates nobody who did not reply with
+    /// the right R1 (a random message cannot carry it).
+    #[test]
+    fn hostile_messages_never_panic_nor_authenticate(
+        msgs in proptest::collection::vec(
+            (proptest::bool::ANY, proptest::collection::vec(proptest::num::u8::ANY, 0..200)),
+            0..12,
+        ),
+        al in 0usize..5000,
+    ) {
+        let k = keys(&Secret::represent(&[0x11; 32], None), None);
+        let mut c = Controller::new(k, HOST, SUBSYS);
+        for (receive, mut m) in msgs {
+            if receive {
+                if let Ok(r) = c.receive(al, &mut counting(0)) {
+                    proptest::prop_assert_eq!(r.len(), al.min(MAX_MESSAGE));
+                }
+            } else {
+                // Half the time a well-formed header, to get past the first checks.
+                if m.len() >= 2 && m[0] & 1 == 0 {
+                    m[0] = if m[1] & 1 == 0 { 0 } else { 1 };
+                    m[1] &= 0x07;
+                }
+                c.send(&m);
+            }
+            proptest::prop_assert!(!c.authenticated());
+        }
+    }
+}
