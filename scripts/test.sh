@@ -24,7 +24,7 @@ if [ "${IRONSAN_SKIP_GUEST:-0}" != 1 ]; then
   timeout -k 30 2400 python3 scripts/guest/run.py
   # blktests' nvme group against ironsan is a scenario of its own: its
   # source is in no package registry, and it takes half an hour under TCG.
-  echo "guest: blktests: not run here (IRONSAN_BLKTESTS=DIR python3 scripts/guest/run.py blktests; docs/HOSTS.md)"
+  echo "guest: blktests: not run here (IRONSAN_BLKTESTS=DIR python3 scripts/guest/run.py blktests; IRONSAN_BLKTESTS_KERNEL=backports: on Linux 6.12, with the DH-HMAC-CHAP test; docs/HOSTS.md)"
 fi
 # Fuzz targets on the stable runner: seeds, regressions, then 30 s of random
 # and mutated inputs each (IRONSAN_FUZZ_SECONDS to change), one process per

@@ -713,7 +713,10 @@ def scenario_list():
             # Half an hour and more under TCG, and its source is fetched by
             # hand: run when named (scripts/test.sh says how).
             default=False,
-            blktests=True),
+            blktests=True,
+            # IRONSAN_BLKTESTS_KERNEL=backports: on Linux 6.12, where the
+            # DH-HMAC-CHAP tests (nvme/041) apply.
+            kernel=os.environ.get("IRONSAN_BLKTESTS_KERNEL") or None),
     ]
 
 
@@ -761,7 +764,9 @@ class Control(threading.Thread):
                     ans = self.handle(req)
                 except Exception as e:  # reported to the guest, which fails its step
                     ans = f"ERR {e}"
-                self.log(f"host: {req!r} -> {ans!r}")
+                # DH-HMAC-CHAP secrets (blktests-setup) stay out of the log.
+                shown = re.sub(r"DHHC-1:\d\d:[^ :]+:", "DHHC-1:…:(redacted):", req)
+                self.log(f"host: {shown!r} -> {ans!r}")
                 c.sendall((ans + "\n").encode())
 
     def handle(self, req):
@@ -818,11 +823,13 @@ class Control(threading.Thread):
                 pass
             return "OK"
         if op == "blktests-setup":
-            # blktests-setup NQN UUID HOSTNQN SIZE: a target whose subsystem
-            # is NQN, one file LUN of SIZE (blktests' NVME_IMG_SIZE: 350m,
-            # 1G …) with namespace UUID UUID, HOSTNQN allowed
+            # blktests-setup NQN UUID HOSTNQN SIZE [HOSTKEY CTRLKEY]: a target
+            # whose subsystem is NQN, one file LUN of SIZE (blktests'
+            # NVME_IMG_SIZE: 350m, 1G …) with namespace UUID UUID, HOSTNQN
+            # allowed, DH-HMAC-CHAP secrets when the keys are not "-"
             # (scripts/guest/blktests-target-control).
             nqn, uuid, hostnqn, size = args[:4]
+            keys = (args[4:6] + ["-", "-"])[:2]
             m = re.fullmatch(r"(\d+)([kmgt]?)", size.lower())
             if not m:
                 return f"ERR size {size!r}"
@@ -830,8 +837,20 @@ class Control(threading.Thread):
             name = blktests_target(nqn)
             img = os.path.join(t.state, "luns", f"{name.rsplit(':', 1)[1]}.img")
             os.makedirs(os.path.dirname(img), exist_ok=True)
+            auth = []
+            for flag, key, suffix in zip(("--dhchap-secret-file", "--dhchap-ctrl-secret-file"),
+                                         keys, ("dhchap", "dhchap-ctrl")):
+                if key != "-":
+                    # A file under the state directory (the admin API's
+                    # secret roots), readable by its owner only.
+                    path = os.path.join(t.state, f"{name.rsplit(':', 1)[1]}.{suffix}")
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "w") as f:
+                        f.write(key + "\n")
+                    auth += [flag, path]
             ok, out = t.admin(["add-target", name, "--nqn", nqn,
-                               "--lun", f"file:{img}:{size},uuid={uuid}", "--nvme-allow", hostnqn])
+                               "--lun", f"file:{img}:{size},uuid={uuid}", "--nvme-allow", hostnqn]
+                              + auth)
             return ("OK " if ok else "ERR ") + out.replace("\n", " | ")
         if op == "blktests-cleanup":
             name = blktests_target(args[0])

@@ -486,12 +486,35 @@ async fn portals(State(st): St) -> impl IntoResponse {
 /// added with an `allow` list that keeps everyone out until `set-chap`.
 async fn add_target(State(st): St, Body(mut c): Body<TargetConfig>) -> Response {
     let _g = st.change.lock().await;
-    if c.chap.is_some() || c.mutual_chap.is_some() || c.dhchap.is_some() {
+    if c.chap.is_some() || c.mutual_chap.is_some() {
         return err(
             StatusCode::BAD_REQUEST,
             "credentials are set with PUT /api/targets/{target}/chap once the target exists \
-             (give it an allow list meanwhile); DH-HMAC-CHAP secrets only in the configuration file",
+             (give it an allow list meanwhile)",
         );
+    }
+    // DH-HMAC-CHAP secrets come as files under secret_roots, never inline,
+    // and every failure to use one is answered alike (as for CHAP).
+    if let Some(d) = &mut c.dhchap {
+        if d.secret.is_some() || d.ctrl_secret.is_some() {
+            return err(
+                StatusCode::BAD_REQUEST,
+                "DH-HMAC-CHAP secrets are given as files (dhchap.secret_file, \
+                 dhchap.ctrl_secret_file) under secret_roots",
+            );
+        }
+        for f in [&mut d.secret_file, &mut d.ctrl_secret_file]
+            .into_iter()
+            .flatten()
+        {
+            match st.paths.secret_path(f) {
+                Ok(p) => *f = p,
+                Err(m) => return err(StatusCode::BAD_REQUEST, m),
+            }
+        }
+        if d.resolve("dhchap").is_err() {
+            return err(StatusCode::BAD_REQUEST, st.paths.secret_refusal());
+        }
     }
     if st.ctl.target_exists(&c.name).is_ok() {
         return err(StatusCode::CONFLICT, format!("target {} exists", c.name));

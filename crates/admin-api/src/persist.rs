@@ -97,6 +97,19 @@ pub fn add_target(doc: &mut DocumentMut, c: &TargetConfig) -> Result<(), EditErr
     if c.max_sessions != 0 {
         t.insert("max_sessions", value(c.max_sessions as i64));
     }
+    if let Some(d) = &c.dhchap {
+        // Files only: the API takes no inline secret.
+        let mut dt = InlineTable::new();
+        for (k, f) in [
+            ("secret_file", &d.secret_file),
+            ("ctrl_secret_file", &d.ctrl_secret_file),
+        ] {
+            if let Some(f) = f {
+                dt.insert(k, f.display().to_string().into());
+            }
+        }
+        t.insert("dhchap", value(dt));
+    }
     let mut luns = ArrayOfTables::new();
     for (i, l) in c.lun.iter().enumerate() {
         luns.push(lun_table(l.number.unwrap_or(i as u16), l));

@@ -314,3 +314,78 @@ fn nvme_ports_added_and_removed_at_run_time() {
     // The file follows: one port again.
     assert_eq!(Config::from_file(&path).unwrap().nvme_listen.len(), 1);
 }
+
+/// A target added at run time with DH-HMAC-CHAP secret files: inline
+/// secrets, files outside secret_roots and files that hold no secret are
+/// refused alike; the files are kept in the configuration; the NVMe/TCP
+/// hosts must then authenticate.
+#[test]
+fn a_target_added_with_dhchap_secret_files_authenticates_its_hosts() {
+    use nvme_auth::{Hash, Secret};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ironsan.toml");
+    std::fs::write(
+        &path,
+        format!("listen = [\"127.0.0.1:0\"]\nnvme_listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n"),
+    )
+    .unwrap();
+    let run = start(&path, None);
+    let port: SocketAddr = nvme_ports(run.admin)[0].1.parse().unwrap();
+    let secret = Secret::represent(&[0x5a; 32], Some(Hash::Sha256));
+    let key = dir.path().join("new.dhchap");
+    std::fs::write(&key, format!("{secret}\n")).unwrap();
+    let junk = dir.path().join("junk.dhchap");
+    std::fs::write(&junk, "not a secret\n").unwrap();
+    const NEW: &str = "iqn.2026-12.io.ironsan:authed";
+    let body = |dhchap: &str| {
+        format!("{{\"name\":\"{NEW}\",\"lun\":[{{\"backend\":\"mem\",\"size\":\"1M\"}}],\"dhchap\":{dhchap}}}")
+    };
+    for (bad, why) in [
+        (format!("{{\"secret\":\"{secret}\"}}"), "inline"),
+        (
+            "{\"secret_file\":\"/etc/passwd\"}".to_string(),
+            "outside secret_roots",
+        ),
+        (
+            format!("{{\"secret_file\":{:?}}}", junk.display().to_string()),
+            "no secret in it",
+        ),
+    ] {
+        let (code, text) = http(run.admin, "POST", "/api/targets", &body(&bad), None);
+        assert_eq!(code, 400, "{why}: {text}");
+        assert!(!text.contains("DHHC"), "{text}");
+    }
+    let good = body(&format!(
+        "{{\"secret_file\":{:?}}}",
+        key.display().to_string()
+    ));
+    let (code, text) = http(run.admin, "POST", "/api/targets", &good, None);
+    assert_eq!(code, 201, "{text}");
+    let cfg = Config::from_file(&path).unwrap();
+    let d = cfg.target[1].dhchap.as_ref().expect("dhchap kept");
+    assert_eq!(
+        d.secret_file.as_deref(),
+        Some(key.canonicalize().unwrap().as_path())
+    );
+    assert!(d.secret.is_none());
+    let nqn = format!("nqn.{}", NEW.trim_start_matches("iqn."));
+    let host = initiator::nvme::host_nqn(&[6; 16]);
+    let e = initiator::nvme::Controller::connect(port, &nqn, &host, (false, false), 1)
+        .err()
+        .expect("no secret: refused")
+        .to_string();
+    assert!(e.contains("requires DH-HMAC-CHAP"), "{e}");
+    let auth = std::sync::Arc::new(initiator::nvme::Dhchap {
+        secret: Secret::parse(&secret).unwrap(),
+        ctrl_secret: None,
+    });
+    let c =
+        initiator::nvme::Controller::connect_auth(port, &nqn, &host, (false, false), 1, Some(auth))
+            .unwrap();
+    let mut q = c.io_queue(1, 8).unwrap();
+    let read = initiator::nvme::sqe(0x02, 1, &[(10, 0), (11, 0), (12, 0)]);
+    q.call(read, bytes::Bytes::new(), 512)
+        .unwrap()
+        .ok()
+        .unwrap();
+}

@@ -172,6 +172,15 @@ struct AddTargetArgs {
     /// A host NQN that may connect over NVMe/TCP (repeat; none: any).
     #[arg(long)]
     nvme_allow: Vec<String>,
+    /// NVMe/TCP hosts authenticate with DH-HMAC-CHAP: the file (under the
+    /// admin API's secret_roots) whose first line is the hosts' secret,
+    /// DHHC-1:xx:…: as `nvme gen-dhchap-key` prints it.
+    #[arg(long)]
+    dhchap_secret_file: Option<std::path::PathBuf>,
+    /// The controller's DH-HMAC-CHAP secret file, for bidirectional
+    /// authentication (needs --dhchap-secret-file).
+    #[arg(long, requires = "dhchap_secret_file")]
+    dhchap_ctrl_secret_file: Option<std::path::PathBuf>,
 }
 
 /// The arguments of `admin remove-target`.
@@ -710,6 +719,12 @@ fn add_target(ep: &Endpoint, json_out: bool, a: AddTargetArgs) -> Result<()> {
     ] {
         if !v.is_empty() {
             body[k] = json!(v);
+        }
+    }
+    if let Some(f) = &a.dhchap_secret_file {
+        body["dhchap"] = json!({ "secret_file": f });
+        if let Some(c) = &a.dhchap_ctrl_secret_file {
+            body["dhchap"]["ctrl_secret_file"] = json!(c);
         }
     }
     change(json_out, ep, "POST", "/api/targets", Some(body), |v| {

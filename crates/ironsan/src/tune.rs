@@ -1057,6 +1057,67 @@ for q in /sys/block/nvme*n*/queue; do echo none > $q/scheduler 2>/dev/null; done
     o
 }
 
+/// The ESXi NVMe/TCP recipe (ESXi 7.0 U3 and later: the software NVMe/TCP
+/// adapter, esxcli nvme fabrics, HPP multipathing).
+pub fn recipe_esxi_nvme(t: &NvmeFacts) -> String {
+    let mut o = String::new();
+    o.push_str(&format!(
+        "# ESXi NVMe/TCP recipe for {} ({} namespaces, {} ports)
+# Run in the ESXi shell (7.0 U3 or later). vmnicN is the uplink toward the target, vmkN its
+# VMkernel adapter; vmhbaNN is the NVMe/TCP adapter step 1 creates (esxcli nvme adapter list).
+
+",
+        t.nqn,
+        t.namespaces.len(),
+        t.ports.len()
+    ));
+    o.push_str(
+        "# 1. The software NVMe/TCP adapter on the uplink; NVMe/TCP traffic on its VMkernel adapter.
+esxcli nvme fabrics enable --protocol TCP --device vmnicN
+esxcli network ip interface tag add --interface-name vmkN --tagname NVMeTCP
+esxcli nvme adapter list
+
+# 2. Each port's discovery controller lists the subsystem; one controller per port.
+",
+    );
+    for (a, p) in &t.ports {
+        o.push_str(&format!(
+            "esxcli nvme fabrics discover -a vmhbaNN -i {a} -p {p}
+"
+        ));
+    }
+    for (a, p) in &t.ports {
+        o.push_str(&format!(
+            "esxcli nvme fabrics connect -a vmhbaNN -i {a} -p {p} -s {}
+",
+            t.nqn
+        ));
+    }
+    o.push_str(
+        "
+# 3. Check: a controller per port, the namespaces by their NGUID (the LUN's NAA).
+esxcli nvme controller list
+esxcli nvme namespace list
+",
+    );
+    for (n, g) in &t.namespaces {
+        o.push_str(&format!(
+            "#    NSID {n} (LUN {}): NGUID {g}
+",
+            n - 1
+        ));
+    }
+    o.push_str(
+        "
+# 4. Multipathing: ESXi's High Performance Plugin (HPP) claims NVMe-oF namespaces itself, no claim
+#    rule needed, with round robin (LB-RR) by default over the paths ANA reports optimized.
+#    LB-RR moves to the next path after 1000 I/Os; the seeds' every-I/O switching is its
+#    IOPS setting 1 (vSphere Client: the device's multipathing policy).
+",
+    );
+    o
+}
+
 /// The Windows (MPIO + Microsoft iSCSI initiator) recipe.
 pub fn recipe_windows(t: &TargetFacts) -> String {
     let vendor = t.luns.first().map_or("IRONSAN", |l| l.vendor.as_str());
@@ -1163,19 +1224,25 @@ pub fn run(a: TuneArgs) -> Result<()> {
             println!("\nPersist sysctl changes in /etc/sysctl.d/90-ironsan.conf; see docs/TUNING.md for why each one matters.");
             Ok(())
         }
-        "linux"
+        w @ ("linux" | "esxi")
             if a.url
                 .as_deref()
                 .is_some_and(|u| u.starts_with("nvme-tcp://")) =>
         {
             let u = a.url.as_deref().unwrap_or_default();
             let url = initiator::nvme::NvmeUrl::parse(u).map_err(anyhow::Error::msg)?;
-            print!("{}", recipe_linux_nvme(&probe_nvme(&url, &a.initiator)?));
+            let facts = probe_nvme(&url, &a.initiator)?;
+            let text = if w == "esxi" {
+                recipe_esxi_nvme(&facts)
+            } else {
+                recipe_linux_nvme(&facts)
+            };
+            print!("{text}");
             Ok(())
         }
         w @ ("esxi" | "linux" | "windows") => {
             let Some(u) = &a.url else {
-                bail!("ironsan tune {w} iscsi://HOST[:PORT]/IQN (linux: or nvme-tcp://HOST[:PORT]/NQN)");
+                bail!("ironsan tune {w} iscsi://HOST[:PORT]/IQN (linux, esxi: or nvme-tcp://HOST[:PORT]/NQN)");
             };
             let url: Url = u.parse().map_err(anyhow::Error::msg)?;
             let facts = probe(&url, &a.initiator)?;
@@ -1449,6 +1516,29 @@ mod tests {
             let t = line.trim();
             assert!(t.starts_with('#') || !t.contains('#'), "{line}");
         }
+    }
+
+    #[test]
+    fn the_esxi_nvme_recipe_connects_every_port() {
+        let t = NvmeFacts {
+            nqn: "nqn.2026-11.io.ironsan:disk0".into(),
+            ports: vec![
+                ("10.0.0.1".into(), "4420".into()),
+                ("10.0.1.1".into(), "4420".into()),
+            ],
+            namespaces: vec![(1, "60f33e79".into())],
+        };
+        let r = recipe_esxi_nvme(&t);
+        assert!(r.contains("esxcli nvme fabrics enable --protocol TCP --device vmnicN"));
+        assert!(r.contains("--tagname NVMeTCP"));
+        assert_eq!(
+            r.matches("esxcli nvme fabrics discover -a vmhbaNN").count(),
+            2
+        );
+        assert!(r.contains(
+            "esxcli nvme fabrics connect -a vmhbaNN -i 10.0.1.1 -p 4420 -s nqn.2026-11.io.ironsan:disk0"
+        ));
+        assert!(r.contains("NSID 1 (LUN 0): NGUID 60f33e79"));
     }
 
     #[test]

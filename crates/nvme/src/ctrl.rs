@@ -411,6 +411,17 @@ impl ConnectRefusal {
         }
     }
 
+    /// Connect Invalid Parameters for a SUBNQN no subsystem has, without
+    /// DNR: a subsystem removed and added again (`admin remove-target`,
+    /// `add-target`) must find its hosts still reconnecting, and Linux's
+    /// host (since 6.x) gives a controller up at a Connect failed with DNR.
+    /// A first `nvme connect` fails all the same.
+    fn no_subsystem() -> Self {
+        let mut r = Self::invalid(256, true);
+        r.status.dnr = false;
+        r
+    }
+
     /// Connect Invalid Host (SCT 1, SC 84h).
     fn host() -> Self {
         ConnectRefusal {
@@ -581,7 +592,7 @@ impl Registry {
                 .iter()
                 .find(|s| s.nqn == data.subnqn)
                 .cloned()
-                .ok_or(ConnectRefusal::invalid(256, true))?
+                .ok_or(ConnectRefusal::no_subsystem())?
         };
         if !subsystem.admits(&data.hostnqn) {
             return Err(ConnectRefusal::host());
@@ -737,8 +748,10 @@ mod tests {
         // a record format not 0, a specific CNTLID on an admin queue.
         assert_eq!(
             c(cmd(0, 31, 0), data(0xffff, "nqn.x:nosuch", HOST)),
-            ConnectRefusal::invalid(256, true)
+            ConnectRefusal::no_subsystem()
         );
+        assert!(!ConnectRefusal::no_subsystem().status.dnr, "may come back");
+        assert_eq!(ConnectRefusal::no_subsystem().result, 256 | 1 << 16);
         assert_eq!(
             c(cmd(0, 31, 0), data(0xffff, NQN, "nqn.x:no")).status,
             Status::specific(0x84)
