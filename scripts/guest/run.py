@@ -682,8 +682,9 @@ def scenario_list():
             "(bookworm-backports; 6.1 has none): a target with `dhchap` refuses a connect "
             "without a secret and with a wrong one, admits the right one on every queue (I/O "
             "verified), admits bidirectional authentication when the controller proves its "
-            "secret, and the host refuses a controller that proves another; the target also "
-            "requires iSCSI CHAP",
+            "secret, and the host refuses a controller that proves another; the live queues "
+            "re-authenticate during fio --verify without an error; the target also requires "
+            "iSCSI CHAP",
             [{"backend": "mem", "size": "64M"}],
             nvme=True,
             portals=1,

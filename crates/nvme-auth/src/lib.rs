@@ -415,7 +415,8 @@ impl Controller {
             // A Negotiate restarts the transaction at any step.
             (TYPE_COMMON, ID_NEGOTIATE) => self.negotiate(m),
             (TYPE_COMMON, ID_FAILURE2) => {
-                // The host gave up (e.g. our R2 did not check out).
+                // The host gave up (e.g. our R2 did not check out): it
+                // will not use the queue.
                 self.authenticated = false;
                 self.step = Step::Negotiate;
             }
@@ -432,7 +433,9 @@ impl Controller {
     }
 
     fn negotiate(&mut self, m: &[u8]) {
-        self.authenticated = false;
+        // A queue re-authenticating (the host's key changed: Linux runs a
+        // new transaction on every live queue) keeps serving its commands
+        // meanwhile; only a failed transaction takes that away.
         self.c2 = None;
         if m.len() < NEGOTIATE_LEN {
             return self.fail(Reason::IncorrectPayload);

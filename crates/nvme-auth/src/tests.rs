@@ -155,6 +155,31 @@ fn transactions_one_way_and_both_ways() {
 }
 
 #[test]
+fn a_queue_reauthenticating_keeps_serving_until_it_fails() {
+    let host = Secret::represent(&[0x11; 32], None);
+    let hk = Secret::parse(&host).unwrap();
+    let (r, mut c) = run(keys(&host, None), &hk, None);
+    assert_eq!(r, Ok(()));
+    // A second transaction on the live queue: authenticated throughout.
+    let mut h = HostTransaction::new(&hk, None, HOST, SUBSYS, 8);
+    c.send(&h.negotiate());
+    assert!(c.authenticated());
+    let ch = c.receive(4096, &mut counting(9)).unwrap();
+    c.send(&h.reply(&ch, &mut counting(0)).unwrap());
+    c.receive(4096, &mut counting(0)).unwrap();
+    assert!(c.authenticated() && !c.fatal());
+    // One with a wrong secret: refused, and the queue with it.
+    let other = Secret::parse(&Secret::represent(&[0x12; 32], None)).unwrap();
+    let mut h = HostTransaction::new(&other, None, HOST, SUBSYS, 9);
+    c.send(&h.negotiate());
+    let ch = c.receive(4096, &mut counting(9)).unwrap();
+    c.send(&h.reply(&ch, &mut counting(0)).unwrap());
+    assert!(!c.authenticated());
+    c.receive(4096, &mut counting(0)).unwrap();
+    assert!(c.fatal());
+}
+
+#[test]
 fn wrong_secrets_fail_on_the_side_that_checks() {
     let host = Secret::represent(&[0x11; 32], None);
     let other = Secret::parse(&Secret::represent(&[0x12; 32], None)).unwrap();

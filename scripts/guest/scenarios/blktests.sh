@@ -37,6 +37,13 @@ for t in 042 043 044 045; do
 done
 case "$(uname -r)" in
 6.1.*) skip nvme/049 "(a device test) reads the namespace's sysfs metadata_bytes, which the 6.1 guest kernel does not have" ;;
+*+*)
+  # blktests' _have_kver reads `uname -r` with sed 's/-.*//;s/[^.0-9]//',
+  # which leaves 6.12.95deb12 of Debian's 6.12.95+deb12-amd64: bash's
+  # arithmetic then aborts the test, and check exits 1.
+  for t in 046 047 049; do
+    skip nvme/$t "blktests' _have_kver cannot parse this kernel's release $(uname -r) (the test aborts with 'value too great for base'); nvme/047 passes on Linux 6.1"
+  done ;;
 esac
 skip nvme/067 "(a device test) needs sudo and blktests' compiled helpers (src/, make and a C compiler), which the guest does not have"
 skip nvme/068 "needs the host's multipath delayed removal (delayed_removal_secs, Linux commit 62188639ec16, 6.16), which the $(uname -r) guest kernel lacks"

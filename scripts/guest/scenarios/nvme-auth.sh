@@ -4,8 +4,9 @@
 # a secret and with a wrong one; admitted with the right one, the
 # namespace written and read back through every I/O queue; bidirectional
 # authentication admitted when the controller proves its own secret, and
-# refused by the host when it expects another. The kernel's messages about
-# each attempt are printed as INFO lines.
+# refused by the host when it expects another; re-authentication of the
+# live queues (the secret rewritten in sysfs) during fio --verify. The
+# kernel's messages about each attempt are printed as INFO lines.
 . /nvme-lib.sh
 modprobe nvme-tcp
 # `try NAME EXPECT(ok|refused) CONNECT-OPTIONS…`
@@ -36,6 +37,33 @@ try wrong-secret refused --dhchap-secret="$DHCHAP_WRONG"
 try dhchap ok --dhchap-secret="$DHCHAP_SECRET"
 try bidirectional ok --dhchap-secret="$DHCHAP_SECRET" --dhchap-ctrl-secret="$DHCHAP_CTRL_SECRET"
 try wrong-ctrl-secret refused --dhchap-secret="$DHCHAP_SECRET" --dhchap-ctrl-secret="$DHCHAP_WRONG"
+# Re-authentication on live queues (the host's secret rewritten through
+# sysfs: Linux runs a new transaction on the admin and every I/O queue)
+# while fio --verify runs: no I/O error, the controller stays live.
+step reauth
+for m in nvme_core nvme_auth; do echo "module $m +p" > /proc/dynamic_debug/control 2>/dev/null; done
+dmesg -c >/dev/null
+if connect "$NVME_ADDR0" "$NVME_PORT0" --dhchap-secret="$DHCHAP_SECRET" >/dev/null 2>&1 && d=$(wait_ns 20); then
+  c=$(nvme_ctrls | head -1)
+  fio --eta=never --name=reauth --filename="$d" --rw=randrw --bs=4k --size=16M --time_based \
+    --runtime=8 --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --verify_fatal=1 \
+    --output=/dev/null 2>/tmp/err &
+  fp=$!
+  sleep 2
+  echo "$DHCHAP_SECRET" > /sys/class/nvme/$c/dhchap_secret
+  sleep 2
+  echo "$DHCHAP_SECRET" > /sys/class/nvme/$c/dhchap_secret
+  wait $fp; frc=$?
+  st=$(ctrl_state "$c")
+  info "reauth: fio exit $frc, controller $st; kernel: $(dmesg | grep -i "auth" | tail -6 | tr '\n' '|')"
+  disconnect >/dev/null 2>&1; wait_ctrls 0 20
+  if [ $frc -ne 0 ]; then fail "fio: $(tail -3 /tmp/err | tr '\n' '|')"
+  elif [ "$st" != live ]; then fail "controller $st after re-authenticating"
+  else pass; fi
+else
+  fail "could not connect"
+fi
+for m in nvme_core nvme_auth; do echo "module $m -p" > /proc/dynamic_debug/control 2>/dev/null; done
 step target-log
 n=$(host log "DH-HMAC-CHAP authentication failed")
 # One failure each for the wrong secret (the host's refusal of the
