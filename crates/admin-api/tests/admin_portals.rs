@@ -249,8 +249,9 @@ fn nvme_listed(addr: SocketAddr) -> Vec<String> {
     v
 }
 
-#[test]
-fn nvme_ports_added_and_removed_at_run_time() {
+/// A server with one iSCSI portal, one NVMe/TCP port and one target, its
+/// configuration in a directory of its own.
+fn serve_with_nvme_port() -> (tempfile::TempDir, std::path::PathBuf, common::Running) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ironsan.toml");
     std::fs::write(
@@ -259,6 +260,12 @@ fn nvme_ports_added_and_removed_at_run_time() {
     )
     .unwrap();
     let run = start(&path, None);
+    (dir, path, run)
+}
+
+#[test]
+fn nvme_ports_added_and_removed_at_run_time() {
+    let (_dir, path, run) = serve_with_nvme_port();
     let first: SocketAddr = nvme_ports(run.admin)[0].1.parse().unwrap();
     let free = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -322,14 +329,7 @@ fn nvme_ports_added_and_removed_at_run_time() {
 #[test]
 fn a_target_added_with_dhchap_secret_files_authenticates_its_hosts() {
     use nvme_auth::{Hash, Secret};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ironsan.toml");
-    std::fs::write(
-        &path,
-        format!("listen = [\"127.0.0.1:0\"]\nnvme_listen = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nbackend = \"mem\"\nsize = \"1M\"\n"),
-    )
-    .unwrap();
-    let run = start(&path, None);
+    let (dir, path, run) = serve_with_nvme_port();
     let port: SocketAddr = nvme_ports(run.admin)[0].1.parse().unwrap();
     let secret = Secret::represent(&[0x5a; 32], Some(Hash::Sha256));
     let key = dir.path().join("new.dhchap");

@@ -736,17 +736,25 @@ fn persistent_state_outlives_sessions_and_resets() {
     conflict(&exec(&lu, other_isid, &read10(0, 1), &[]));
 }
 
-#[test]
-fn aptpl_survives_a_new_logical_unit() {
-    let dir = std::env::temp_dir().join(format!("ironsan-pr-lu-{}", std::process::id()));
+/// A LU configuration with a fresh reservation state file in a directory
+/// of its own (`tag` names it): the directory, the file, the config.
+fn with_state_file(tag: &str) -> (std::path::PathBuf, std::path::PathBuf, LuConfig) {
+    let dir = std::env::temp_dir().join(format!("ironsan-pr-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("lu.pr");
     let _ = std::fs::remove_file(&path);
     let mut c = cfg();
     c.pr_state = Some(path.clone());
-    let new_lu = |c: &LuConfig| {
-        LogicalUnit::new(Arc::new(MemBackend::new(BLOCKS * u64::from(BS))), c.clone()).unwrap()
-    };
+    (dir, path, c)
+}
+
+fn new_lu(c: &LuConfig) -> LogicalUnit {
+    LogicalUnit::new(Arc::new(MemBackend::new(BLOCKS * u64::from(BS))), c.clone()).unwrap()
+}
+
+#[test]
+fn aptpl_survives_a_new_logical_unit() {
+    let (dir, path, c) = with_state_file("lu");
     let lu = new_lu(&c);
     // PTPL_C = 1, PTPL_A = 0.
     assert_eq!(prin(&lu, A, 2, 8).data[2..4], [0x15, 0xB0]);
@@ -947,15 +955,7 @@ fn nvme_hosts_share_the_reservation() {
 #[test]
 fn nvme_host_registrations_persist_with_ptpl() {
     use volume::reservations::{HostAction as H, PrType};
-    let dir = std::env::temp_dir().join(format!("ironsan-pr-host-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("lu.pr");
-    let _ = std::fs::remove_file(&path);
-    let mut c = cfg();
-    c.pr_state = Some(path.clone());
-    let new_lu = |c: &LuConfig| {
-        LogicalUnit::new(Arc::new(MemBackend::new(BLOCKS * u64::from(BS))), c.clone()).unwrap()
-    };
+    let (dir, path, c) = with_state_file("host");
     let lu = new_lu(&c);
     let h = [7u8; 16];
     lu.host_reservation(
