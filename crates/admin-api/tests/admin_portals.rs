@@ -249,6 +249,17 @@ fn nvme_listed(addr: SocketAddr) -> Vec<String> {
     v
 }
 
+/// Reads block 0 of namespace 1 through an I/O queue of `c`; the queue.
+fn read_block0(c: &initiator::nvme::Controller) -> initiator::nvme::NvmeQueue {
+    let mut q = c.io_queue(1, 8).unwrap();
+    let read = initiator::nvme::sqe(0x02, 1, &[(10, 0), (11, 0), (12, 0)]);
+    q.call(read, bytes::Bytes::new(), 512)
+        .unwrap()
+        .ok()
+        .unwrap();
+    q
+}
+
 /// A server with one iSCSI portal, one NVMe/TCP port and one target, its
 /// configuration in a directory of its own.
 fn serve_with_nvme_port() -> (tempfile::TempDir, std::path::PathBuf, common::Running) {
@@ -285,12 +296,8 @@ fn nvme_ports_added_and_removed_at_run_time() {
     let host = initiator::nvme::host_nqn(&[4; 16]);
     let nqn = format!("nqn.{}", IQN.trim_start_matches("iqn."));
     let c = initiator::nvme::Controller::connect(free, &nqn, &host, (false, false), 1).unwrap();
-    let mut q = c.io_queue(1, 8).unwrap();
+    let mut q = read_block0(&c);
     let read = initiator::nvme::sqe(0x02, 1, &[(10, 0), (11, 0), (12, 0)]);
-    q.call(read, bytes::Bytes::new(), 512)
-        .unwrap()
-        .ok()
-        .unwrap();
 
     // Removed by address: out of the log, its connection closes, and
     // nobody connects through it.
@@ -382,10 +389,5 @@ fn a_target_added_with_dhchap_secret_files_authenticates_its_hosts() {
     let c =
         initiator::nvme::Controller::connect_auth(port, &nqn, &host, (false, false), 1, Some(auth))
             .unwrap();
-    let mut q = c.io_queue(1, 8).unwrap();
-    let read = initiator::nvme::sqe(0x02, 1, &[(10, 0), (11, 0), (12, 0)]);
-    q.call(read, bytes::Bytes::new(), 512)
-        .unwrap()
-        .ok()
-        .unwrap();
+    read_block0(&c);
 }

@@ -1518,16 +1518,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_esxi_nvme_recipe_connects_every_port() {
-        let t = NvmeFacts {
+    /// A subsystem at two ports with one namespace.
+    fn two_port_subsystem() -> NvmeFacts {
+        NvmeFacts {
             nqn: "nqn.2026-11.io.ironsan:disk0".into(),
             ports: vec![
                 ("10.0.0.1".into(), "4420".into()),
                 ("10.0.1.1".into(), "4420".into()),
             ],
             namespaces: vec![(1, "60f33e79".into())],
-        };
+        }
+    }
+
+    #[test]
+    fn the_esxi_nvme_recipe_connects_every_port() {
+        let t = two_port_subsystem();
         let r = recipe_esxi_nvme(&t);
         assert!(r.contains("esxcli nvme fabrics enable --protocol TCP --device vmnicN"));
         assert!(r.contains("--tagname NVMeTCP"));
@@ -1543,14 +1548,7 @@ mod tests {
 
     #[test]
     fn the_nvme_recipe_connects_every_port_and_sets_round_robin() {
-        let t = NvmeFacts {
-            nqn: "nqn.2026-11.io.ironsan:disk0".into(),
-            ports: vec![
-                ("10.0.0.1".into(), "4420".into()),
-                ("10.0.1.1".into(), "4420".into()),
-            ],
-            namespaces: vec![(1, "60f33e79".into())],
-        };
+        let t = two_port_subsystem();
         let r = recipe_linux_nvme(&t);
         assert_eq!(r.matches("nvme connect -t tcp").count(), 2);
         assert!(r.contains("-a 10.0.1.1 -s 4420 -n nqn.2026-11.io.ironsan:disk0"));
