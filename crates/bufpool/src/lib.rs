@@ -17,10 +17,12 @@
 //! (and faulted in) a fresh 1 MiB buffer.
 
 mod chain;
+pub mod huge;
 mod land;
 mod stream;
 mod write;
 pub use chain::{Chain, SegmentSums};
+pub use huge::HugeAlloc;
 pub use land::LandBuf;
 pub use stream::copy_streaming;
 pub use write::WriteData;

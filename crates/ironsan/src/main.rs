@@ -24,6 +24,10 @@ use server::config::{
 };
 use server::Server;
 
+/// 1 MiB buffers (RAM LUN chunks, large I/O) behind transparent huge pages.
+#[global_allocator]
+static ALLOC: bufpool::HugeAlloc = bufpool::HugeAlloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ironsan",

@@ -42,6 +42,9 @@ use iscsi_wire::digest::crc32c;
 pub const CH_LEN: usize = 8;
 /// Length of a digest.
 pub const DIGEST_LEN: usize = 4;
+/// Length of the header of H2CData, C2HData and R2T (common header and
+/// PSH), before any header digest.
+pub const DATA_HEADER_LEN: usize = 24;
 /// Length of ICReq and ICResp (no data, no digests).
 pub const IC_LEN: usize = 128;
 /// The smallest MAXH2CDATA a controller may announce.

@@ -81,6 +81,15 @@ fn range(sqe: &Sqe) -> (u64, u32, bool) {
     (slba, (d12 & 0xffff) + 1, d12 & (1 << 30) != 0)
 }
 
+/// For a Read, hints `v` that its blocks are read soon
+/// ([`Volume::prefetch`]): the driver calls it one command ahead.
+pub fn prefetch(v: &Volume, sqe: &Sqe) {
+    if sqe.opcode() == opc::READ && sqe.fuse() == 0 {
+        let (slba, nlb, _) = range(sqe);
+        v.prefetch(slba, nlb);
+    }
+}
+
 /// Whether `first` (FUSE 01b) and `second` (FUSE 10b) make a Compare and
 /// Write: a Compare then a Write of the same blocks of the same namespace.
 pub fn is_compare_and_write(first: &Sqe, second: &Sqe) -> bool {

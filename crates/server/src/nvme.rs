@@ -219,6 +219,8 @@ pub(crate) async fn serve(
         ns_aen_pending: false,
         fused: None,
         landing: None,
+        header_first: 0,
+        held: None,
         ns_vols: Vec::new(),
         ns_generation: None,
         stats: ConnStats::new(None),
@@ -278,6 +280,14 @@ struct Driver {
     /// A large H2CData PDU's data being received into its command's
     /// buffer (docs/ARCHITECTURE.md "Data lands where it is going").
     landing: Option<nvme::queue::Landing>,
+    /// After a landed H2CData PDU, the next read into the receive buffer
+    /// takes only its digest and this many bytes (the next data PDU's
+    /// header; 0: no limit), as iSCSI's receiver does
+    /// (`iscsi_wire::receive`).
+    header_first: usize,
+    /// A Read received, run when the next command comes or the batch
+    /// ends ([`Driver::take`]).
+    held: Option<Command>,
     /// The namespaces' volumes and reservations by NSID, as of
     /// `ns_generation` (looked up once per change of the LUN table, not
     /// per command).
@@ -391,14 +401,21 @@ impl Driver {
                 }
                 r
             }
-            _ => {
+            l => {
                 if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                     self.rbuf.reserve(READ_CHUNK);
                 }
+                // Right after a landed PDU: only its digest and the next
+                // header, so that a next H2CData is landed too rather than
+                // read here and copied out.
+                let want =
+                    (l.map_or(0, |l| l.digest) + self.header_first).saturating_sub(self.rbuf.len());
+                let lim = if want > 0 { want } else { usize::MAX };
+                let mut room = (&mut self.rbuf).limit(lim);
                 if polling {
-                    netio::recv_into(self.stream.as_fd(), &mut self.rbuf, libc::MSG_DONTWAIT)
+                    netio::recv_into(self.stream.as_fd(), &mut room, libc::MSG_DONTWAIT)
                 } else {
-                    self.stream.try_read_buf(&mut self.rbuf)
+                    self.stream.try_read_buf(&mut room)
                 }
             }
         };
@@ -412,6 +429,46 @@ impl Driver {
 
     /// Frames and handles every complete PDU received.
     fn handle_received(&mut self) {
+        self.receive_all();
+        self.dispatch_held();
+    }
+
+    /// A command received: a Read on an I/O queue is held until the next
+    /// command arrives (or the batch ends), and its data prefetched
+    /// ([`nvme::nvm::prefetch`]), so that the copy of a RAM LUN's bytes
+    /// finds them in the cache after the work on the command before it.
+    /// Everything else runs at once, after the held Read; commands still
+    /// run in the order they came.
+    fn take(&mut self, cmd: Command) {
+        let read = self.queue.qid != 0
+            && !cmd.bad_digest
+            && cmd.sqe.opcode() == nvme::nvm::opc::READ
+            && cmd.sqe.fuse() == 0
+            && self.fused.is_none();
+        if read {
+            if let Some(e) = self
+                .ns_vols
+                .get(cmd.sqe.nsid() as usize)
+                .and_then(Option::as_ref)
+            {
+                nvme::nvm::prefetch(&e.vol, &cmd.sqe);
+            }
+        }
+        self.dispatch_held();
+        if read && !self.closing {
+            self.held = Some(cmd);
+        } else {
+            self.dispatch(cmd);
+        }
+    }
+
+    fn dispatch_held(&mut self) {
+        if let Some(h) = self.held.take() {
+            self.dispatch(h);
+        }
+    }
+
+    fn receive_all(&mut self) {
         self.received_at = Instant::now();
         // A controller ended (its subsystem removed, keep-alive expired):
         // nothing more is served, the connection closes.
@@ -434,9 +491,11 @@ impl Driver {
                     return;
                 }
                 self.landing = None;
+                let (hd, _) = self.queue.digests();
+                self.header_first = nvme_tcp_wire::DATA_HEADER_LEN + if hd { 4 } else { 0 };
                 let digest = self.rbuf.split_to(l.digest);
                 match self.queue.finish_landing(l, &digest) {
-                    Ok(Some(cmd)) => self.dispatch(cmd),
+                    Ok(Some(cmd)) => self.take(cmd),
                     Ok(None) => {}
                     Err(s) => return self.stop(s),
                 }
@@ -447,8 +506,9 @@ impl Driver {
                 Ok(None) => return,
                 Err(s) => return self.stop(s),
             };
+            self.header_first = 0;
             match self.queue.receive_from(&mut self.rbuf, &f) {
-                Ok(Some(cmd)) => self.dispatch(cmd),
+                Ok(Some(cmd)) => self.take(cmd),
                 Ok(None) => {}
                 Err(s) => return self.stop(s),
             }
@@ -456,6 +516,7 @@ impl Driver {
     }
 
     fn stop(&mut self, s: Stop) {
+        self.dispatch_held();
         match s {
             Stop::Fatal(f) => {
                 tracing::warn!(peer = %self.peer, error = %f, "NVMe/TCP fatal transport error: C2HTermReq sent, connection closed");

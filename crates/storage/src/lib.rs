@@ -261,6 +261,15 @@ pub trait FastPaths: Send + Sync {
     /// (it must then never change bytes it has handed out).
     fn read_chain(&self, offset: u64, len: usize) -> io::Result<bufpool::Chain>;
 
+    /// A hint that a read of `len` bytes at `offset` comes soon (the next
+    /// command in a batch): a backend that copies small reads out of memory
+    /// may start loading the first bytes into the CPU cache, so that the
+    /// copy, after the work on the commands before it, finds them there.
+    /// Nothing is read or checked; the default does nothing.
+    fn prefetch(&self, offset: u64, len: usize) {
+        let _ = (offset, len);
+    }
+
     /// True when [`Self::splice_source`] can answer large reads: cheap,
     /// asked before any other work on the read path.
     fn can_splice(&self) -> bool {

@@ -478,6 +478,16 @@ impl Volume {
         storage::read_chain(&*self.backend, offset, len).map_err(IoError::Read)
     }
 
+    /// A hint that `blocks` blocks at `lba` are read soon
+    /// ([`storage::FastPaths::prefetch`]); nothing is checked or read.
+    pub fn prefetch(&self, lba: u64, blocks: u32) {
+        if let (Some(f), Some(offset)) = (self.backend.fast(), lba.checked_shl(self.block_shift)) {
+            if offset >> self.block_shift == lba {
+                f.prefetch(offset, (blocks as usize) << self.block_shift);
+            }
+        }
+    }
+
     /// Writes `data` (whole blocks, checked by the caller) at `lba` under
     /// the shared range lock; with `fua` it is stable on return.
     pub fn write(&self, lba: u64, data: &WriteData, fua: bool) -> Result<(), IoError> {
