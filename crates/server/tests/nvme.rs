@@ -158,6 +158,40 @@ fn pipelined_commands_on_several_queues_complete() {
     assert!(c.io_queue(3, 32).is_err());
 }
 
+/// Reads are held one command while the next one's data is prefetched
+/// (`Driver::take`): commands sent in one batch still run in the order
+/// they came, so each read sees the write sent just before it.
+#[test]
+fn commands_in_one_batch_run_in_order() {
+    let (_, nvme, _stop) = serve(TWO_LUNS, "");
+    // 512-byte and 4 KiB blocks: 4 KiB in 8 blocks, or in 1.
+    for (lun, blocks) in [(1u32, 8u32), (2, 1)] {
+        let c = Controller::connect(nvme[0], NQN, &host(), (false, false), 1).unwrap();
+        let mut q = c.io_queue(1, 128).unwrap();
+        let mut reads = Vec::new();
+        for k in 0..40u8 {
+            let lba = 64;
+            q.submit(rw(0x01, lun, lba, blocks), Bytes::from(vec![k; 4096]), 0)
+                .unwrap();
+            let cid = q.submit(rw(0x02, lun, lba, blocks), Bytes::new(), 4096);
+            reads.push((cid.unwrap(), k));
+        }
+        q.flush().unwrap();
+        let mut done = Vec::new();
+        while done.len() < 80 {
+            q.wait(&mut done).unwrap();
+        }
+        for (cid, k) in reads {
+            let d = done.iter().find(|d| d.cid == cid).unwrap();
+            assert!(d.status.is_success());
+            assert!(
+                d.data.iter().all(|&b| b == k),
+                "read after write {k}, LUN {lun}"
+            );
+        }
+    }
+}
+
 #[test]
 fn nvme_and_iscsi_see_one_volume() {
     let (iscsi, nvme, _stop) = serve(TWO_LUNS, "");
