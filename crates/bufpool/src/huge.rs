@@ -18,8 +18,8 @@
 //!
 //! How: a region is 2 MiB, aligned to 2 MiB, holding two slots. Free
 //! slots wait in one set; a slot freed while the set already holds
-//! [`KEEP_FREE`] slots and its partner is free gives the region back to
-//! the kernel. Where THP is off (`never`), the regions are ordinary pages
+//! [`KEEP_FREE`] slots gives its memory back to the kernel: the whole
+//! region when its partner is free too, else the slot's pages. Where THP is off (`never`), the regions are ordinary pages
 //! and nothing else changes. No other size is touched: their layouts never
 //! reach the slot code, so a slot is freed only by the layout that took it
 //! (`GlobalAlloc`'s contract), and `realloc` across the boundary copies.
@@ -102,13 +102,22 @@ fn free_slot(p: *mut u8) {
     let s = p as usize;
     let partner = s ^ SLOT;
     let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
-    if free.len() >= KEEP_FREE && free.remove(&partner) {
-        drop(free);
-        // SAFETY: both slots of this region are free (this one is being
-        // freed, its partner was in the free set and is now out of it), so
-        // nothing refers to the region.
-        unsafe { libc::munmap((s & !(REGION - 1)) as *mut libc::c_void, REGION) };
-        return;
+    if free.len() >= KEEP_FREE {
+        if free.remove(&partner) {
+            drop(free);
+            // SAFETY: both slots of this region are free (this one is being
+            // freed, its partner was in the free set and is now out of it),
+            // so nothing refers to the region.
+            unsafe { libc::munmap((s & !(REGION - 1)) as *mut libc::c_void, REGION) };
+            return;
+        }
+        // Its partner is in use: the memory goes back all the same (the
+        // kernel splits the huge page), and the slot stays mapped, to be
+        // faulted in again, zeroed, if it is taken. Without this a LUN's
+        // discarded chunks could keep half of every region they shared.
+        // SAFETY: the slot is being freed: nothing refers to it, and
+        // MADV_DONTNEED on private anonymous memory only drops its pages.
+        unsafe { libc::madvise(p.cast(), SLOT, libc::MADV_DONTNEED) };
     }
     free.insert(s);
 }
@@ -177,8 +186,12 @@ unsafe impl GlobalAlloc for HugeAlloc {
 mod tests {
     use super::*;
 
+    /// The tests share the one free set: one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
     #[test]
     fn slots_are_halves_of_aligned_regions_and_come_back() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let a = HugeAlloc;
         let l = Layout::from_size_align(SLOT, 1).unwrap();
         // SAFETY: valid layouts; every block is freed once with its layout.
@@ -208,6 +221,7 @@ mod tests {
 
     #[test]
     fn free_regions_beyond_the_reserve_are_given_back() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let a = HugeAlloc;
         let l = Layout::from_size_align(SLOT, 1).unwrap();
         let n = 2 * KEEP_FREE + 8;
@@ -218,8 +232,58 @@ mod tests {
             unsafe { a.dealloc(p, l) };
         }
         let free = FREE.lock().unwrap().len();
-        // Other tests may hold or free slots meanwhile; what this one freed
-        // beyond the reserve went back in whole regions.
+        // What this test freed beyond the reserve went back in whole
+        // regions.
         assert!(free <= KEEP_FREE + 2, "{free} free slots kept");
+    }
+
+    /// Whether the first page of `p` is in memory.
+    fn resident(p: *mut u8) -> bool {
+        let mut v = [0u8; 1];
+        // SAFETY: `p` is page-aligned and mapped; `v` has room for one page.
+        let r = unsafe { libc::mincore(p.cast(), 4096, v.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        v[0] & 1 == 1
+    }
+
+    #[test]
+    fn a_slot_freed_past_the_reserve_gives_its_pages_back() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let a = HugeAlloc;
+        let l = Layout::from_size_align(SLOT, 1).unwrap();
+        // Taken in pairs (both halves of a region); every page touched.
+        let n = 2 * (KEEP_FREE + 4);
+        // SAFETY: valid layouts; every block is freed once, with `l`.
+        let held: Vec<_> = (0..n)
+            .map(|_| unsafe {
+                let p = a.alloc(l);
+                p.write_bytes(0xab, SLOT);
+                p
+            })
+            .collect();
+        // One half of each region freed, its partner still held: past the
+        // reserve, the freed half's pages go back.
+        let halves: Vec<_> = held
+            .iter()
+            .copied()
+            .filter(|&p| p as usize & SLOT == 0)
+            .collect();
+        for &p in &halves {
+            // SAFETY: taken above with `l`.
+            unsafe { a.dealloc(p, l) };
+        }
+        let last = *halves.last().unwrap();
+        assert!(FREE.lock().unwrap().len() > KEEP_FREE);
+        assert!(
+            !resident(last),
+            "a freed slot past the reserve keeps its pages"
+        );
+        // Still mapped (to be taken again), reading as zeros.
+        // SAFETY: the slot's mapping stays; nothing else uses it.
+        assert_eq!(unsafe { last.read_volatile() }, 0);
+        for &p in held.iter().filter(|&&p| p as usize & SLOT != 0) {
+            // SAFETY: the other halves, taken above with `l`.
+            unsafe { a.dealloc(p, l) };
+        }
     }
 }
