@@ -419,7 +419,8 @@ impl BlockBackend for MemBackend {
 const PREFETCH_LINES: usize = 8;
 
 impl FastPaths for MemBackend {
-    /// Small reads are copied ([`MemBackend::read_bytes`]): their first
+    /// Small reads are copied ([`MemBackend::read_bytes`]) or shared and
+    /// copied by the kernel as it sends them: either way their first
     /// lines are asked for now, from the chunk as it is (a stale pointer
     /// costs nothing: prefetching never faults, and nothing is read).
     fn prefetch(&self, offset: u64, len: usize) {
@@ -449,18 +450,9 @@ impl FastPaths for MemBackend {
         }
         let mut out = Chain::new();
         Self::for_each_chunk(offset, len, |idx, within, r| {
-            let n = r.len();
-            let held = self.chunk(idx).and_then(|c| {
-                c.read()
-                    .as_ref()
-                    .map(|c| (c.data.slice(within..within + n), c.sums.clone()))
-            });
-            let (b, sums) = held.unwrap_or_else(|| {
-                (
-                    Bytes::from_static(&ZEROS[within..within + n]),
-                    ZERO_SUMS.clone(),
-                )
-            });
+            let (b, sums) = self
+                .shared_piece(idx, within, r.len(), None)
+                .expect("shared whatever the chunk's writes");
             out.push_summed(b, Some(sums));
         });
         Ok(out)
@@ -490,29 +482,40 @@ impl MemBackend {
         if within + len > CHUNK as usize {
             return None;
         }
-        let held = match self.chunk((offset >> CHUNK_SHIFT) as usize) {
-            Some(c) => match &*c.read() {
-                Some(s) if s.quiet(now_ms()) => {
-                    Some((s.data.slice(within..within + len), s.sums.clone()))
-                }
-                Some(_) => return None,
-                None => None,
-            },
-            None => None,
-        };
-        let (b, sums) = held.unwrap_or_else(|| {
-            (
-                Bytes::from_static(&ZEROS[within..within + len]),
-                ZERO_SUMS.clone(),
-            )
-        });
+        let idx = (offset >> CHUNK_SHIFT) as usize;
+        let (b, sums) = self.shared_piece(idx, within, len, Some(now_ms()))?;
         let mut out = Chain::new();
         out.push_summed(b, Some(sums));
         Some(out)
     }
 
+    /// Bytes `within .. within + n` of chunk `idx` as a shared slice, with
+    /// the chunk's block CRCs (the static zeros for a chunk never
+    /// written). With `quiet_at`, only a chunk quiet at that time
+    /// ([`Stored::quiet`]) is shared: `None` otherwise.
+    fn shared_piece(
+        &self,
+        idx: usize,
+        within: usize,
+        n: usize,
+        quiet_at: Option<u32>,
+    ) -> Option<(Bytes, Arc<BlockSums>)> {
+        if let Some(c) = self.chunk(idx) {
+            if let Some(s) = &*c.read() {
+                if quiet_at.is_some_and(|now| !s.quiet(now)) {
+                    return None;
+                }
+                return Some((s.data.slice(within..within + n), s.sums.clone()));
+            }
+        }
+        Some((
+            Bytes::from_static(&ZEROS[within..within + n]),
+            ZERO_SUMS.clone(),
+        ))
+    }
+
     /// Reads `len` bytes at `offset` into one pooled buffer (the reads
-    /// below `SHARE_MIN`, which are cheaper copied than shared).
+    /// below `SHARE_MIN` that are not shared: [`Self::share_small`]).
     pub fn read_bytes(&self, offset: u64, len: usize) -> io::Result<bytes::Bytes> {
         check_range(self.len(), offset, len)?;
         // Filled by copying straight from the chunks into a pooled buffer:
